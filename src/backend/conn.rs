@@ -1,0 +1,336 @@
+//! A server connection: opened, optionally upgraded to TLS, and authenticated by
+//! pgtenant (trust, cleartext, md5, SCRAM-SHA-256), then used as a relay target.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
+use postgres_protocol::message::frontend;
+use tokio::net::TcpStream;
+
+use super::error::BackendError;
+use super::settings::Settings;
+use super::state::ResponseQueue;
+use super::tls::ServerTls;
+use crate::directory::TenantId;
+use crate::net::{Duplex, Stream};
+use crate::protocol::{self, ErrorFields, TxStatus};
+
+/// Where and as whom to connect.
+#[derive(Clone, Debug)]
+pub struct ConnectTarget {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub database: String,
+    pub connect_timeout: Duration,
+}
+
+impl ConnectTarget {
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+/// What a CancelRequest for this connection needs.
+#[derive(Clone, Copy, Debug)]
+pub struct CancelTarget {
+    pub addr: SocketAddr,
+    pub pid: u32,
+    pub key: u32,
+}
+
+/// Messages larger than this from a server are treated as a broken connection.
+pub const MAX_SERVER_MESSAGE: usize = 1 << 30;
+
+pub struct ServerConn {
+    pub io: Duplex,
+    pub addr: String,
+    pub cancel: CancelTarget,
+    /// ParameterStatus values, as reported at startup and updated since.
+    pub params: Vec<(String, String)>,
+    /// Statement ids prepared on this server (`pgt_<id>`).
+    pub prepared: HashSet<u64>,
+    pub settings: Arc<Settings>,
+    pub tenant: Option<TenantId>,
+    pub status: TxStatus,
+    pub queue: ResponseQueue,
+    /// Left in a state that cannot be trusted; closed instead of reused.
+    pub broken: bool,
+    /// Session-level state (pins) was left behind; reset before reuse.
+    pub needs_reset: bool,
+}
+
+impl ServerConn {
+    /// Connects and logs in; returns once the server sent ReadyForQuery.
+    pub async fn connect(
+        target: &ConnectTarget,
+        tls: Option<&ServerTls>,
+    ) -> Result<ServerConn, BackendError> {
+        let addr = target.addr();
+        let tcp = tokio::time::timeout(
+            target.connect_timeout,
+            TcpStream::connect((target.host.as_str(), target.port)),
+        )
+        .await
+        .map_err(|_| BackendError::ConnectTimeout { addr: addr.clone() })?
+        .map_err(|source| BackendError::Connect {
+            addr: addr.clone(),
+            source,
+        })?;
+        let _ = tcp.set_nodelay(true);
+        let peer = tcp.peer_addr().map_err(|source| BackendError::Io {
+            addr: addr.clone(),
+            source,
+        })?;
+        let stream = match tls {
+            Some(tls) => tls.negotiate(tcp, &target.host, &addr).await?,
+            None => Stream::Plain(tcp),
+        };
+        let mut io = Duplex::new(stream);
+        let io_err = |source| BackendError::Io {
+            addr: addr.clone(),
+            source,
+        };
+        frontend::startup_message(
+            [
+                ("user", target.user.as_str()),
+                ("database", target.database.as_str()),
+            ],
+            &mut io.wbuf,
+        )
+        .map_err(io_err)?;
+        io.flush().await.map_err(io_err)?;
+        tokio::time::timeout(target.connect_timeout, login(io, target, &addr, peer))
+            .await
+            .map_err(|_| BackendError::ConnectTimeout { addr: addr.clone() })?
+    }
+
+    /// Idle at ReadyForQuery outside a transaction, with nothing owed: may go back to the pool.
+    pub fn is_reusable(&self) -> bool {
+        !self.broken && self.queue.is_empty() && self.status == TxStatus::Idle
+    }
+
+    /// Runs `sql` as a simple query outside the relay, for login, reset and rollback.
+    /// ParameterStatus messages update `params`; the server's error, if any, is returned.
+    pub async fn run_sql(&mut self, sql: &str) -> Result<Option<ErrorFields>, BackendError> {
+        protocol::query(&mut self.io.wbuf, sql);
+        let addr = self.addr.clone();
+        let io_err = |source| BackendError::Io {
+            addr: addr.clone(),
+            source,
+        };
+        self.io.flush().await.map_err(io_err)?;
+        let mut error = None;
+        loop {
+            let Some(frame) = self
+                .io
+                .read_frame(MAX_SERVER_MESSAGE)
+                .await
+                .map_err(io_err)?
+            else {
+                self.broken = true;
+                return Err(BackendError::Protocol {
+                    addr,
+                    message: "server closed the connection".into(),
+                });
+            };
+            match frame.tag {
+                b'E' => error = Some(protocol::error_fields(frame.body())),
+                b'S' => {
+                    if let Some((name, value)) = protocol::parameter_status(frame.body()) {
+                        self.set_param(name, value);
+                    }
+                }
+                b'Z' => {
+                    self.status = frame
+                        .body()
+                        .first()
+                        .copied()
+                        .and_then(TxStatus::from_byte)
+                        .unwrap_or(TxStatus::Failed);
+                    return Ok(error);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Runs `DISCARD ALL` so nothing of the previous client survives.
+    pub async fn reset(&mut self) -> Result<(), BackendError> {
+        if let Some(fields) = self.run_sql("DISCARD ALL").await? {
+            self.broken = true;
+            return Err(BackendError::Refused {
+                addr: self.addr.clone(),
+                fields,
+            });
+        }
+        self.prepared.clear();
+        self.settings = Settings::empty();
+        self.tenant = None;
+        self.needs_reset = false;
+        Ok(())
+    }
+
+    pub fn set_param(&mut self, name: String, value: String) {
+        match self.params.iter_mut().find(|(n, _)| *n == name) {
+            Some(p) => p.1 = value,
+            None => self.params.push((name, value)),
+        }
+    }
+}
+
+async fn login(
+    mut io: Duplex,
+    target: &ConnectTarget,
+    addr: &str,
+    peer: SocketAddr,
+) -> Result<ServerConn, BackendError> {
+    let io_err = |source| BackendError::Io {
+        addr: addr.to_string(),
+        source,
+    };
+    let protocol_err = |message: &str| BackendError::Protocol {
+        addr: addr.to_string(),
+        message: message.to_string(),
+    };
+    let password = || {
+        target
+            .password
+            .as_deref()
+            .ok_or_else(|| BackendError::NoPassword {
+                addr: addr.to_string(),
+                user: target.user.clone(),
+            })
+    };
+    let mut scram: Option<ScramSha256> = None;
+    let mut params = Vec::new();
+    let mut key = (0u32, 0u32);
+    loop {
+        let frame = io
+            .read_frame(MAX_SERVER_MESSAGE)
+            .await
+            .map_err(io_err)?
+            .ok_or_else(|| protocol_err("closed during login"))?;
+        let mut body = frame.body();
+        match frame.tag {
+            b'R' => {
+                if body.len() < 4 {
+                    return Err(protocol_err("short authentication message"));
+                }
+                let code = body.get_i32();
+                match code {
+                    0 => {}
+                    3 => {
+                        let mut pw = password()?.as_bytes().to_vec();
+                        pw.push(0);
+                        protocol::put_message(&mut io.wbuf, b'p', |b| b.extend_from_slice(&pw));
+                    }
+                    5 => {
+                        let salt: [u8; 4] = body
+                            .get(..4)
+                            .and_then(|s| s.try_into().ok())
+                            .ok_or_else(|| protocol_err("short md5 salt"))?;
+                        let hash = postgres_protocol::authentication::md5_hash(
+                            target.user.as_bytes(),
+                            password()?.as_bytes(),
+                            salt,
+                        );
+                        frontend::password_message(hash.as_bytes(), &mut io.wbuf)
+                            .map_err(io_err)?;
+                    }
+                    10 => {
+                        let offers_scram = body
+                            .split(|c| *c == 0)
+                            .any(|m| m == SCRAM_SHA_256.as_bytes());
+                        if !offers_scram {
+                            return Err(BackendError::UnsupportedAuth {
+                                addr: addr.to_string(),
+                                method: "SASL (no SCRAM-SHA-256)".into(),
+                            });
+                        }
+                        let s =
+                            ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                        frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut io.wbuf)
+                            .map_err(io_err)?;
+                        scram = Some(s);
+                    }
+                    11 => {
+                        let s = scram
+                            .as_mut()
+                            .ok_or_else(|| protocol_err("SASL continue without SASL"))?;
+                        s.update(body)
+                            .map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
+                        frontend::sasl_response(s.message(), &mut io.wbuf).map_err(io_err)?;
+                    }
+                    12 => {
+                        let mut s = scram
+                            .take()
+                            .ok_or_else(|| protocol_err("SASL final without SASL"))?;
+                        s.finish(body)
+                            .map_err(|e| protocol_err(&format!("SCRAM server signature: {e}")))?;
+                    }
+                    other => {
+                        return Err(BackendError::UnsupportedAuth {
+                            addr: addr.to_string(),
+                            method: format!("code {other}"),
+                        });
+                    }
+                }
+                if !io.wbuf.is_empty() {
+                    io.flush().await.map_err(io_err)?;
+                }
+            }
+            b'E' => {
+                return Err(BackendError::Refused {
+                    addr: addr.to_string(),
+                    fields: protocol::error_fields(body),
+                });
+            }
+            b'S' => {
+                if let Some(p) = protocol::parameter_status(body) {
+                    params.push(p);
+                }
+            }
+            b'K' => {
+                if body.len() >= 8 {
+                    key = (body.get_u32(), body.get_u32());
+                }
+            }
+            b'N' => {}
+            b'Z' => break,
+            _ => return Err(protocol_err("unexpected message during login")),
+        }
+    }
+    Ok(ServerConn {
+        io,
+        addr: addr.to_string(),
+        cancel: CancelTarget {
+            addr: peer,
+            pid: key.0,
+            key: key.1,
+        },
+        params,
+        prepared: HashSet::new(),
+        settings: Settings::empty(),
+        tenant: None,
+        status: TxStatus::Idle,
+        queue: ResponseQueue::default(),
+        broken: false,
+        needs_reset: false,
+    })
+}
+
+/// Sends a CancelRequest for `target` on a fresh connection.
+pub async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = TcpStream::connect(target.addr).await?;
+    let mut buf = BytesMut::new();
+    frontend::cancel_request(target.pid as i32, target.key as i32, &mut buf);
+    tcp.write_all(&buf).await?;
+    tcp.flush().await
+}

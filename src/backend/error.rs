@@ -1,0 +1,59 @@
+//! Errors of the server side. Each says whether nothing reached the server yet
+//! (so the work may be retried elsewhere).
+
+use crate::directory::ShardId;
+use crate::protocol::ErrorFields;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("timed out connecting to {addr}")]
+    ConnectTimeout { addr: String },
+    /// The server answered the login with an ErrorResponse (bad database, bad password, ...).
+    #[error("server {addr} refused the login: {} ({})", .fields.message, .fields.code)]
+    Refused { addr: String, fields: ErrorFields },
+    #[error("server {addr} asked for {method} authentication, which pgtenant does not support")]
+    UnsupportedAuth { addr: String, method: String },
+    #[error("server {addr} asked for a password but none is configured for user {user}")]
+    NoPassword { addr: String, user: String },
+    #[error("TLS to server {addr}: {message}")]
+    Tls { addr: String, message: String },
+    #[error("protocol error from server {addr}: {message}")]
+    Protocol { addr: String, message: String },
+    #[error("I/O error with server {addr}: {source}")]
+    Io {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// Why no server connection could be checked out.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckoutError {
+    #[error("all {size} server connections of shard {shard} are busy (waited {waited_ms} ms)")]
+    Exhausted {
+        shard: ShardId,
+        size: usize,
+        waited_ms: u64,
+    },
+    #[error("shard {shard} is unreachable: {source}")]
+    Unreachable {
+        shard: ShardId,
+        source: BackendError,
+    },
+    #[error("shard {shard} is not configured")]
+    UnknownShard { shard: ShardId },
+    #[error("the pool of shard {shard} is closed")]
+    Closed { shard: ShardId },
+}
+
+impl CheckoutError {
+    /// Nothing was sent to any server, so the request may be retried elsewhere.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unreachable { .. } | Self::Exhausted { .. })
+    }
+}

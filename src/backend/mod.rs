@@ -1,0 +1,19 @@
+//! Server side: connections opened and authenticated by pgtenant, pools per
+//! (node, user, database), what each connection still owes, and the settings and
+//! prepared statements it carries.
+
+mod conn;
+mod error;
+mod pool;
+mod prepared;
+mod settings;
+mod state;
+mod tls;
+
+pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerConn, send_cancel};
+pub use error::{BackendError, CheckoutError};
+pub use pool::{PooledConn, Pools};
+pub use prepared::{PreparedStatement, StatementRegistry};
+pub use settings::{SettingValue, Settings, quote_literal, sync_sql};
+pub use state::{Effects, OnError, Pending, Reply, ResponseQueue};
+pub use tls::ServerTls;

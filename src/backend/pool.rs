@@ -1,0 +1,163 @@
+//! One deadpool pool per (shard node, user, database). `create` connects and logs
+//! in; `recycle` refuses a connection that is not idle or that the server closed
+//! while it sat in the pool.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use deadpool::managed::{
+    self, Metrics, Object, Pool, PoolError, RecycleError, RecycleResult, Timeouts,
+};
+
+use super::conn::{ConnectTarget, ServerConn};
+use super::error::{BackendError, CheckoutError};
+use super::tls::ServerTls;
+use crate::config::{Config, UserConfig};
+use crate::directory::ShardId;
+
+pub struct ServerManager {
+    target: ConnectTarget,
+    tls: Option<Arc<ServerTls>>,
+}
+
+impl managed::Manager for ServerManager {
+    type Type = ServerConn;
+    type Error = BackendError;
+
+    async fn create(&self) -> Result<ServerConn, BackendError> {
+        ServerConn::connect(&self.target, self.tls.as_deref()).await
+    }
+
+    async fn recycle(&self, conn: &mut ServerConn, _: &Metrics) -> RecycleResult<BackendError> {
+        if !conn.is_reusable() {
+            return Err(RecycleError::message("server connection was not left idle"));
+        }
+        if conn.io.is_disturbed() {
+            return Err(RecycleError::message("server closed the idle connection"));
+        }
+        if conn.needs_reset {
+            conn.reset().await.map_err(RecycleError::Backend)?;
+        }
+        Ok(())
+    }
+}
+
+/// A checked-out server connection; dropping it returns it to its pool.
+pub type PooledConn = Object<ServerManager>;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    shard: ShardId,
+    user: String,
+    database: String,
+}
+
+/// All pools of the proxy, created on first use.
+pub struct Pools {
+    config: Arc<Config>,
+    tls: Option<Arc<ServerTls>>,
+    pools: RwLock<HashMap<PoolKey, Pool<ServerManager>>>,
+}
+
+impl Pools {
+    pub fn new(config: Arc<Config>, tls: Option<ServerTls>) -> Self {
+        Self {
+            config,
+            tls: tls.map(Arc::new),
+            pools: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Checks out a connection to the primary of `shard` for `user` and `database`.
+    pub async fn checkout(
+        &self,
+        shard: ShardId,
+        user: &UserConfig,
+        database: &str,
+    ) -> Result<PooledConn, CheckoutError> {
+        let pool = self.pool(shard, user, database)?;
+        let timeouts = Timeouts {
+            wait: Some(self.config.proxy.checkout_timeout()),
+            create: Some(self.config.proxy.connect_timeout()),
+            recycle: Some(self.config.proxy.connect_timeout()),
+        };
+        pool.timeout_get(&timeouts).await.map_err(|e| match e {
+            PoolError::Timeout(managed::TimeoutType::Wait) => CheckoutError::Exhausted {
+                shard,
+                size: user.pool_size,
+                waited_ms: self.config.proxy.checkout_timeout_ms,
+            },
+            PoolError::Timeout(_) => CheckoutError::Unreachable {
+                shard,
+                source: BackendError::ConnectTimeout {
+                    addr: pool.manager().target.addr(),
+                },
+            },
+            PoolError::Backend(source) => CheckoutError::Unreachable { shard, source },
+            PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
+                CheckoutError::Closed { shard }
+            }
+        })
+    }
+
+    fn pool(
+        &self,
+        shard: ShardId,
+        user: &UserConfig,
+        database: &str,
+    ) -> Result<Pool<ServerManager>, CheckoutError> {
+        let key = PoolKey {
+            shard,
+            user: user.name.clone(),
+            database: database.to_string(),
+        };
+        if let Some(p) = self
+            .pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(p.clone());
+        }
+        let shard_config = self
+            .config
+            .shards
+            .iter()
+            .find(|s| s.id == shard)
+            .ok_or(CheckoutError::UnknownShard { shard })?;
+        let node = shard_config
+            .primary()
+            .ok_or(CheckoutError::UnknownShard { shard })?;
+        let target = ConnectTarget {
+            host: node.host.clone(),
+            port: node.port,
+            user: user.server_user().to_string(),
+            password: user.server_password().map(str::to_string),
+            database: node.dbname.clone().unwrap_or_else(|| database.to_string()),
+            connect_timeout: self.config.proxy.connect_timeout(),
+        };
+        let manager = ServerManager {
+            target,
+            tls: self.tls.clone(),
+        };
+        let pool = Pool::builder(manager)
+            .max_size(user.pool_size)
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .map_err(|_| CheckoutError::Closed { shard })?;
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        Ok(pools.entry(key).or_insert(pool).clone())
+    }
+
+    /// Closes every pool (shutdown).
+    pub fn close(&self) {
+        for pool in self
+            .pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            pool.close();
+        }
+    }
+}

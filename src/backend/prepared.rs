@@ -1,0 +1,77 @@
+//! Server-side names for named prepared statements. Identical statements (same
+//! text and parameter types) from any client share one id and one server name, so
+//! a server that prepared it for one client serves all of them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+/// A statement as pgtenant prepares it on servers.
+#[derive(Debug)]
+pub struct PreparedStatement {
+    pub id: u64,
+    /// `pgt_<id>`, the name used on every server.
+    pub server_name: Bytes,
+    pub query: Bytes,
+    /// The raw parameter-type section of the client's Parse.
+    pub param_types: Bytes,
+}
+
+/// Interns statements; bounded so that clients inventing endless statements cannot grow it without limit.
+pub struct StatementRegistry {
+    by_text: Mutex<HashMap<(Bytes, Bytes), Arc<PreparedStatement>>>,
+    next_id: AtomicU64,
+    capacity: usize,
+}
+
+impl StatementRegistry {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            by_text: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            capacity,
+        }
+    }
+
+    pub fn intern(&self, query: &[u8], param_types: &[u8]) -> Arc<PreparedStatement> {
+        let mut map = self.by_text.lock().unwrap_or_else(|e| e.into_inner());
+        // Look up with borrowed slices would need a custom key type; statements are
+        // short and this runs once per client Parse, not per execution.
+        let key = (
+            Bytes::copy_from_slice(query),
+            Bytes::copy_from_slice(param_types),
+        );
+        if let Some(s) = map.get(&key) {
+            return s.clone();
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let stmt = Arc::new(PreparedStatement {
+            id,
+            server_name: Bytes::from(format!("pgt_{id}")),
+            query: key.0.clone(),
+            param_types: key.1.clone(),
+        });
+        if map.len() < self.capacity {
+            map.insert(key, stmt.clone());
+        }
+        stmt
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_text_and_types_share_an_id() {
+        let r = StatementRegistry::new(10);
+        let a = r.intern(b"SELECT $1", b"\0\0");
+        let b = r.intern(b"SELECT $1", b"\0\0");
+        let c = r.intern(b"SELECT $1", b"\0\x01\0\0\0\x17");
+        assert_eq!(a.id, b.id);
+        assert_ne!(a.id, c.id);
+        assert_eq!(&a.server_name[..], format!("pgt_{}", a.id).as_bytes());
+    }
+}

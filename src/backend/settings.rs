@@ -1,0 +1,216 @@
+//! Session settings a client expects on whatever server connection it gets
+//! (startup parameters and SET), interned so that clients with identical settings
+//! share one version and a server already synchronised for one needs no new SETs.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::directory::TenantId;
+
+/// How a setting's value is written.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum SettingValue {
+    /// Text as in a startup parameter or postgresql.conf, applied with `set_config`.
+    Config(String),
+    /// SQL text from the client's own `SET name = <value>`.
+    Sql(String),
+}
+
+/// One immutable set of settings, identified by `version`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub version: u64,
+    /// Sorted by lower-cased name, one entry per name.
+    pub list: Vec<(String, SettingValue)>,
+}
+
+const MAX_INTERNED: usize = 10_000;
+
+static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+static INTERNED: LazyLock<Mutex<HashMap<Vec<(String, SettingValue)>, Arc<Settings>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+static EMPTY: LazyLock<Arc<Settings>> = LazyLock::new(|| {
+    Arc::new(Settings {
+        version: 0,
+        list: Vec::new(),
+    })
+});
+
+impl Settings {
+    /// The settings of a fresh server connection.
+    pub fn empty() -> Arc<Settings> {
+        EMPTY.clone()
+    }
+
+    /// Returns the shared `Settings` for this list.
+    pub fn intern(mut list: Vec<(String, SettingValue)>) -> Arc<Settings> {
+        list.sort_by(|a, b| a.0.to_ascii_lowercase().cmp(&b.0.to_ascii_lowercase()));
+        list.dedup_by(|later, earlier| {
+            if later.0.eq_ignore_ascii_case(&earlier.0) {
+                earlier.1 = later.1.clone();
+                true
+            } else {
+                false
+            }
+        });
+        if list.is_empty() {
+            return Self::empty();
+        }
+        let mut interned = INTERNED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = interned.get(&list) {
+            return s.clone();
+        }
+        let s = Arc::new(Settings {
+            version: NEXT_VERSION.fetch_add(1, Ordering::Relaxed),
+            list: list.clone(),
+        });
+        if interned.len() < MAX_INTERNED {
+            interned.insert(list, s.clone());
+        }
+        s
+    }
+
+    /// These settings with `name` set to `value`.
+    pub fn with(&self, name: &str, value: SettingValue) -> Arc<Settings> {
+        let mut list: Vec<_> = self
+            .list
+            .iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case(name))
+            .cloned()
+            .collect();
+        list.push((name.to_string(), value));
+        Self::intern(list)
+    }
+
+    /// These settings without `name`.
+    pub fn without(&self, name: &str) -> Arc<Settings> {
+        Self::intern(
+            self.list
+                .iter()
+                .filter(|(n, _)| !n.eq_ignore_ascii_case(name))
+                .cloned()
+                .collect(),
+        )
+    }
+
+    fn get(&self, name: &str) -> Option<&SettingValue> {
+        self.list
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+}
+
+/// Quotes `s` as an SQL string literal.
+pub fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The SQL that takes a server from (`from`, `from_tenant`) to (`to`, `to_tenant`),
+/// or `None` when nothing differs. `tenant_guc` is `None` when the tenant GUC is not set.
+pub fn sync_sql(
+    from: &Settings,
+    to: &Settings,
+    from_tenant: Option<TenantId>,
+    to_tenant: Option<TenantId>,
+    tenant_guc: Option<&str>,
+) -> Option<String> {
+    let mut sql = String::new();
+    if from.version != to.version {
+        for (name, _) in &from.list {
+            if to.get(name).is_none() {
+                sql.push_str(&format!("RESET {name};"));
+            }
+        }
+        for (name, value) in &to.list {
+            if from.get(name) == Some(value) {
+                continue;
+            }
+            match value {
+                SettingValue::Config(v) => sql.push_str(&format!(
+                    "SELECT pg_catalog.set_config({}, {}, false);",
+                    quote_literal(name),
+                    quote_literal(v)
+                )),
+                SettingValue::Sql(v) => sql.push_str(&format!("SET {name} = {v};")),
+            }
+        }
+    }
+    if let Some(guc) = tenant_guc
+        && from_tenant != to_tenant
+    {
+        match to_tenant {
+            Some(t) => sql.push_str(&format!("SET {guc} = '{t}';")),
+            None => sql.push_str(&format!("RESET {guc};")),
+        }
+    }
+    (!sql.is_empty()).then_some(sql)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(v: &str) -> SettingValue {
+        SettingValue::Config(v.into())
+    }
+
+    #[test]
+    fn identical_lists_share_a_version() {
+        let a = Settings::intern(vec![
+            ("TimeZone".into(), cfg("UTC")),
+            ("application_name".into(), cfg("x")),
+        ]);
+        let b = Settings::intern(vec![
+            ("application_name".into(), cfg("x")),
+            ("TimeZone".into(), cfg("UTC")),
+        ]);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_ne!(a.version, Settings::empty().version);
+        let c = a.with("timezone", cfg("Europe/Paris"));
+        assert_eq!(c.list.len(), 2);
+        assert_ne!(c.version, a.version);
+    }
+
+    #[test]
+    fn sync_sets_resets_and_switches_tenant() {
+        let from = Settings::intern(vec![
+            ("search_path".into(), cfg("a")),
+            ("work_mem".into(), cfg("4MB")),
+        ]);
+        let to = Settings::intern(vec![(
+            "search_path".into(),
+            SettingValue::Sql("b, public".into()),
+        )]);
+        let sql = sync_sql(
+            &from,
+            &to,
+            Some(TenantId(1)),
+            Some(TenantId(2)),
+            Some("pgtenant.tenant_id"),
+        )
+        .unwrap();
+        assert_eq!(
+            sql,
+            "RESET work_mem;SET search_path = b, public;SET pgtenant.tenant_id = '2';"
+        );
+        assert_eq!(sync_sql(&to, &to, None, None, Some("g")), None);
+        assert_eq!(
+            sync_sql(&to, &to, Some(TenantId(3)), None, Some("g")).unwrap(),
+            "RESET g;"
+        );
+        assert_eq!(sync_sql(&to, &to, Some(TenantId(3)), None, None), None);
+        let quoted = sync_sql(
+            &Settings::empty(),
+            &Settings::intern(vec![("application_name".into(), cfg("it's"))]),
+            None,
+            None,
+            None,
+        );
+        assert_eq!(
+            quoted.unwrap(),
+            "SELECT pg_catalog.set_config('application_name', 'it''s', false);"
+        );
+    }
+}

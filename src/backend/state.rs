@@ -1,0 +1,338 @@
+//! What a server connection still owes: one entry per message sent to it (or per
+//! reply pgtenant gives in its place), in order. Server messages are matched to the
+//! front entry to decide whether they reach the client, and where pgtenant's own
+//! replies (ParseComplete for a statement the server already has, CloseComplete for
+//! a statement kept for others) go in the stream.
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::protocol::{Frame, TxStatus};
+
+/// The message whose responses an entry waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Parse,
+    Bind,
+    Describe,
+    Execute,
+    Close,
+    Sync,
+    /// Simple Query or FunctionCall: ends with ReadyForQuery.
+    Query,
+}
+
+impl Reply {
+    /// Extended-protocol messages are skipped by the server after an error until Sync.
+    fn is_extended(self) -> bool {
+        !matches!(self, Reply::Sync | Reply::Query)
+    }
+}
+
+/// An injected message's error: shown to the client or kept from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnError {
+    Forward,
+    Swallow,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// A client message: its responses pass through. `prepares` is the statement id a
+    /// Parse creates on the server, so a failed Parse can be forgotten; `tracked` marks
+    /// a statement whose success the session waits for (a SET it re-applies elsewhere).
+    Client {
+        reply: Reply,
+        prepares: Option<u64>,
+        tracked: bool,
+    },
+    /// A message pgtenant added: its responses are swallowed.
+    Injected {
+        reply: Reply,
+        on_error: OnError,
+        prepares: Option<u64>,
+    },
+    /// Complete messages pgtenant sends itself once everything before them has been answered.
+    Synthetic(Bytes),
+}
+
+impl Pending {
+    pub fn client(reply: Reply) -> Self {
+        Pending::Client {
+            reply,
+            prepares: None,
+            tracked: false,
+        }
+    }
+}
+
+/// What the session must learn from one server message.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// A ReadyForQuery that ended a client request arrived with this status.
+    pub ready: Option<TxStatus>,
+    /// That request was a tracked statement.
+    pub tracked_done: bool,
+    /// Any ReadyForQuery (client's or injected) arrived with this status.
+    pub status: Option<TxStatus>,
+    /// An ErrorResponse reached the client.
+    pub client_error: bool,
+    /// Statements that did not get prepared after all.
+    pub unprepared: Vec<u64>,
+    /// The server sent something no pending message explains.
+    pub desync: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct ResponseQueue {
+    pending: VecDeque<Pending>,
+}
+
+impl ResponseQueue {
+    pub fn push(&mut self, p: Pending) {
+        self.pending.push_back(p);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.pending.clear();
+    }
+
+    /// Whether a ReadyForQuery is owed to the client.
+    pub fn owes_ready(&self) -> bool {
+        self.pending.iter().any(|p| {
+            matches!(
+                p,
+                Pending::Client {
+                    reply: Reply::Sync | Reply::Query,
+                    ..
+                }
+            )
+        })
+    }
+
+    /// Emits pgtenant's own replies that have reached the front.
+    pub fn drain_synthetic(&mut self, out: &mut BytesMut) {
+        while let Some(Pending::Synthetic(bytes)) = self.pending.front() {
+            out.extend_from_slice(bytes);
+            self.pending.pop_front();
+        }
+    }
+
+    /// Handles one server message: appends what the client should see to `out`.
+    pub fn on_server_message(&mut self, frame: &Frame, out: &mut BytesMut) -> Effects {
+        let mut fx = Effects::default();
+        let forward_front = !matches!(self.pending.front(), Some(Pending::Injected { .. }));
+        match frame.tag {
+            // Asynchronous messages may come at any time.
+            b'A' => out.extend_from_slice(&frame.raw),
+            b'N' | b'S' => {
+                if forward_front {
+                    out.extend_from_slice(&frame.raw);
+                }
+            }
+            b'E' => self.on_error(frame, out, &mut fx),
+            b'Z' => {
+                let status = frame.body().first().copied().and_then(TxStatus::from_byte);
+                fx.status = status;
+                match self.pending.pop_front() {
+                    Some(Pending::Client {
+                        reply: Reply::Sync | Reply::Query,
+                        tracked,
+                        ..
+                    }) => {
+                        out.extend_from_slice(&frame.raw);
+                        fx.ready = status;
+                        fx.tracked_done = tracked;
+                    }
+                    Some(Pending::Injected {
+                        reply: Reply::Sync | Reply::Query,
+                        ..
+                    }) => {}
+                    _ => fx.desync = true,
+                }
+                if status.is_none() {
+                    fx.desync = true;
+                }
+            }
+            tag => {
+                let Some(front) = self.pending.front() else {
+                    fx.desync = true;
+                    out.extend_from_slice(&frame.raw);
+                    return fx;
+                };
+                let (reply, forward) = match *front {
+                    Pending::Client { reply, .. } => (reply, true),
+                    Pending::Injected { reply, .. } => (reply, false),
+                    Pending::Synthetic(_) => {
+                        fx.desync = true;
+                        return fx;
+                    }
+                };
+                if forward {
+                    out.extend_from_slice(&frame.raw);
+                }
+                if completes(reply, tag) {
+                    self.pending.pop_front();
+                }
+            }
+        }
+        self.drain_synthetic(out);
+        fx
+    }
+
+    fn on_error(&mut self, frame: &Frame, out: &mut BytesMut, fx: &mut Effects) {
+        let front = match self.pending.front() {
+            Some(Pending::Client { reply, .. }) => Some((*reply, OnError::Forward)),
+            Some(Pending::Injected {
+                reply, on_error, ..
+            }) => Some((*reply, *on_error)),
+            Some(Pending::Synthetic(_)) | None => None,
+        };
+        let forward = match front {
+            Some((_, OnError::Swallow)) => false,
+            None => {
+                // A FATAL from an idle server (e.g. it shuts down): the client should see it.
+                fx.desync = true;
+                true
+            }
+            _ => true,
+        };
+        if forward {
+            out.extend_from_slice(&frame.raw);
+            fx.client_error = true;
+        }
+        let Some((reply, _)) = front else { return };
+        if !reply.is_extended() {
+            // Simple query: the entry ends at ReadyForQuery.
+            return;
+        }
+        // The server now skips every message up to the next Sync.
+        while let Some(p) = self.pending.front() {
+            match p {
+                Pending::Client {
+                    reply: Reply::Sync, ..
+                }
+                | Pending::Injected {
+                    reply: Reply::Sync, ..
+                } => break,
+                Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
+                    fx.unprepared.extend(*prepares)
+                }
+                Pending::Synthetic(_) => {}
+            }
+            self.pending.pop_front();
+        }
+    }
+}
+
+/// Whether a message with `tag` is the last response to `reply`.
+fn completes(reply: Reply, tag: u8) -> bool {
+    match reply {
+        Reply::Parse => tag == b'1',
+        Reply::Bind => tag == b'2',
+        Reply::Close => tag == b'3',
+        Reply::Describe => matches!(tag, b'T' | b'n'),
+        Reply::Execute => matches!(tag, b'C' | b'I' | b's'),
+        Reply::Sync | Reply::Query => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{self, try_parse_frame};
+
+    fn msg(tag: u8, body: &[u8]) -> Frame {
+        let mut b = BytesMut::new();
+        protocol::put_message(&mut b, tag, |x| x.extend_from_slice(body));
+        try_parse_frame(&mut b, 1 << 20).unwrap().unwrap()
+    }
+
+    fn client(reply: Reply) -> Pending {
+        Pending::client(reply)
+    }
+
+    fn synthetic(build: fn(&mut BytesMut)) -> Pending {
+        let mut b = BytesMut::new();
+        build(&mut b);
+        Pending::Synthetic(b.freeze())
+    }
+
+    fn tags(out: &BytesMut) -> Vec<u8> {
+        let mut b = out.clone();
+        std::iter::from_fn(|| try_parse_frame(&mut b, 1 << 20).unwrap().map(|f| f.tag)).collect()
+    }
+
+    #[test]
+    fn synthetic_parse_complete_comes_first_and_injected_replies_are_swallowed() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        q.push(Pending::Injected {
+            reply: Reply::Query,
+            on_error: OnError::Swallow,
+            prepares: None,
+        });
+        q.push(synthetic(protocol::parse_complete));
+        q.push(client(Reply::Bind));
+        q.push(client(Reply::Execute));
+        q.push(client(Reply::Sync));
+        for (tag, body) in [
+            (b'C', &b"SET\0"[..]),
+            (b'Z', b"I"),
+            (b'2', b""),
+            (b'D', b"\0\0"),
+            (b'C', b"SELECT 1\0"),
+        ] {
+            let fx = q.on_server_message(&msg(tag, body), &mut out);
+            assert!(fx.ready.is_none() && !fx.desync);
+        }
+        let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
+        assert_eq!(fx.ready, Some(TxStatus::Idle));
+        assert_eq!(tags(&out), b"12DCZ");
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn error_skips_to_sync_and_forgets_failed_prepares() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        q.push(Pending::Client {
+            reply: Reply::Parse,
+            prepares: Some(7),
+            tracked: false,
+        });
+        q.push(client(Reply::Bind));
+        q.push(synthetic(protocol::close_complete));
+        q.push(client(Reply::Sync));
+        let fx = q.on_server_message(&msg(b'E', b"SERROR\0C42601\0Mbad\0\0"), &mut out);
+        assert_eq!(fx.unprepared, vec![7]);
+        let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
+        assert_eq!(fx.ready, Some(TxStatus::Idle));
+        assert_eq!(tags(&out), b"EZ");
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn simple_query_error_waits_for_ready() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        q.push(client(Reply::Query));
+        q.on_server_message(&msg(b'E', b"SERROR\0\0"), &mut out);
+        assert!(!q.is_empty());
+        let fx = q.on_server_message(&msg(b'Z', b"E"), &mut out);
+        assert_eq!(fx.ready, Some(TxStatus::Failed));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn unexpected_message_is_a_desync() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        assert!(q.on_server_message(&msg(b'D', b""), &mut out).desync);
+    }
+}

@@ -1,0 +1,39 @@
+//! Command line: `serve`, `dev`, `check-config`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pgtenant",
+    version,
+    about = "Tenant-aware PostgreSQL connection proxy"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the proxy from a configuration file.
+    Serve {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Start local shard clusters with demo tenants and serve them on 127.0.0.1:6432.
+    Dev {
+        /// State directory (clusters, certificates); reused on the next start.
+        #[arg(long, default_value = ".pgtenant-dev")]
+        dir: PathBuf,
+        /// Port of the proxy.
+        #[arg(long, default_value_t = 6432)]
+        port: u16,
+        /// First port of the shard clusters (shard 1, then shard 2).
+        #[arg(long, default_value_t = 6442)]
+        shard_port: u16,
+    },
+    /// Validate a configuration file and list every problem.
+    CheckConfig { file: PathBuf },
+}

@@ -1,0 +1,282 @@
+//! Configuration: the TOML file's types with their defaults, loading, and
+//! validation that reports every problem at once.
+//!
+//! A `Config` that passed `validate` is what every other layer reads; they never
+//! re-check it.
+
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use validate::validate;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub proxy: ProxyConfig,
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    #[serde(default)]
+    pub server_tls: ServerTlsConfig,
+    #[serde(default)]
+    pub users: Vec<UserConfig>,
+    #[serde(default)]
+    pub shards: Vec<ShardConfig>,
+    /// Tenant ranges, inclusive at both ends.
+    #[serde(default)]
+    pub ranges: Vec<RangeConfig>,
+    /// Explicit tenant placements; they win over ranges.
+    #[serde(default)]
+    pub tenant_map: Vec<TenantMapping>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    /// A server connection is held from a transaction's first statement to its end.
+    #[default]
+    Transaction,
+    /// A server connection is held for the whole client session.
+    Session,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum NoTenantPolicy {
+    /// A statement that needs a tenant and has none is refused.
+    #[default]
+    Reject,
+    /// It runs on `default_shard`.
+    Default,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    pub pool_mode: PoolMode,
+    pub max_clients: usize,
+    pub startup_timeout_ms: u64,
+    pub max_message_size: usize,
+    pub checkout_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    /// Name of the session parameter / GUC that carries the tenant.
+    pub tenant_parameter: String,
+    pub no_tenant_policy: NoTenantPolicy,
+    /// Shard for statements that need no tenant; the lowest shard id when unset.
+    pub default_shard: Option<u16>,
+    /// Set the tenant GUC on every server connection handed to a tenant.
+    pub set_tenant_guc: bool,
+    /// Tokio worker threads; 0 means one per core.
+    pub workers: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:6432".parse().expect("static address"),
+            pool_mode: PoolMode::Transaction,
+            max_clients: 1000,
+            startup_timeout_ms: 10_000,
+            max_message_size: 64 << 20,
+            checkout_timeout_ms: 5_000,
+            connect_timeout_ms: 3_000,
+            tenant_parameter: "pgtenant.tenant_id".into(),
+            no_tenant_policy: NoTenantPolicy::Reject,
+            default_shard: None,
+            set_tenant_guc: true,
+            workers: 0,
+        }
+    }
+}
+
+impl ProxyConfig {
+    pub fn startup_timeout(&self) -> Duration {
+        Duration::from_millis(self.startup_timeout_ms)
+    }
+    pub fn checkout_timeout(&self) -> Duration {
+        Duration::from_millis(self.checkout_timeout_ms)
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+/// TLS offered to clients.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerTlsMode {
+    #[default]
+    Disable,
+    /// TLS when the server offers it, plain otherwise; certificates are not verified.
+    Prefer,
+    /// TLS or fail; certificates are verified against `ca` when given.
+    Require,
+}
+
+/// TLS from pgtenant to the servers.
+#[derive(Clone, Debug, Deserialize, Serialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerTlsConfig {
+    pub mode: ServerTlsMode,
+    pub ca: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+pub enum AuthMethod {
+    #[default]
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+    #[serde(rename = "md5")]
+    Md5,
+    #[serde(rename = "password")]
+    Cleartext,
+    #[serde(rename = "trust")]
+    Trust,
+}
+
+/// A login clients may use, and the credentials pgtenant uses on the servers for it.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// Password clients present; also the server password unless `server_password` is set.
+    pub password: Option<String>,
+    /// A SCRAM verifier (`SCRAM-SHA-256$iter:salt$stored:server`) instead of a password.
+    pub scram_secret: Option<String>,
+    #[serde(default)]
+    pub auth: AuthMethod,
+    pub server_user: Option<String>,
+    pub server_password: Option<String>,
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
+    pub pool_mode: Option<PoolMode>,
+}
+
+fn default_pool_size() -> usize {
+    20
+}
+
+impl UserConfig {
+    pub fn server_user(&self) -> &str {
+        self.server_user.as_deref().unwrap_or(&self.name)
+    }
+    pub fn server_password(&self) -> Option<&str> {
+        self.server_password.as_deref().or(self.password.as_deref())
+    }
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeRole {
+    Primary,
+    Replica,
+}
+
+/// One PostgreSQL server of a shard.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub host: String,
+    pub port: u16,
+    pub role: NodeRole,
+    /// Failover priority among replicas: lower goes first.
+    #[serde(default)]
+    pub priority: u32,
+    /// Database name on this server, when it differs from the client's.
+    pub dbname: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    pub id: u16,
+    #[serde(default)]
+    pub nodes: Vec<NodeConfig>,
+}
+
+impl ShardConfig {
+    pub fn primary(&self) -> Option<&NodeConfig> {
+        self.nodes.iter().find(|n| n.role == NodeRole::Primary)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RangeConfig {
+    pub min: i64,
+    pub max: i64,
+    pub shard: u16,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantMapping {
+    pub tenant: i64,
+    pub shard: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("{} problem(s) in the configuration:\n  - {}", .0.len(), .0.join("\n  - "))]
+    Invalid(Vec<String>),
+}
+
+impl Config {
+    /// Parses TOML text without validating it.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(e),
+        })
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.into(),
+            source: e,
+        })?;
+        let config = Self::from_toml(&text, path)?;
+        let problems = validate(&config);
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    pub fn user(&self, name: &str) -> Option<&UserConfig> {
+        self.users.iter().find(|u| u.name == name)
+    }
+
+    /// The shard for statements that need no tenant.
+    pub fn default_shard(&self) -> u16 {
+        self.proxy
+            .default_shard
+            .unwrap_or_else(|| self.shards.iter().map(|s| s.id).min().unwrap_or(0))
+    }
+}

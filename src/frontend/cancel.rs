@@ -1,0 +1,98 @@
+//! Cancel keys: every client gets a BackendKeyData of pgtenant's own; while a
+//! server connection works for it, its slot holds that server's cancel target.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::backend::CancelTarget;
+
+type Slot = Arc<Mutex<Option<CancelTarget>>>;
+
+#[derive(Default)]
+pub struct CancelRegistry {
+    clients: Mutex<HashMap<u32, (u32, Slot)>>,
+    next_pid: AtomicU32,
+}
+
+/// A client's key; unregisters itself when dropped.
+pub struct CancelKey {
+    pub pid: u32,
+    pub key: u32,
+    slot: Slot,
+    registry: Arc<CancelRegistry>,
+}
+
+impl CancelRegistry {
+    pub fn register(self: &Arc<Self>) -> CancelKey {
+        let slot: Slot = Arc::new(Mutex::new(None));
+        let key = rand::random::<u32>();
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let pid = loop {
+            let pid = self
+                .next_pid
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1)
+                & 0x7fff_ffff;
+            if pid != 0 && !clients.contains_key(&pid) {
+                break pid;
+            }
+        };
+        clients.insert(pid, (key, slot.clone()));
+        CancelKey {
+            pid,
+            key,
+            slot,
+            registry: self.clone(),
+        }
+    }
+
+    /// The server target for a CancelRequest, if the key matches and a query runs.
+    pub fn lookup(&self, pid: u32, key: u32) -> Option<CancelTarget> {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let (expected, slot) = clients.get(&pid)?;
+        if *expected != key {
+            return None;
+        }
+        *slot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl CancelKey {
+    pub fn set_target(&self, target: Option<CancelTarget>) {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = target;
+    }
+}
+
+impl Drop for CancelKey {
+    fn drop(&mut self) {
+        self.registry
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.pid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_needs_the_right_key_and_a_target() {
+        let reg = Arc::new(CancelRegistry::default());
+        let k = reg.register();
+        assert!(reg.lookup(k.pid, k.key).is_none());
+        let target = CancelTarget {
+            addr: "127.0.0.1:5432".parse().unwrap(),
+            pid: 5,
+            key: 6,
+        };
+        k.set_target(Some(target));
+        assert_eq!(reg.lookup(k.pid, k.key).map(|t| t.pid), Some(5));
+        assert!(reg.lookup(k.pid, k.key.wrapping_add(1)).is_none());
+        let pid = k.pid;
+        drop(k);
+        assert!(reg.lookup(pid, 0).is_none());
+    }
+}

@@ -1,0 +1,97 @@
+//! Errors of the client side. `is_fatal` says whether the client connection ends;
+//! every other error is answered with an ErrorResponse and the session goes on.
+
+use crate::backend::{BackendError, CheckoutError};
+use crate::directory::{ShardId, TenantId};
+use crate::protocol::{ErrorFields, FrameError};
+use crate::router::RouteError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    // --- the connection ends ---
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("password authentication failed for user \"{user}\"")]
+    AuthFailed { user: String },
+    #[error("too many clients: pgtenant accepts at most {max}")]
+    TooManyClients { max: usize },
+    #[error("startup did not complete within {ms} ms")]
+    StartupTimeout { ms: u64 },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("invalid startup parameter: {0}")]
+    BadStartupParameter(String),
+    #[error("pgtenant is shutting down")]
+    ShuttingDown,
+    /// The server refused the login made for this client; its fields go to the client.
+    #[error("{}", .0.message)]
+    ServerRefused(ErrorFields),
+    #[error("client I/O: {0}")]
+    Io(#[from] std::io::Error),
+
+    // --- answered, the session goes on ---
+    #[error("{0}")]
+    Route(#[from] RouteError),
+    #[error("{0}")]
+    Checkout(#[from] CheckoutError),
+    #[error("lost the server connection of shard {shard}: {reason}")]
+    ServerLost { shard: ShardId, reason: String },
+    #[error("current transaction is aborted, commands ignored until end of transaction block")]
+    InFailedTransaction,
+    #[error("cannot change {param} inside a transaction block")]
+    TenantChangeInTransaction { param: String },
+    #[error("invalid value for {param}: \"{value}\" (a tenant id is a bigint)")]
+    BadTenantValue { param: String, value: String },
+    #[error(
+        "this transaction runs on shard {current}; tenant {tenant} lives on shard {other} (no cross-shard transactions)"
+    )]
+    CrossShard {
+        current: ShardId,
+        tenant: TenantId,
+        other: ShardId,
+    },
+    #[error(
+        "the session is pinned to shard {shard} by {reason}; tenant {tenant} lives on shard {other}"
+    )]
+    PinnedElsewhere {
+        shard: ShardId,
+        reason: &'static str,
+        tenant: TenantId,
+        other: ShardId,
+    },
+    #[error("{param} must be set with a simple-protocol SET statement, not a prepared one")]
+    ExtendedTenantSet { param: String },
+}
+
+impl FrontendError {
+    /// Whether the client connection must end after reporting this error.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Self::Protocol(_)
+                | Self::Frame(_)
+                | Self::AuthFailed { .. }
+                | Self::TooManyClients { .. }
+                | Self::StartupTimeout { .. }
+                | Self::Unsupported(_)
+                | Self::BadStartupParameter(_)
+                | Self::ShuttingDown
+                | Self::ServerRefused(_)
+                | Self::Io(_)
+        )
+    }
+}
+
+impl From<BackendError> for FrontendError {
+    fn from(e: BackendError) -> Self {
+        match e {
+            BackendError::Refused { fields, .. } => Self::ServerRefused(fields),
+            other => Self::Checkout(CheckoutError::Unreachable {
+                shard: 0,
+                source: other,
+            }),
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The one place that turns a `FrontendError` into an ErrorResponse: SQLSTATE and
+//! message. Server ErrorResponses never pass through here; they are relayed as sent.
+
+use bytes::BytesMut;
+
+use super::error::FrontendError;
+use crate::backend::CheckoutError;
+use crate::protocol::{self, Severity, sqlstate};
+use crate::router::RouteError;
+
+/// SQLSTATE and message for `err`.
+pub fn to_error_info(err: &FrontendError) -> (String, String) {
+    use FrontendError as E;
+    let code = match err {
+        E::Protocol(_) | E::Frame(_) | E::StartupTimeout { .. } => sqlstate::PROTOCOL_VIOLATION,
+        E::AuthFailed { .. } => sqlstate::INVALID_PASSWORD,
+        E::TooManyClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
+        E::Unsupported(_)
+        | E::CrossShard { .. }
+        | E::PinnedElsewhere { .. }
+        | E::ExtendedTenantSet { .. } => sqlstate::FEATURE_NOT_SUPPORTED,
+        E::BadStartupParameter(_) | E::BadTenantValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
+        E::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
+        E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),
+        E::Io(_) => sqlstate::CONNECTION_FAILURE,
+        E::Route(RouteError::NoTenant { .. }) => sqlstate::INVALID_PARAMETER_VALUE,
+        E::Route(RouteError::Directory(_)) => sqlstate::UNDEFINED_OBJECT,
+        E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
+        E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
+        E::Checkout(CheckoutError::Unreachable { .. }) => sqlstate::UNABLE_TO_CONNECT,
+        E::Checkout(CheckoutError::UnknownShard { .. }) => sqlstate::UNDEFINED_OBJECT,
+        E::Checkout(CheckoutError::Closed { .. }) => sqlstate::CANNOT_CONNECT_NOW,
+        E::ServerLost { .. } => sqlstate::CONNECTION_FAILURE,
+        E::InFailedTransaction => sqlstate::IN_FAILED_SQL_TRANSACTION,
+        E::TenantChangeInTransaction { .. } => sqlstate::ACTIVE_SQL_TRANSACTION,
+    };
+    (code.to_string(), format!("pgtenant: {err}"))
+}
+
+/// Appends the ErrorResponse for `err`, FATAL when the connection ends.
+pub fn write_error(buf: &mut BytesMut, err: &FrontendError) {
+    let (code, message) = to_error_info(err);
+    let severity = if err.is_fatal() {
+        Severity::Fatal
+    } else {
+        Severity::Error
+    };
+    protocol::error_response(buf, severity, &code, &message);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::{DirectoryError, TenantId};
+
+    #[test]
+    fn maps_to_the_documented_codes() {
+        let code = |e: FrontendError| to_error_info(&e).0;
+        assert_eq!(
+            code(FrontendError::AuthFailed { user: "a".into() }),
+            "28P01"
+        );
+        assert_eq!(
+            code(FrontendError::Route(RouteError::Directory(
+                DirectoryError::NotPlaced(TenantId(9))
+            ))),
+            "42704"
+        );
+        assert_eq!(
+            code(FrontendError::Route(RouteError::NoTenant {
+                param: "p".into()
+            })),
+            "22023"
+        );
+        assert_eq!(
+            code(FrontendError::Checkout(CheckoutError::Exhausted {
+                shard: 1,
+                size: 2,
+                waited_ms: 3
+            })),
+            "53300"
+        );
+        assert_eq!(
+            code(FrontendError::ServerLost {
+                shard: 1,
+                reason: "x".into()
+            }),
+            "08006"
+        );
+        let (_, message) = to_error_info(&FrontendError::Route(RouteError::Directory(
+            DirectoryError::NotPlaced(TenantId(9)),
+        )));
+        assert_eq!(message, "pgtenant: tenant 9 is not placed on any shard");
+    }
+}

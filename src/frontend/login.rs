@@ -1,0 +1,188 @@
+//! From accepted socket to running `Session`: startup negotiation, client
+//! authentication, then a server checkout on which the client's settings are applied,
+//! so that the client receives the real server's ParameterStatus values.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use super::Shared;
+use super::auth::authenticate;
+use super::error::FrontendError;
+use super::error_response::write_error;
+use super::params::parse_startup;
+use super::session::{Session, SessionStart};
+use super::startup::{Negotiated, negotiate};
+use crate::backend::{Settings, send_cancel, sync_sql};
+use crate::config::PoolMode;
+use crate::net::Duplex;
+use crate::protocol::{self, TxStatus};
+use crate::router::Route;
+
+/// Serves one accepted connection from startup to the end of its session.
+pub async fn serve_connection(
+    tcp: TcpStream,
+    shared: Arc<Shared>,
+    slots: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let timeout = shared.config.proxy.startup_timeout();
+    let negotiated = match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref())).await
+    {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
+        Err(_) => return tracing::debug!("startup timed out"),
+    };
+    let (stream, minor, params) = match negotiated {
+        Negotiated::Cancel { pid, key } => return forward_cancel(&shared, pid, key).await,
+        Negotiated::Login {
+            stream,
+            minor,
+            params,
+        } => (stream, minor, params),
+    };
+    let mut client = Duplex::new(stream);
+    let login =
+        tokio::time::timeout(timeout, login(&mut client, &shared, slots, minor, params)).await;
+    let (start, _permit) = match login {
+        Ok(Ok(ok)) => ok,
+        Ok(Err(err)) => return refuse(client, &err).await,
+        Err(_) => {
+            return refuse(
+                client,
+                &FrontendError::StartupTimeout {
+                    ms: shared.config.proxy.startup_timeout_ms,
+                },
+            )
+            .await;
+        }
+    };
+    Session::new(shared, client, start).run(shutdown).await;
+}
+
+async fn refuse(mut client: Duplex, err: &FrontendError) {
+    tracing::info!(error = %err, "login refused");
+    if !matches!(err, FrontendError::Io(_)) {
+        write_error(&mut client.wbuf, err);
+        let _ = client.flush().await;
+    }
+}
+
+async fn forward_cancel(shared: &Shared, pid: u32, key: u32) {
+    match shared.cancels.lookup(pid, key) {
+        Some(target) => {
+            if let Err(e) = send_cancel(target).await {
+                tracing::warn!(error = %e, "could not forward a cancel request");
+            }
+        }
+        None => tracing::debug!(pid, "cancel request for no running query"),
+    }
+}
+
+/// Authenticates and prepares the session.
+async fn login(
+    client: &mut Duplex,
+    shared: &Arc<Shared>,
+    slots: Arc<Semaphore>,
+    minor: u16,
+    params: Vec<(String, String)>,
+) -> Result<(SessionStart, OwnedSemaphorePermit), FrontendError> {
+    let config = &shared.config;
+    let params = parse_startup(params, &config.proxy.tenant_parameter)?;
+    if minor > 0 || !params.protocol_options.is_empty() {
+        negotiate_protocol_version(&mut client.wbuf, &params.protocol_options);
+    }
+    let user = config.user(&params.user).cloned().map(Arc::new);
+    authenticate(
+        client,
+        &params.user,
+        user.as_ref().and_then(|_| shared.auth.get(&params.user)),
+        config.proxy.max_message_size,
+    )
+    .await?;
+    let user = user.ok_or_else(|| FrontendError::AuthFailed {
+        user: params.user.clone(),
+    })?;
+    let permit = slots
+        .try_acquire_owned()
+        .map_err(|_| FrontendError::TooManyClients {
+            max: config.proxy.max_clients,
+        })?;
+
+    // Fetch the real server's parameters on the shard this client will most likely use.
+    let shard = params
+        .tenant
+        .and_then(|t| shared.router.resolve(t).ok())
+        .unwrap_or_else(|| shared.router.default_shard());
+    let mut conn = shared
+        .pools
+        .checkout(shard, &user, &params.database)
+        .await
+        .map_err(|e| match e {
+            crate::backend::CheckoutError::Unreachable {
+                source: crate::backend::BackendError::Refused { fields, .. },
+                ..
+            } => FrontendError::ServerRefused(fields),
+            other => FrontendError::Checkout(other),
+        })?;
+    let settings = Settings::intern(params.settings);
+    let guc = config
+        .proxy
+        .set_tenant_guc
+        .then_some(config.proxy.tenant_parameter.as_str());
+    if let Some(sql) = sync_sql(&conn.settings, &settings, conn.tenant, params.tenant, guc) {
+        if let Some(fields) = conn.run_sql(&sql).await? {
+            // A real server refuses such startup settings with a FATAL error too.
+            return Err(FrontendError::ServerRefused(fields));
+        }
+        conn.settings = settings.clone();
+        conn.tenant = params.tenant;
+    }
+    if conn.status != TxStatus::Idle {
+        return Err(FrontendError::Protocol(
+            "server connection not idle after login".into(),
+        ));
+    }
+    let cancel = shared.cancels.register();
+    for (name, value) in &conn.params {
+        protocol::parameter_status_msg(&mut client.wbuf, name, value);
+    }
+    protocol::backend_key_data(&mut client.wbuf, cancel.pid, cancel.key);
+    protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
+    let pool_mode = user.pool_mode.unwrap_or(config.proxy.pool_mode);
+    let server = (pool_mode == PoolMode::Session).then(|| {
+        (
+            conn,
+            Route {
+                tenant: params.tenant,
+                shard,
+            },
+        )
+    });
+    Ok((
+        SessionStart {
+            user,
+            database: params.database,
+            tenant: params.tenant,
+            settings,
+            cancel,
+            server,
+        },
+        permit,
+    ))
+}
+
+/// NegotiateProtocolVersion (B): pgtenant speaks 3.0 and none of the `_pq_` options.
+fn negotiate_protocol_version(buf: &mut BytesMut, options: &[String]) {
+    protocol::put_message(buf, b'v', |b| {
+        b.extend_from_slice(&0i32.to_be_bytes());
+        b.extend_from_slice(&(options.len() as i32).to_be_bytes());
+        for o in options {
+            b.extend_from_slice(o.as_bytes());
+            b.extend_from_slice(b"\0");
+        }
+    });
+}

@@ -1,0 +1,62 @@
+//! Client side: the listener, the startup phase (TLS, cancel, startup message),
+//! client authentication, and the per-client `Session` loop.
+
+mod auth;
+mod cancel;
+mod error;
+mod error_response;
+mod listener;
+mod login;
+mod params;
+mod scram;
+mod session;
+mod startup;
+mod tls;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+pub use cancel::CancelRegistry;
+pub use error::FrontendError;
+pub use listener::run_listener;
+pub use scram::ScramVerifier;
+pub use tls::acceptor as tls_acceptor;
+
+use crate::backend::{Pools, StatementRegistry};
+use crate::config::Config;
+use crate::router::Router;
+
+/// What every session shares.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub router: Router,
+    pub pools: Pools,
+    pub statements: StatementRegistry,
+    pub cancels: Arc<CancelRegistry>,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    auth: HashMap<String, auth::UserAuth>,
+}
+
+impl Shared {
+    pub fn new(
+        config: Arc<Config>,
+        router: Router,
+        pools: Pools,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Self {
+        let auth = config
+            .users
+            .iter()
+            .map(|u| (u.name.clone(), auth::UserAuth::from_config(u)))
+            .collect();
+        Self {
+            config,
+            router,
+            pools,
+            statements: StatementRegistry::new(100_000),
+            cancels: Arc::new(CancelRegistry::default()),
+            tls,
+            auth,
+        }
+    }
+}

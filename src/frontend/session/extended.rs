@@ -1,0 +1,275 @@
+//! Extended-protocol requests. While no transaction is open, messages are held
+//! until Sync or Flush, so the whole request is known before a server is checked
+//! out. Named statements are renamed to their shared server name and re-prepared
+//! on a server that lacks them; a Parse the server already has is answered by
+//! pgtenant, and so is a Close of a named statement (the server keeps it for others).
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use super::{ClientStatement, Session};
+use crate::backend::{OnError, Pending, PreparedStatement, Reply};
+use crate::frontend::error::FrontendError;
+use crate::protocol::{self, Frame};
+use crate::router::{Analysis, Route, StatementKind};
+
+impl Session {
+    pub(super) async fn on_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
+        if self.skip_until_sync {
+            if frame.tag == b'S' {
+                self.skip_until_sync = false;
+                if self.server.is_some() {
+                    self.forward_extended(frame)?;
+                } else {
+                    let mut b = BytesMut::new();
+                    protocol::ready_for_query(&mut b, self.client_status());
+                    self.reply(b);
+                }
+            }
+            return Ok(());
+        }
+        if self.batch.is_empty() && !self.at_transaction_start() {
+            return self.forward_extended(frame);
+        }
+        let ends_request = matches!(frame.tag, b'S' | b'H');
+        self.batch.push(frame);
+        if !ends_request {
+            if self.batch.len() > 10_000 {
+                return Err(FrontendError::Protocol(
+                    "more than 10000 messages without Sync".into(),
+                ));
+            }
+            return Ok(());
+        }
+        let route = self.route_batch().await;
+        let batch = std::mem::take(&mut self.batch);
+        if let Err(err) = route {
+            self.reply_error(&err, false);
+            self.skip_until_sync = true;
+            for frame in batch {
+                // Replays the held messages through the skip logic: the Sync gets its ReadyForQuery.
+                Box::pin(self.on_extended(frame)).await?;
+            }
+            return Ok(());
+        }
+        for frame in batch {
+            if self.skip_until_sync {
+                Box::pin(self.on_extended(frame)).await?;
+            } else {
+                self.forward_extended(frame)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Routes a held request by its statements and attaches a server for it.
+    async fn route_batch(&mut self) -> Result<(), FrontendError> {
+        let mut analyses = Vec::new();
+        for frame in &self.batch {
+            if let Some(a) = self.statement_of(frame)? {
+                analyses.push(a);
+            }
+        }
+        let param = self.shared.router.tenant_param();
+        if analyses.iter().any(|a| {
+            matches!(
+                a.kind,
+                StatementKind::SetTenant(_) | StatementKind::ResetTenant
+            )
+        }) {
+            return Err(FrontendError::ExtendedTenantSet {
+                param: param.into(),
+            });
+        }
+        let named = analyses.iter().find_map(|a| a.hint);
+        let tenant = crate::router::Router::pick_tenant(self.tenant, named)?;
+        let route: Route = self
+            .shared
+            .router
+            .route_tenant(tenant, || analyses.iter().any(|a| a.needs_tenant()))?;
+        self.begin_on(route).await
+    }
+
+    /// The analysis of the statement a Parse or Bind refers to.
+    fn statement_of(&self, frame: &Frame) -> Result<Option<Arc<Analysis>>, FrontendError> {
+        match frame.tag {
+            b'P' => {
+                let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                Ok(Some(self.shared.router.analyze(p.query)))
+            }
+            b'B' => {
+                let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                if b.statement.is_empty() {
+                    Ok(self.unnamed.clone())
+                } else {
+                    Ok(self.statements.get(b.statement).map(|s| s.analysis.clone()))
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Sends one extended-protocol message to the attached server, translated.
+    fn forward_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
+        if let Some(a) = self.server.as_mut() {
+            // Until Sync, the server holds request state (unnamed statement, portals).
+            a.open_request = frame.tag != b'S';
+        }
+        match frame.tag {
+            b'P' => self.forward_parse(&frame)?,
+            b'B' => {
+                let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                let stmt = self.server_statement(b.statement);
+                let a = self.server.as_mut().ok_or_else(no_server)?;
+                match stmt {
+                    Some(stmt) => protocol::bind_renamed(
+                        &mut a.conn.io.wbuf,
+                        b.portal,
+                        &stmt.server_name,
+                        b.rest,
+                    ),
+                    None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
+                }
+                a.conn.queue.push(Pending::client(Reply::Bind));
+            }
+            b'D' => {
+                let (kind, name) =
+                    protocol::target_view(frame.body()).ok_or_else(|| malformed("Describe"))?;
+                let stmt = if kind == b'S' {
+                    self.server_statement(name)
+                } else {
+                    None
+                };
+                let a = self.server.as_mut().ok_or_else(no_server)?;
+                match stmt {
+                    Some(stmt) => {
+                        protocol::describe_statement(&mut a.conn.io.wbuf, &stmt.server_name)
+                    }
+                    None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
+                }
+                a.conn.queue.push(Pending::client(Reply::Describe));
+            }
+            b'C' => {
+                let (kind, name) =
+                    protocol::target_view(frame.body()).ok_or_else(|| malformed("Close"))?;
+                if kind == b'S' && !name.is_empty() {
+                    self.statements.remove(name);
+                    let mut b = BytesMut::new();
+                    protocol::close_complete(&mut b);
+                    let a = self.server.as_mut().ok_or_else(no_server)?;
+                    a.conn.queue.push(Pending::Synthetic(b.freeze()));
+                } else {
+                    let a = self.server.as_mut().ok_or_else(no_server)?;
+                    a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                    a.conn.queue.push(Pending::client(Reply::Close));
+                }
+            }
+            b'E' | b'S' | b'H' => {
+                let a = self.server.as_mut().ok_or_else(no_server)?;
+                a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                match frame.tag {
+                    b'E' => a.conn.queue.push(Pending::client(Reply::Execute)),
+                    b'S' => a.conn.queue.push(Pending::client(Reply::Sync)),
+                    _ => {}
+                }
+            }
+            _ => {
+                return Err(FrontendError::Protocol(
+                    "not an extended-protocol message".into(),
+                ));
+            }
+        }
+        if let Some(a) = self.server.as_mut() {
+            a.conn.queue.drain_synthetic(&mut self.client.wbuf);
+        }
+        Ok(())
+    }
+
+    fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
+        let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+        let analysis = self.shared.router.analyze(p.query);
+        if let Some(pin) = analysis.pin
+            && let Some(a) = self.server.as_mut()
+        {
+            a.pin.get_or_insert(pin);
+        }
+        // A SET through the extended protocol is not re-applied elsewhere: keep this server.
+        if matches!(
+            analysis.kind,
+            StatementKind::Set { .. } | StatementKind::Reset { .. } | StatementKind::ResetAll
+        ) && let Some(a) = self.server.as_mut()
+        {
+            a.pin.get_or_insert(crate::router::PinReason::UntrackedSet);
+        }
+        if p.name.is_empty() {
+            self.unnamed = Some(analysis);
+            let a = self.server.as_mut().ok_or_else(no_server)?;
+            a.conn.io.wbuf.extend_from_slice(&frame.raw);
+            a.conn.queue.push(Pending::client(Reply::Parse));
+            return Ok(());
+        }
+        let stmt = self.shared.statements.intern(p.query, p.param_types);
+        self.statements.insert(
+            Bytes::copy_from_slice(p.name),
+            ClientStatement {
+                stmt: stmt.clone(),
+                analysis,
+            },
+        );
+        let a = self.server.as_mut().ok_or_else(no_server)?;
+        if a.conn.prepared.contains(&stmt.id) {
+            let mut b = BytesMut::new();
+            protocol::parse_complete(&mut b);
+            a.conn.queue.push(Pending::Synthetic(b.freeze()));
+        } else {
+            protocol::parse(
+                &mut a.conn.io.wbuf,
+                &stmt.server_name,
+                &stmt.query,
+                &stmt.param_types,
+            );
+            a.conn.prepared.insert(stmt.id);
+            a.conn.queue.push(Pending::Client {
+                reply: Reply::Parse,
+                prepares: Some(stmt.id),
+                tracked: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// The server-side statement for a client statement name, prepared on the
+    /// attached server first if it lacks it. `None` for the unnamed or an unknown name
+    /// (the server then reports the error itself).
+    fn server_statement(&mut self, name: &[u8]) -> Option<Arc<PreparedStatement>> {
+        if name.is_empty() {
+            return None;
+        }
+        let stmt = self.statements.get(name)?.stmt.clone();
+        let a = self.server.as_mut()?;
+        if !a.conn.prepared.contains(&stmt.id) {
+            protocol::parse(
+                &mut a.conn.io.wbuf,
+                &stmt.server_name,
+                &stmt.query,
+                &stmt.param_types,
+            );
+            a.conn.prepared.insert(stmt.id);
+            a.conn.queue.push(Pending::Injected {
+                reply: Reply::Parse,
+                on_error: OnError::Forward,
+                prepares: Some(stmt.id),
+            });
+        }
+        Some(stmt)
+    }
+}
+
+fn malformed(what: &str) -> FrontendError {
+    FrontendError::Protocol(format!("malformed {what} message"))
+}
+
+fn no_server() -> FrontendError {
+    FrontendError::Protocol("no server attached".into())
+}

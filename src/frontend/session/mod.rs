@@ -1,0 +1,291 @@
+//! `Session`: one authenticated client. `run` is the one loop: it selects on the
+//! client socket, the attached server socket and shutdown, and each event is
+//! handled by a named step (`on_query`, `on_extended`, `on_server_bytes`, ...).
+//!
+//! Invariants:
+//! - a server is attached only for a transaction (transaction pooling), or for the
+//!   whole session (session pooling, or once something pins it);
+//! - everything owed to the client by the attached server is in its `ResponseQueue`;
+//!   pgtenant's own replies go through that queue whenever it is not empty, so the
+//!   client sees them in order.
+
+mod extended;
+mod server;
+mod simple;
+
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::Poll;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::watch;
+
+use super::Shared;
+use super::cancel::CancelKey;
+use super::error::FrontendError;
+use super::error_response::write_error;
+use crate::backend::{Pending, PooledConn, PreparedStatement, Settings};
+use crate::config::{PoolMode, UserConfig};
+use crate::directory::TenantId;
+use crate::net::{Duplex, IoEvent};
+use crate::protocol::{self, Frame, TxStatus};
+use crate::router::{Analysis, PinReason, Route};
+
+/// Stop reading from one side while this much is waiting to be written to the other.
+const HIGH_WATER: usize = 1 << 20;
+
+/// The client's transaction, as far as pgtenant answers for it without a server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ClientTx {
+    /// Nothing pending here; an attached server's status is the truth.
+    Idle,
+    /// BEGIN was answered by pgtenant and is sent once the shard is known.
+    DeferredBegin(Bytes),
+    /// The server transaction was lost; only ROLLBACK/COMMIT end it.
+    Failed,
+}
+
+/// A named prepared statement of this client.
+struct ClientStatement {
+    stmt: Arc<PreparedStatement>,
+    analysis: Arc<Analysis>,
+}
+
+/// A session setting change waiting for its statement to succeed.
+#[derive(Debug, Clone)]
+enum SettingChange {
+    Set { name: String, value: String },
+    Reset { name: String },
+    ResetAll,
+}
+
+/// The server working for this client.
+struct Attached {
+    conn: PooledConn,
+    route: Route,
+    pin: Option<PinReason>,
+    /// An ErrorResponse was relayed since the last ReadyForQuery.
+    request_failed: bool,
+    /// A COMMIT completed in the current transaction.
+    saw_commit: bool,
+    /// Extended-protocol messages were sent without their Sync yet.
+    open_request: bool,
+}
+
+pub struct Session {
+    client: Duplex,
+    shared: Arc<Shared>,
+    user: Arc<UserConfig>,
+    database: String,
+    pool_mode: PoolMode,
+    startup_tenant: Option<TenantId>,
+    tenant: Option<TenantId>,
+    startup_settings: Arc<Settings>,
+    settings: Arc<Settings>,
+    statements: HashMap<Bytes, ClientStatement>,
+    /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
+    unnamed: Option<Arc<Analysis>>,
+    server: Option<Attached>,
+    tx: ClientTx,
+    /// Extended-protocol messages held until Sync/Flush while no server is attached.
+    batch: Vec<Frame>,
+    /// After an error pgtenant raised in an extended batch: drop messages until Sync.
+    skip_until_sync: bool,
+    /// Changes of forwarded tracked statements, oldest first.
+    setting_changes: VecDeque<SettingChange>,
+    /// Changes made inside the current transaction; kept only if it commits.
+    tx_setting_changes: Vec<SettingChange>,
+    cancel: CancelKey,
+    max_message: usize,
+}
+
+/// Everything a session starts with, from the login.
+pub struct SessionStart {
+    pub user: Arc<UserConfig>,
+    pub database: String,
+    pub tenant: Option<TenantId>,
+    pub settings: Arc<Settings>,
+    pub cancel: CancelKey,
+    pub server: Option<(PooledConn, Route)>,
+}
+
+enum Event {
+    Client(std::io::Result<IoEvent>),
+    Server(std::io::Result<IoEvent>),
+    Shutdown,
+}
+
+impl Session {
+    pub fn new(shared: Arc<Shared>, client: Duplex, start: SessionStart) -> Self {
+        let pool_mode = start
+            .user
+            .pool_mode
+            .unwrap_or(shared.config.proxy.pool_mode);
+        let max_message = shared.config.proxy.max_message_size;
+        let server = start.server.map(|(conn, route)| Attached {
+            conn,
+            route,
+            pin: None,
+            request_failed: false,
+            saw_commit: false,
+            open_request: false,
+        });
+        Self {
+            client,
+            shared,
+            user: start.user,
+            database: start.database,
+            pool_mode,
+            startup_tenant: start.tenant,
+            tenant: start.tenant,
+            startup_settings: start.settings.clone(),
+            settings: start.settings,
+            statements: HashMap::new(),
+            unnamed: None,
+            server,
+            tx: ClientTx::Idle,
+            batch: Vec::new(),
+            skip_until_sync: false,
+            setting_changes: VecDeque::new(),
+            tx_setting_changes: Vec::new(),
+            cancel: start.cancel,
+            max_message,
+        }
+    }
+
+    /// Serves the client until it leaves, breaks the protocol, or shutdown finds it idle.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let result = self.run_loop(&mut shutdown).await;
+        if let Err(err) = &result {
+            tracing::debug!(error = %err, "session ends");
+            if !matches!(err, FrontendError::Io(_)) {
+                write_error(&mut self.client.wbuf, err);
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(1), self.client.flush())
+                        .await;
+            }
+        }
+        self.finish();
+    }
+
+    async fn run_loop(
+        &mut self,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<(), FrontendError> {
+        let mut stopping = *shutdown.borrow();
+        loop {
+            if stopping && self.is_idle() {
+                return Err(FrontendError::ShuttingDown);
+            }
+            let server_read = self.client.wbuf.len() < HIGH_WATER;
+            let client_read = self
+                .server
+                .as_ref()
+                .is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
+            let client = &mut self.client;
+            let server = &mut self.server;
+            let event = tokio::select! {
+                r = poll_fn(|cx| match server.as_mut() {
+                    Some(a) => a.conn.io.poll_io(cx, server_read),
+                    None => Poll::Pending,
+                }) => Event::Server(r),
+                r = poll_fn(|cx| client.poll_io(cx, client_read)) => Event::Client(r),
+                _ = shutdown.changed(), if !stopping => Event::Shutdown,
+            };
+            match event {
+                Event::Client(Ok(IoEvent::Read)) => {
+                    if !self.on_client_bytes().await? {
+                        return Ok(());
+                    }
+                }
+                Event::Client(Ok(IoEvent::Closed)) => return Ok(()),
+                Event::Client(Err(e)) => return Err(e.into()),
+                Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes(),
+                Event::Server(Ok(IoEvent::Closed)) => {
+                    self.on_server_lost("the server closed the connection".into())
+                }
+                Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
+                Event::Shutdown => stopping = true,
+            }
+        }
+    }
+
+    /// Nothing in flight: shutdown may end the session here.
+    fn is_idle(&self) -> bool {
+        self.tx == ClientTx::Idle
+            && self.batch.is_empty()
+            && self
+                .server
+                .as_ref()
+                .is_none_or(|a| a.conn.queue.is_empty() && a.conn.status == TxStatus::Idle)
+    }
+
+    /// Handles every complete client message; `false` when the client sent Terminate.
+    async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
+        while let Some(frame) = self.client.next_frame(self.max_message)? {
+            match frame.tag {
+                b'Q' => self.on_query(frame).await?,
+                b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.on_extended(frame).await?,
+                b'F' => self.on_function_call(frame).await?,
+                b'd' | b'c' | b'f' => {
+                    // Copy data goes to the server in COPY FROM STDIN; outside COPY it is ignored.
+                    if let Some(a) = self.server.as_mut() {
+                        a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                    }
+                }
+                b'X' => return Ok(false),
+                tag => {
+                    return Err(FrontendError::Protocol(format!(
+                        "unexpected message type '{}'",
+                        tag as char
+                    )));
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The transaction status the client should see now.
+    fn client_status(&self) -> TxStatus {
+        match (&self.tx, &self.server) {
+            (ClientTx::Failed, _) => TxStatus::Failed,
+            (ClientTx::DeferredBegin(_), _) => TxStatus::InTransaction,
+            (ClientTx::Idle, Some(a)) => a.conn.status,
+            (ClientTx::Idle, None) => TxStatus::Idle,
+        }
+    }
+
+    /// Sends complete messages of pgtenant's own, after whatever the server still owes.
+    fn reply(&mut self, bytes: BytesMut) {
+        match self.server.as_mut() {
+            Some(a) if !a.conn.queue.is_empty() => {
+                a.conn.queue.push(Pending::Synthetic(bytes.freeze()))
+            }
+            _ => self.client.wbuf.extend_from_slice(&bytes),
+        }
+    }
+
+    /// Answers a simple-protocol request with a CommandComplete and ReadyForQuery.
+    fn reply_done(&mut self, tag: &str) {
+        let mut b = BytesMut::new();
+        protocol::command_complete(&mut b, tag);
+        protocol::ready_for_query(&mut b, self.client_status());
+        self.reply(b);
+    }
+
+    /// Answers a request with an error; `ready` adds the ReadyForQuery a simple query owes.
+    fn reply_error(&mut self, err: &FrontendError, ready: bool) {
+        tracing::debug!(error = %err, "request refused");
+        let mut b = BytesMut::new();
+        write_error(&mut b, err);
+        if ready {
+            if let ClientTx::DeferredBegin(_) = self.tx {
+                // An error inside a transaction block aborts it, as on a server.
+                self.tx = ClientTx::Failed;
+            }
+            protocol::ready_for_query(&mut b, self.client_status());
+        }
+        self.reply(b);
+    }
+}

@@ -1,0 +1,317 @@
+//! The attached server: checkout and settings synchronisation at the start of a
+//! transaction, relaying its responses, and giving it back (or closing it).
+
+use bytes::BytesMut;
+use deadpool::managed::Object;
+
+use super::{Attached, ClientTx, Session, SettingChange};
+use crate::backend::{
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, SettingValue, Settings, sync_sql,
+};
+use crate::config::PoolMode;
+use crate::directory::TenantId;
+use crate::frontend::error::FrontendError;
+use crate::protocol::{self, TxStatus};
+use crate::router::{Route, Router};
+
+impl Session {
+    /// No transaction is open and nothing is owed: the next request starts a transaction.
+    pub(super) fn at_transaction_start(&self) -> bool {
+        match &self.server {
+            None => true,
+            Some(a) => {
+                a.conn.status == TxStatus::Idle && a.conn.queue.is_empty() && !a.open_request
+            }
+        }
+    }
+
+    /// Attaches a server of `route`'s shard (checking one out if needed) and queues the
+    /// SETs that give it this client's settings and tenant.
+    pub(super) async fn begin_on(&mut self, route: Route) -> Result<(), FrontendError> {
+        if let Some(a) = &self.server
+            && a.route.shard != route.shard
+        {
+            if let Some(pin) = a.pin {
+                return Err(FrontendError::PinnedElsewhere {
+                    shard: a.route.shard,
+                    reason: pin.describe(),
+                    tenant: route.tenant.unwrap_or(TenantId(0)),
+                    other: route.shard,
+                });
+            }
+            self.release_server();
+        }
+        if self.server.is_none() {
+            let conn = self
+                .shared
+                .pools
+                .checkout(route.shard, &self.user, &self.database)
+                .await?;
+            self.cancel.set_target(Some(conn.cancel));
+            self.server = Some(Attached {
+                conn,
+                route,
+                pin: None,
+                request_failed: false,
+                saw_commit: false,
+                open_request: false,
+            });
+        }
+        let tenant_guc = self
+            .shared
+            .config
+            .proxy
+            .set_tenant_guc
+            .then(|| self.shared.router.tenant_param());
+        let Some(a) = self.server.as_mut() else {
+            return Ok(());
+        };
+        a.route = route;
+        tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
+        if let Some(sql) = sync_sql(
+            &a.conn.settings,
+            &self.settings,
+            a.conn.tenant,
+            route.tenant,
+            tenant_guc,
+        ) {
+            protocol::query(&mut a.conn.io.wbuf, &sql);
+            a.conn.queue.push(Pending::Injected {
+                reply: Reply::Query,
+                on_error: OnError::Swallow,
+                prepares: None,
+            });
+            a.conn.settings = self.settings.clone();
+            a.conn.tenant = route.tenant;
+        }
+        if let ClientTx::DeferredBegin(begin) = std::mem::replace(&mut self.tx, ClientTx::Idle) {
+            a.conn.io.wbuf.extend_from_slice(&{
+                let mut b = BytesMut::new();
+                protocol::put_message(&mut b, b'Q', |b| {
+                    b.extend_from_slice(&begin);
+                    b.extend_from_slice(b"\0");
+                });
+                b
+            });
+            a.conn.queue.push(Pending::Injected {
+                reply: Reply::Query,
+                on_error: OnError::Forward,
+                prepares: None,
+            });
+        }
+        Ok(())
+    }
+
+    /// Inside a transaction, a statement naming a tenant must belong on the same shard.
+    pub(super) fn check_fits_transaction(
+        &self,
+        named: Option<crate::directory::TenantId>,
+    ) -> Result<(), FrontendError> {
+        let (Some(named), Some(a)) = (named, &self.server) else {
+            return Ok(());
+        };
+        Router::pick_tenant(self.tenant, Some(named))?;
+        let shard = self
+            .shared
+            .router
+            .resolve(named)
+            .map_err(|e| FrontendError::Route(e.into()))?;
+        if shard != a.route.shard {
+            return Err(FrontendError::CrossShard {
+                current: a.route.shard,
+                tenant: named,
+                other: shard,
+            });
+        }
+        Ok(())
+    }
+
+    /// Relays every complete server message and acts on ReadyForQuery.
+    pub(super) fn on_server_bytes(&mut self) {
+        loop {
+            let Some(a) = self.server.as_mut() else {
+                return;
+            };
+            let frame = match a.conn.io.next_frame(MAX_SERVER_MESSAGE) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return self.on_server_lost(format!("bad message from server: {e}")),
+            };
+            match frame.tag {
+                b'S' => {
+                    if let Some((name, value)) = protocol::parameter_status(frame.body()) {
+                        a.conn.set_param(name, value);
+                    }
+                }
+                b'C' if !self.tx_setting_changes.is_empty() => {
+                    if protocol::command_tag(frame.body()) == b"COMMIT" {
+                        a.saw_commit = true;
+                    }
+                }
+                _ => {}
+            }
+            let fx = a
+                .conn
+                .queue
+                .on_server_message(&frame, &mut self.client.wbuf);
+            for id in &fx.unprepared {
+                a.conn.prepared.remove(id);
+            }
+            if fx.client_error {
+                a.request_failed = true;
+            }
+            if let Some(status) = fx.status {
+                a.conn.status = status;
+            }
+            if fx.desync {
+                tracing::warn!(shard = a.route.shard, tag = %(frame.tag as char), "unexpected server message; the connection will be closed");
+                a.conn.broken = true;
+            }
+            if let Some(status) = fx.ready {
+                self.on_ready(status, fx.tracked_done);
+            }
+        }
+        self.release_if_done();
+    }
+
+    /// A ReadyForQuery ended a client request: settle tracked setting changes.
+    fn on_ready(&mut self, status: TxStatus, tracked_done: bool) {
+        let Some(a) = self.server.as_mut() else {
+            return;
+        };
+        let failed = std::mem::take(&mut a.request_failed);
+        if tracked_done && let Some(change) = self.setting_changes.pop_front() {
+            match (failed, status) {
+                (true, _) => {}
+                (false, TxStatus::Idle) => self.apply_change(change),
+                (false, _) => self.tx_setting_changes.push(change),
+            }
+        }
+        if status == TxStatus::Idle {
+            let committed = self
+                .server
+                .as_mut()
+                .map(|a| std::mem::take(&mut a.saw_commit))
+                .unwrap_or(false);
+            let changes = std::mem::take(&mut self.tx_setting_changes);
+            if committed {
+                for change in changes {
+                    self.apply_change(change);
+                }
+            }
+        }
+    }
+
+    /// Records a setting change that took effect on the attached server.
+    fn apply_change(&mut self, change: SettingChange) {
+        let Some(a) = self.server.as_mut() else {
+            return;
+        };
+        match change {
+            SettingChange::Set { name, value } => {
+                self.settings = self.settings.with(&name, SettingValue::Sql(value));
+                a.conn.settings = self.settings.clone();
+            }
+            SettingChange::Reset { name } => {
+                // On a server, RESET goes back to the startup value; here that value is re-applied.
+                self.settings = match self
+                    .startup_settings
+                    .list
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(&name))
+                {
+                    Some((n, v)) => self.settings.with(n, v.clone()),
+                    None => self.settings.without(&name),
+                };
+                a.conn.settings = a.conn.settings.without(&name);
+            }
+            SettingChange::ResetAll => {
+                self.settings = self.startup_settings.clone();
+                a.conn.settings = Settings::empty();
+                a.conn.tenant = None;
+            }
+        }
+    }
+
+    /// In transaction pooling, gives the server back once it is idle and owes nothing.
+    fn release_if_done(&mut self) {
+        let done = self.server.as_ref().is_some_and(|a| {
+            a.conn.queue.is_empty()
+                && a.conn.status == TxStatus::Idle
+                && !a.open_request
+                && (a.conn.broken || (a.pin.is_none() && self.pool_mode == PoolMode::Transaction))
+        });
+        if done && self.batch.is_empty() {
+            self.release_server();
+        }
+    }
+
+    /// Returns the server to its pool (or closes it when its state is not trusted).
+    pub(super) fn release_server(&mut self) {
+        let Some(mut a) = self.server.take() else {
+            return;
+        };
+        self.cancel.set_target(None);
+        if a.conn.broken || !a.conn.is_reusable() {
+            drop(Object::take(a.conn));
+            return;
+        }
+        if a.pin.is_some() || self.pool_mode == PoolMode::Session {
+            a.conn.needs_reset = true;
+        }
+    }
+
+    /// The server connection failed under this client.
+    pub(super) fn on_server_lost(&mut self, reason: String) {
+        let Some(a) = self.server.take() else { return };
+        self.cancel.set_target(None);
+        let shard = a.route.shard;
+        tracing::warn!(shard, %reason, "lost a server connection");
+        let owes_ready = a.conn.queue.owes_ready();
+        let waiting = !a.conn.queue.is_empty();
+        let in_tx = a.conn.status != TxStatus::Idle;
+        drop(Object::take(a.conn));
+        self.setting_changes.clear();
+        self.tx_setting_changes.clear();
+        if in_tx {
+            self.tx = ClientTx::Failed;
+        }
+        if waiting {
+            let err = FrontendError::ServerLost { shard, reason };
+            let mut b = BytesMut::new();
+            crate::frontend::error_response::write_error(&mut b, &err);
+            if owes_ready {
+                protocol::ready_for_query(&mut b, self.client_status());
+            } else {
+                self.skip_until_sync = true;
+            }
+            self.client.wbuf.extend_from_slice(&b);
+        }
+    }
+
+    /// The client is gone: roll back what it left open, then give the server back.
+    pub(super) fn finish(&mut self) {
+        let Some(mut a) = self.server.take() else {
+            return;
+        };
+        self.cancel.set_target(None);
+        if a.conn.broken || !a.conn.queue.is_empty() || a.open_request {
+            // Mid-request: closing is the only safe reset; the server rolls back.
+            drop(Object::take(a.conn));
+            return;
+        }
+        if a.pin.is_some() || self.pool_mode == PoolMode::Session {
+            a.conn.needs_reset = true;
+        }
+        if a.conn.status == TxStatus::Idle {
+            return;
+        }
+        tokio::spawn(async move {
+            let mut conn = a.conn;
+            match conn.run_sql("ROLLBACK").await {
+                Ok(None) if conn.status == TxStatus::Idle => {}
+                _ => drop(Object::take(conn)),
+            }
+        });
+    }
+}

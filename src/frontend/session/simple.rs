@@ -1,0 +1,167 @@
+//! Simple-protocol requests: Query (F) and FunctionCall (F), with the statements
+//! pgtenant answers itself (tenant SET/RESET, a deferred BEGIN, a failed transaction).
+
+use super::{ClientTx, Session, SettingChange};
+use crate::backend::{Pending, Reply};
+use crate::directory::TenantId;
+use crate::frontend::error::FrontendError;
+use crate::protocol::{self, Frame, TxStatus};
+use crate::router::StatementKind;
+
+impl Session {
+    pub(super) async fn on_query(&mut self, frame: Frame) -> Result<(), FrontendError> {
+        let body = frame.body_bytes();
+        let sql_len = protocol::query_text(&body)
+            .ok_or_else(|| FrontendError::Protocol("Query without terminator".into()))?
+            .len();
+        let analysis = self.shared.router.analyze(&body[..sql_len]);
+
+        if !analysis.is_multi {
+            match analysis.kind {
+                StatementKind::SetTenant(t) => return self.set_tenant(Some(t), "SET"),
+                StatementKind::ResetTenant => return self.set_tenant(self.startup_tenant, "RESET"),
+                _ => {}
+            }
+        }
+        if let Some(value) = &analysis.bad_tenant_value {
+            let err = FrontendError::BadTenantValue {
+                param: self.shared.router.tenant_param().into(),
+                value: value.clone(),
+            };
+            self.reply_error(&err, true);
+            return Ok(());
+        }
+        let ends_tx = matches!(
+            analysis.kind,
+            StatementKind::Commit | StatementKind::Rollback
+        );
+        match &self.tx {
+            ClientTx::Failed if ends_tx => {
+                self.tx = ClientTx::Idle;
+                self.reply_done("ROLLBACK");
+                return Ok(());
+            }
+            ClientTx::Failed => {
+                self.reply_error(&FrontendError::InFailedTransaction, true);
+                return Ok(());
+            }
+            ClientTx::DeferredBegin(_) if ends_tx && self.server.is_none() => {
+                // An empty transaction: nothing ever reached a server.
+                self.tx = ClientTx::Idle;
+                let tag = if analysis.kind == StatementKind::Commit {
+                    "COMMIT"
+                } else {
+                    "ROLLBACK"
+                };
+                self.reply_done(tag);
+                return Ok(());
+            }
+            _ => {}
+        }
+
+        if self.at_transaction_start() {
+            let defer = analysis.kind == StatementKind::Begin
+                && self.server.is_none()
+                && self.tenant.is_none()
+                && analysis.hint.is_none()
+                && self.tx == ClientTx::Idle;
+            if defer {
+                self.tx = ClientTx::DeferredBegin(body.slice(..sql_len));
+                self.reply_done("BEGIN");
+                return Ok(());
+            }
+            let route = self.shared.router.route(self.tenant, &analysis);
+            let attached = match route {
+                Ok(route) => self.begin_on(route).await,
+                Err(e) => Err(e.into()),
+            };
+            if let Err(err) = attached {
+                self.reply_error(&err, true);
+                return Ok(());
+            }
+        } else if let Err(err) = self.check_fits_transaction(analysis.hint) {
+            self.reply_error(&err, true);
+            return Ok(());
+        }
+
+        let change = if analysis.is_multi {
+            None
+        } else {
+            match &analysis.kind {
+                StatementKind::Set { name, value } => Some(SettingChange::Set {
+                    name: name.clone(),
+                    value: value.clone(),
+                }),
+                StatementKind::Reset { name } => Some(SettingChange::Reset { name: name.clone() }),
+                StatementKind::ResetAll | StatementKind::DiscardAll => {
+                    Some(SettingChange::ResetAll)
+                }
+                _ => None,
+            }
+        };
+        let Some(a) = self.server.as_mut() else {
+            return Err(FrontendError::Protocol("no server attached".into()));
+        };
+        if let Some(pin) = analysis.pin {
+            a.pin.get_or_insert(pin);
+        }
+        if analysis.kind == StatementKind::DiscardAll {
+            a.conn.prepared.clear();
+            self.statements.clear();
+        }
+        a.conn.queue.push(Pending::Client {
+            reply: Reply::Query,
+            prepares: None,
+            tracked: change.is_some(),
+        });
+        a.conn.io.wbuf.extend_from_slice(&frame.raw);
+        self.setting_changes.extend(change);
+        Ok(())
+    }
+
+    /// FunctionCall (F): runs on the session tenant's shard like a query.
+    pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
+        if self.at_transaction_start() {
+            let route = self.shared.router.route_tenant(self.tenant, || true);
+            let attached = match route {
+                Ok(route) => self.begin_on(route).await,
+                Err(e) => Err(e.into()),
+            };
+            if let Err(err) = attached {
+                self.reply_error(&err, true);
+                return Ok(());
+            }
+        }
+        if let Some(a) = self.server.as_mut() {
+            a.conn.queue.push(Pending::client(Reply::Query));
+            a.conn.io.wbuf.extend_from_slice(&frame.raw);
+        }
+        Ok(())
+    }
+
+    /// `SET`/`RESET` of the tenant parameter, answered by pgtenant between transactions.
+    fn set_tenant(&mut self, tenant: Option<TenantId>, tag: &str) -> Result<(), FrontendError> {
+        let in_tx = self.client_status() != TxStatus::Idle
+            || self
+                .server
+                .as_ref()
+                .is_some_and(|a| !a.conn.queue.is_empty());
+        if in_tx {
+            let err = FrontendError::TenantChangeInTransaction {
+                param: self.shared.router.tenant_param().into(),
+            };
+            self.reply_error(&err, true);
+            return Ok(());
+        }
+        if let Some(t) = tenant
+            && let Err(e) = self.shared.router.resolve(t)
+        {
+            self.reply_error(&FrontendError::Route(e.into()), true);
+            return Ok(());
+        }
+        tracing::debug!(?tenant, "session tenant set");
+        self.tenant = tenant;
+        self.reply_done(tag);
+        Ok(())
+    }
+}

@@ -1,0 +1,28 @@
+//! pgtenant: a tenant-aware PostgreSQL connection proxy.
+//!
+//! # Layout
+//!
+//! Layers, each a folder, dependencies pointing down:
+//!
+//! - `cli`, `dev`: the command line and the local development setup.
+//! - `server`: wires the layers together and owns shutdown.
+//! - `frontend`: listener, TLS, startup, client auth, the per-client `Session` loop.
+//! - `router`: the tenant of a request and the route it takes.
+//! - `directory`: tenant -> shard resolution.
+//! - `backend`: server connections, pools, what each server still owes.
+//! - `net`: socket streams and buffered duplex I/O shared by frontend and backend.
+//! - `protocol`: I/O-free framing and the few message views and builders needed.
+//! - `config`: configuration types and validation.
+//! - `observe`: logging.
+
+pub mod backend;
+pub mod cli;
+pub mod config;
+pub mod dev;
+pub mod directory;
+pub mod frontend;
+pub mod net;
+pub mod observe;
+pub mod protocol;
+pub mod router;
+pub mod server;

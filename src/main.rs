@@ -1,0 +1,65 @@
+use clap::Parser;
+use pgtenant::cli::{Cli, Command};
+use pgtenant::config::{Config, ConfigError};
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    pgtenant::observe::init_logging("info");
+    match cli.command {
+        Command::CheckConfig { file } => match Config::load(&file) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(
+                    e @ (ConfigError::Invalid(_)
+                    | ConfigError::Parse { .. }
+                    | ConfigError::Read { .. }),
+                ) => {
+                    eprintln!("{e}");
+                    return std::process::ExitCode::FAILURE;
+                }
+            };
+            run(config.proxy.workers, async move {
+                let proxy = pgtenant::server::start(config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let stop = proxy.shutdown_handle();
+                tokio::spawn(async move {
+                    let _ = tokio::signal::ctrl_c().await;
+                    let _ = stop.send(true);
+                });
+                proxy.wait().await;
+                Ok(())
+            })
+        }
+        Command::Dev {
+            dir,
+            port,
+            shard_port,
+        } => run(0, pgtenant::dev::run(dir, port, shard_port)),
+    }
+}
+
+fn run(workers: usize, job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    let runtime = builder.enable_all().build().expect("tokio runtime");
+    match runtime.block_on(job) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pgtenant: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

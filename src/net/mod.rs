@@ -1,0 +1,185 @@
+//! Socket I/O shared by both sides: a stream that is plain TCP or TLS, and `Duplex`,
+//! which owns a stream with its read and write buffers and makes progress on both
+//! directions in one poll, so a session never blocks a write while the peer waits
+//! for its own output to be read.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::protocol::{Frame, FrameError, try_parse_frame};
+
+/// A connection that may have been upgraded to TLS.
+pub enum Stream {
+    Plain(TcpStream),
+    TlsServer(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Stream {
+    fn is_tls(&self) -> bool {
+        !matches!(self, Stream::Plain(_))
+    }
+}
+
+/// What a poll of a `Duplex` produced.
+#[derive(Debug)]
+pub enum IoEvent {
+    /// New bytes are in the read buffer.
+    Read,
+    /// The peer closed its side.
+    Closed,
+}
+
+/// A stream with its buffers.
+pub struct Duplex {
+    pub stream: Stream,
+    pub rbuf: BytesMut,
+    pub wbuf: BytesMut,
+    needs_flush: bool,
+}
+
+const READ_CHUNK: usize = 16 * 1024;
+
+impl Duplex {
+    pub fn new(stream: Stream) -> Self {
+        Self {
+            stream,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            wbuf: BytesMut::with_capacity(READ_CHUNK),
+            needs_flush: false,
+        }
+    }
+
+    /// Writes what is buffered and, when `read` is set, reads more.
+    /// Ready only when bytes were read, the peer closed, or an error happened.
+    pub fn poll_io(&mut self, cx: &mut Context<'_>, read: bool) -> Poll<io::Result<IoEvent>> {
+        while !self.wbuf.is_empty() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.wbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    self.wbuf.advance(n);
+                    self.needs_flush = self.stream.is_tls();
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => break,
+            }
+        }
+        if self.wbuf.is_empty() && self.needs_flush {
+            match Pin::new(&mut self.stream).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.needs_flush = false,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+        }
+        if read {
+            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+                self.rbuf.reserve(READ_CHUNK);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.rbuf) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(IoEvent::Closed)),
+                Poll::Ready(Ok(_)) => return Poll::Ready(Ok(IoEvent::Read)),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Reads until at least one more byte arrives (or the peer closes).
+    pub async fn read_more(&mut self) -> io::Result<IoEvent> {
+        std::future::poll_fn(|cx| self.poll_io(cx, true)).await
+    }
+
+    /// Writes everything buffered.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        while !self.wbuf.is_empty() {
+            let n = self.stream.write(&self.wbuf).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.wbuf.advance(n);
+        }
+        self.stream.flush().await?;
+        self.needs_flush = false;
+        Ok(())
+    }
+
+    /// Splits the next complete message off the read buffer.
+    pub fn next_frame(&mut self, max_len: usize) -> Result<Option<Frame>, FrameError> {
+        try_parse_frame(&mut self.rbuf, max_len)
+    }
+
+    /// Reads until a complete message is buffered; `None` when the peer closed first.
+    pub async fn read_frame(&mut self, max_len: usize) -> io::Result<Option<Frame>> {
+        loop {
+            match self.next_frame(max_len) {
+                Ok(Some(f)) => return Ok(Some(f)),
+                Ok(None) => {}
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+            if let IoEvent::Closed = self.read_more().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Whether the peer closed or sent something while the connection sat idle.
+    /// Used on pooled connections that should be silent.
+    pub fn is_disturbed(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut probe = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut probe);
+        match Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf) {
+            Poll::Pending => false,
+            Poll::Ready(_) => true,
+        }
+    }
+}

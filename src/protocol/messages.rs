@@ -1,0 +1,167 @@
+//! Zero-copy views of the messages pgtenant looks inside. Each accessor returns
+//! `None` on a malformed body instead of panicking; the caller turns that into a
+//! protocol-violation error.
+
+/// Splits a NUL-terminated string off the front of `b`.
+pub fn split_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let nul = memchr(b)?;
+    Some((&b[..nul], &b[nul + 1..]))
+}
+
+fn memchr(b: &[u8]) -> Option<usize> {
+    b.iter().position(|c| *c == 0)
+}
+
+/// Transaction status carried by ReadyForQuery (B).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxStatus {
+    Idle,
+    InTransaction,
+    Failed,
+}
+
+impl TxStatus {
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            b'I' => Some(Self::Idle),
+            b'T' => Some(Self::InTransaction),
+            b'E' => Some(Self::Failed),
+            _ => None,
+        }
+    }
+
+    pub fn as_byte(self) -> u8 {
+        match self {
+            Self::Idle => b'I',
+            Self::InTransaction => b'T',
+            Self::Failed => b'E',
+        }
+    }
+}
+
+/// Query (F): the SQL text, without its terminating NUL.
+pub fn query_text(body: &[u8]) -> Option<&[u8]> {
+    split_cstr(body).map(|(q, _)| q)
+}
+
+/// Parse (F): statement name, query text and the raw parameter-type section.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ParseView<'a> {
+    pub name: &'a [u8],
+    pub query: &'a [u8],
+    pub param_types: &'a [u8],
+}
+
+pub fn parse_view(body: &[u8]) -> Option<ParseView<'_>> {
+    let (name, rest) = split_cstr(body)?;
+    let (query, param_types) = split_cstr(rest)?;
+    if param_types.len() < 2 {
+        return None;
+    }
+    Some(ParseView {
+        name,
+        query,
+        param_types,
+    })
+}
+
+/// Bind (F): portal and statement names, and everything after them.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BindView<'a> {
+    pub portal: &'a [u8],
+    pub statement: &'a [u8],
+    pub rest: &'a [u8],
+}
+
+pub fn bind_view(body: &[u8]) -> Option<BindView<'_>> {
+    let (portal, rest) = split_cstr(body)?;
+    let (statement, rest) = split_cstr(rest)?;
+    Some(BindView {
+        portal,
+        statement,
+        rest,
+    })
+}
+
+/// Describe (F) and Close (F): `S` for a statement or `P` for a portal, and its name.
+pub fn target_view(body: &[u8]) -> Option<(u8, &[u8])> {
+    let (&kind, rest) = body.split_first()?;
+    let (name, _) = split_cstr(rest)?;
+    match kind {
+        b'S' | b'P' => Some((kind, name)),
+        _ => None,
+    }
+}
+
+/// CommandComplete (B): the command tag, e.g. `SELECT 1` or `COMMIT`.
+pub fn command_tag(body: &[u8]) -> &[u8] {
+    split_cstr(body).map(|(t, _)| t).unwrap_or(body)
+}
+
+/// ParameterStatus (B): name and value.
+pub fn parameter_status(body: &[u8]) -> Option<(String, String)> {
+    let (name, rest) = split_cstr(body)?;
+    let (value, _) = split_cstr(rest)?;
+    Some((
+        String::from_utf8_lossy(name).into_owned(),
+        String::from_utf8_lossy(value).into_owned(),
+    ))
+}
+
+/// ErrorResponse / NoticeResponse (B): the typed fields.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ErrorFields {
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+}
+
+pub fn error_fields(body: &[u8]) -> ErrorFields {
+    let mut out = ErrorFields::default();
+    let mut b = body;
+    while let Some((&kind, rest)) = b.split_first() {
+        if kind == 0 {
+            break;
+        }
+        let Some((value, rest)) = split_cstr(rest) else {
+            break;
+        };
+        let value = String::from_utf8_lossy(value).into_owned();
+        match kind {
+            b'S' => out.severity = value,
+            b'C' => out.code = value,
+            b'M' => out.message = value,
+            _ => {}
+        }
+        b = rest;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_read_fields() {
+        let p = parse_view(b"s1\0SELECT $1\0\0\x01\0\0\0\x17").unwrap();
+        assert_eq!(p.name, b"s1");
+        assert_eq!(p.query, b"SELECT $1");
+        assert_eq!(p.param_types, b"\0\x01\0\0\0\x17");
+        assert!(parse_view(b"s1\0SELECT").is_none());
+
+        let b = bind_view(b"\0s1\0\0\0").unwrap();
+        assert_eq!(
+            (b.portal, b.statement, b.rest),
+            (&b""[..], &b"s1"[..], &b"\0\0"[..])
+        );
+        assert_eq!(target_view(b"Sabc\0"), Some((b'S', &b"abc"[..])));
+        assert_eq!(target_view(b"Xabc\0"), None);
+        assert_eq!(command_tag(b"SELECT 1\0"), b"SELECT 1");
+        let e = error_fields(b"SERROR\0C42P01\0Mno table\0\0");
+        assert_eq!(
+            (e.severity.as_str(), e.code.as_str(), e.message.as_str()),
+            ("ERROR", "42P01", "no table")
+        );
+    }
+}

@@ -1,0 +1,15 @@
+//! I/O-free PostgreSQL wire protocol: framing of raw messages, lazy views of the few
+//! messages that routing and state tracking inspect, and builders for the replies that
+//! pgtenant answers itself.
+//!
+//! Invariant: a forwarded message is always the client's or server's original bytes;
+//! views only read from a copy-free `Bytes` slice and never re-encode.
+
+mod build;
+mod frame;
+mod messages;
+pub mod sqlstate;
+
+pub use build::*;
+pub use frame::{Frame, FrameError, StartupPacket, read_startup_frame, try_parse_frame};
+pub use messages::*;

@@ -1,0 +1,467 @@
+//! What a statement means for routing and for session state: its kind (transaction
+//! control, SET/RESET of settings or of the tenant), a tenant hint from a comment,
+//! whether it pins the server connection, and (lazily, through sqlparser) whether it
+//! touches tables and so needs a tenant.
+
+use std::sync::OnceLock;
+
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+use super::lexer::{Token, TokenKind, tokenize};
+use crate::directory::TenantId;
+
+/// The statement kinds the session acts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatementKind {
+    Begin,
+    Commit,
+    Rollback,
+    /// `SET [SESSION] <tenant parameter> = N`.
+    SetTenant(TenantId),
+    /// `RESET <tenant parameter>` or `SET <tenant parameter> TO DEFAULT`.
+    ResetTenant,
+    /// `SET [SESSION] name = value`: a session setting to re-apply on other servers.
+    Set {
+        name: String,
+        value: String,
+    },
+    Reset {
+        name: String,
+    },
+    ResetAll,
+    /// `DISCARD ALL` or `DEALLOCATE ALL`: prepared statements are gone on the server.
+    DiscardAll,
+    Other,
+}
+
+/// Why a statement ties the server connection to the client until the session ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinReason {
+    Listen,
+    AdvisoryLock,
+    TempTable,
+    HoldCursor,
+    SqlPrepare,
+    RoleChange,
+    /// A SET sent through the extended protocol, which pgtenant does not track.
+    UntrackedSet,
+}
+
+impl PinReason {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Listen => "LISTEN",
+            Self::AdvisoryLock => "a session advisory lock",
+            Self::TempTable => "a temporary table",
+            Self::HoldCursor => "a WITH HOLD cursor",
+            Self::SqlPrepare => "an SQL PREPARE",
+            Self::RoleChange => "SET ROLE / SESSION AUTHORIZATION",
+            Self::UntrackedSet => "a SET through the extended protocol",
+        }
+    }
+}
+
+/// The analysis of one query string, shared through the parse cache.
+#[derive(Debug)]
+pub struct Analysis {
+    pub kind: StatementKind,
+    pub hint: Option<TenantId>,
+    pub pin: Option<PinReason>,
+    /// More than one statement in the string.
+    pub is_multi: bool,
+    /// The tenant value of a SET of the tenant parameter that is not a number.
+    pub bad_tenant_value: Option<String>,
+    sql: Box<str>,
+    needs_tenant: OnceLock<bool>,
+}
+
+impl Analysis {
+    /// Whether the statement reads or writes tables outside the system catalogs.
+    /// Statements sqlparser cannot parse count as needing one.
+    pub fn needs_tenant(&self) -> bool {
+        *self
+            .needs_tenant
+            .get_or_init(|| needs_tenant(&self.sql, &self.kind))
+    }
+}
+
+/// Analyzes a query string; `tenant_param` is the configured parameter name.
+pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
+    let text = String::from_utf8_lossy(sql);
+    let tokens = tokenize(sql);
+    let hint = tokens
+        .iter()
+        .filter(|t| t.kind == TokenKind::BlockComment)
+        .find_map(|t| hint_in_comment(&text[t.start..t.end], tenant_param));
+    let code: Vec<Token> = tokens
+        .into_iter()
+        .filter(|t| t.kind != TokenKind::BlockComment)
+        .collect();
+    let statements = code
+        .split(|t| t.kind == TokenKind::Semicolon)
+        .filter(|s| !s.is_empty())
+        .count();
+    let first_end = code
+        .iter()
+        .position(|t| t.kind == TokenKind::Semicolon)
+        .unwrap_or(code.len());
+    let first = &code[..first_end];
+    let words = Words {
+        sql: &text,
+        tokens: first,
+    };
+    let mut bad_tenant_value = None;
+    let kind = classify(&words, tenant_param, &mut bad_tenant_value);
+    let pin = code
+        .split(|t| t.kind == TokenKind::Semicolon)
+        .find_map(|stmt| {
+            pin_reason(&Words {
+                sql: &text,
+                tokens: stmt,
+            })
+        });
+    Analysis {
+        kind,
+        hint,
+        pin,
+        is_multi: statements > 1,
+        bad_tenant_value,
+        sql: text.into(),
+        needs_tenant: OnceLock::new(),
+    }
+}
+
+struct Words<'a> {
+    sql: &'a str,
+    tokens: &'a [Token],
+}
+
+impl Words<'_> {
+    fn text(&self, i: usize) -> &str {
+        self.tokens
+            .get(i)
+            .map(|t| &self.sql[t.start..t.end])
+            .unwrap_or("")
+    }
+    fn is(&self, i: usize, word: &str) -> bool {
+        self.tokens
+            .get(i)
+            .is_some_and(|t| t.kind == TokenKind::Word)
+            && self.text(i).eq_ignore_ascii_case(word)
+    }
+    fn rest_from(&self, i: usize) -> &str {
+        match (self.tokens.get(i), self.tokens.last()) {
+            (Some(a), Some(b)) => self.sql[a.start..b.end].trim(),
+            _ => "",
+        }
+    }
+    fn contains_word(&self, word: &str) -> bool {
+        (0..self.tokens.len()).any(|i| self.is(i, word))
+    }
+}
+
+fn classify(w: &Words, tenant_param: &str, bad_tenant_value: &mut Option<String>) -> StatementKind {
+    if w.is(0, "begin") || (w.is(0, "start") && w.is(1, "transaction")) {
+        return StatementKind::Begin;
+    }
+    if (w.is(0, "commit") || w.is(0, "end")) && !w.is(1, "prepared") {
+        return StatementKind::Commit;
+    }
+    if (w.is(0, "rollback") || w.is(0, "abort"))
+        && !w.is(1, "to")
+        && !w.is(1, "prepared")
+        && !w.contains_word("to")
+    {
+        return StatementKind::Rollback;
+    }
+    if w.is(0, "discard") && w.is(1, "all") {
+        return StatementKind::DiscardAll;
+    }
+    if w.is(0, "deallocate") && (w.is(1, "all") || (w.is(1, "prepare") && w.is(2, "all"))) {
+        return StatementKind::DiscardAll;
+    }
+    if w.is(0, "reset") {
+        if w.is(1, "all") {
+            return StatementKind::ResetAll;
+        }
+        let (name, next) = setting_name(w, 1);
+        if name.eq_ignore_ascii_case(tenant_param) && next == w.tokens.len() {
+            return StatementKind::ResetTenant;
+        }
+        if is_plain_setting(&name) && next == w.tokens.len() {
+            return StatementKind::Reset { name };
+        }
+        return StatementKind::Other;
+    }
+    if w.is(0, "set") {
+        let mut i = 1;
+        if w.is(i, "local") {
+            return StatementKind::Other;
+        }
+        if w.is(i, "session") && !w.is(i + 1, "authorization") && !w.is(i + 1, "characteristics") {
+            i += 1;
+        }
+        let (name, value_at) = if w.is(i, "time") && w.is(i + 1, "zone") {
+            ("TimeZone".to_string(), i + 2)
+        } else if w.is(i, "schema") {
+            ("search_path".to_string(), i + 1)
+        } else if w.is(i, "names") {
+            ("client_encoding".to_string(), i + 1)
+        } else {
+            let (name, next) = setting_name(w, i);
+            if !(w.is(next, "to") || w.text(next) == "=") {
+                return StatementKind::Other;
+            }
+            (name, next + 1)
+        };
+        let value = w.rest_from(value_at).to_string();
+        if value.is_empty() || !is_plain_setting(&name) {
+            return StatementKind::Other;
+        }
+        if name.eq_ignore_ascii_case(tenant_param) {
+            if value.eq_ignore_ascii_case("default") {
+                return StatementKind::ResetTenant;
+            }
+            return match TenantId::parse(&value) {
+                Some(t) => StatementKind::SetTenant(t),
+                None => {
+                    *bad_tenant_value = Some(value);
+                    StatementKind::Other
+                }
+            };
+        }
+        if matches!(
+            name.to_ascii_lowercase().as_str(),
+            "role" | "transaction" | "constraints"
+        ) {
+            return StatementKind::Other;
+        }
+        return StatementKind::Set { name, value };
+    }
+    StatementKind::Other
+}
+
+/// Reads a possibly dotted setting name starting at token `i`; returns it and the next index.
+fn setting_name(w: &Words, mut i: usize) -> (String, usize) {
+    let mut name = String::new();
+    loop {
+        match w.tokens.get(i).map(|t| t.kind) {
+            Some(TokenKind::Word) => name.push_str(w.text(i)),
+            Some(TokenKind::QuotedIdent) => name.push_str(w.text(i).trim_matches('"')),
+            _ => return (name, i),
+        }
+        i += 1;
+        if w.text(i) == "." {
+            name.push('.');
+            i += 1;
+        } else {
+            return (name, i);
+        }
+    }
+}
+
+fn is_plain_setting(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+fn pin_reason(w: &Words) -> Option<PinReason> {
+    if w.is(0, "listen") {
+        return Some(PinReason::Listen);
+    }
+    if w.is(0, "prepare") && !w.is(1, "transaction") {
+        return Some(PinReason::SqlPrepare);
+    }
+    if w.is(0, "create") {
+        let temp = |i| w.is(i, "temp") || w.is(i, "temporary");
+        if temp(1) || ((w.is(1, "local") || w.is(1, "global")) && temp(2)) {
+            return Some(PinReason::TempTable);
+        }
+    }
+    if w.is(0, "declare") && (1..w.tokens.len()).any(|i| w.is(i, "with") && w.is(i + 1, "hold")) {
+        return Some(PinReason::HoldCursor);
+    }
+    if w.is(0, "set") && (w.is(1, "role") || w.is(1, "session") && w.is(2, "authorization")) {
+        return Some(PinReason::RoleChange);
+    }
+    if w.is(0, "set") && w.is(1, "session") && w.is(2, "role") {
+        return Some(PinReason::RoleChange);
+    }
+    let session_lock = (0..w.tokens.len()).any(|i| {
+        let t = w.text(i).to_ascii_lowercase();
+        t.starts_with("pg_advisory_lock") || t.starts_with("pg_try_advisory_lock")
+    });
+    session_lock.then_some(PinReason::AdvisoryLock)
+}
+
+/// `/* pgtenant.tenant_id=42 */` or the sqlcommenter form `/*tenant_id='42'*/`.
+fn hint_in_comment(comment: &str, tenant_param: &str) -> Option<TenantId> {
+    let inner = comment.trim_start_matches("/*").trim_end_matches("*/");
+    let short = tenant_param.rsplit('.').next().unwrap_or(tenant_param);
+    inner.split([',', ' ', '\n', '\t']).find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        let key = key.trim();
+        (key.eq_ignore_ascii_case(tenant_param) || key.eq_ignore_ascii_case(short))
+            .then(|| TenantId::parse(value))
+            .flatten()
+    })
+}
+
+const SYSTEM_SCHEMAS: [&str; 2] = ["pg_catalog", "information_schema"];
+
+fn needs_tenant(sql: &str, kind: &StatementKind) -> bool {
+    if *kind != StatementKind::Other {
+        return false;
+    }
+    let first_word = sql
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if matches!(
+        first_word.as_str(),
+        "show"
+            | "listen"
+            | "unlisten"
+            | "notify"
+            | "discard"
+            | "deallocate"
+            | "savepoint"
+            | "release"
+    ) {
+        return false;
+    }
+    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
+        return true;
+    };
+    let mut touches_tables = false;
+    let _ = sqlparser::ast::visit_relations(&statements, |name| {
+        let parts: Vec<String> = name
+            .0
+            .iter()
+            .map(|p| p.to_string().trim_matches('"').to_ascii_lowercase())
+            .collect();
+        let system = match parts.as_slice() {
+            [schema, _] | [_, schema, _] => SYSTEM_SCHEMAS.contains(&schema.as_str()),
+            [table] => table.starts_with("pg_"),
+            _ => false,
+        };
+        if !system {
+            touches_tables = true;
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    touches_tables
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = "pgtenant.tenant_id";
+
+    fn kind(sql: &str) -> StatementKind {
+        analyze(sql.as_bytes(), P).kind
+    }
+
+    #[test]
+    fn classifies_transaction_control_and_settings() {
+        assert_eq!(kind("BEGIN"), StatementKind::Begin);
+        assert_eq!(
+            kind("start transaction isolation level serializable"),
+            StatementKind::Begin
+        );
+        assert_eq!(kind("commit;"), StatementKind::Commit);
+        assert_eq!(kind("ROLLBACK"), StatementKind::Rollback);
+        assert_eq!(kind("ROLLBACK TO SAVEPOINT a"), StatementKind::Other);
+        assert_eq!(
+            kind("SET pgtenant.tenant_id = 42"),
+            StatementKind::SetTenant(TenantId(42))
+        );
+        assert_eq!(
+            kind("set session pgtenant.tenant_id to '7';"),
+            StatementKind::SetTenant(TenantId(7))
+        );
+        assert_eq!(kind("RESET pgtenant.tenant_id"), StatementKind::ResetTenant);
+        assert_eq!(
+            kind("SET pgtenant.tenant_id TO DEFAULT"),
+            StatementKind::ResetTenant
+        );
+        assert_eq!(
+            kind("SET application_name = 'x y'"),
+            StatementKind::Set {
+                name: "application_name".into(),
+                value: "'x y'".into()
+            }
+        );
+        assert_eq!(
+            kind("SET TIME ZONE 'UTC'"),
+            StatementKind::Set {
+                name: "TimeZone".into(),
+                value: "'UTC'".into()
+            }
+        );
+        assert_eq!(kind("SET LOCAL search_path = a"), StatementKind::Other);
+        assert_eq!(kind("RESET ALL"), StatementKind::ResetAll);
+        assert_eq!(
+            kind("reset search_path"),
+            StatementKind::Reset {
+                name: "search_path".into()
+            }
+        );
+        assert_eq!(kind("DISCARD ALL"), StatementKind::DiscardAll);
+        assert_eq!(kind("DEALLOCATE ALL"), StatementKind::DiscardAll);
+        let a = analyze(b"SET pgtenant.tenant_id = abc", P);
+        assert_eq!(a.bad_tenant_value.as_deref(), Some("abc"));
+    }
+
+    #[test]
+    fn finds_hints_pins_and_multi_statements() {
+        assert_eq!(
+            analyze(b"SELECT 1 /* pgtenant.tenant_id=42 */", P).hint,
+            Some(TenantId(42))
+        );
+        assert_eq!(
+            analyze(b"SELECT * FROM t /*controller='x',tenant_id='1500'*/", P).hint,
+            Some(TenantId(1500))
+        );
+        assert_eq!(analyze(b"SELECT '/* tenant_id=5 */'", P).hint, None);
+        assert_eq!(analyze(b"LISTEN chan", P).pin, Some(PinReason::Listen));
+        assert_eq!(
+            analyze(b"select pg_advisory_lock(1)", P).pin,
+            Some(PinReason::AdvisoryLock)
+        );
+        assert_eq!(analyze(b"select pg_advisory_xact_lock(1)", P).pin, None);
+        assert_eq!(
+            analyze(b"CREATE TEMP TABLE t (a int)", P).pin,
+            Some(PinReason::TempTable)
+        );
+        assert_eq!(
+            analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P).pin,
+            Some(PinReason::HoldCursor)
+        );
+        assert!(analyze(b"SELECT 1; SELECT 2;", P).is_multi);
+        assert!(!analyze(b"SELECT ';' ; ", P).is_multi);
+    }
+
+    #[test]
+    fn knows_which_statements_need_a_tenant() {
+        let needs = |sql: &str| analyze(sql.as_bytes(), P).needs_tenant();
+        assert!(!needs("SELECT 1"));
+        assert!(!needs(
+            "select version(), current_setting('server_version')"
+        ));
+        assert!(!needs("SELECT oid, typname FROM pg_type"));
+        assert!(!needs(
+            "select * from pg_catalog.pg_class c join information_schema.tables t on true"
+        ));
+        assert!(!needs("SHOW TimeZone"));
+        assert!(!needs("SET extra_float_digits = 3"));
+        assert!(needs("SELECT * FROM accounts WHERE id = 1"));
+        assert!(needs("INSERT INTO public.accounts VALUES (1)"));
+        assert!(needs("this is not sql"));
+    }
+}

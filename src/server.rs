@@ -1,0 +1,95 @@
+//! Builds the shared state from a validated `Config`, binds the listener, and runs
+//! the proxy until its shutdown signal.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::backend::{Pools, ServerTls};
+use crate::config::{self, Config};
+use crate::directory::StaticDirectory;
+use crate::frontend::{self, Shared};
+use crate::router::Router;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{} problem(s) in the configuration:\n  - {}", .0.len(), .0.join("\n  - "))]
+    Invalid(Vec<String>),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A proxy serving in the background.
+pub struct RunningProxy {
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl RunningProxy {
+    /// Stops accepting, lets busy sessions finish (up to the drain time) and waits.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+
+    /// Waits until the proxy stops by itself (it does not, unless shut down).
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+
+    /// A handle that triggers shutdown.
+    pub fn shutdown_handle(&self) -> watch::Sender<bool> {
+        self.shutdown.clone()
+    }
+}
+
+/// Validates `config`, binds its listen address and starts serving.
+pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
+    let problems = config::validate(&config);
+    if !problems.is_empty() {
+        return Err(StartError::Invalid(problems));
+    }
+    let config = Arc::new(config);
+    let tls = match &config.tls {
+        Some(t) => Some(frontend::tls_acceptor(&t.cert, &t.key).map_err(StartError::Tls)?),
+        None => None,
+    };
+    let server_tls = ServerTls::from_config(&config.server_tls).map_err(StartError::Tls)?;
+    let directory = Arc::new(StaticDirectory::from_config(&config));
+    let router = Router::new(&config, directory);
+    let pools = Pools::new(config.clone(), server_tls);
+    let shared = Arc::new(Shared::new(config.clone(), router, pools, tls));
+    let listener = TcpListener::bind(config.proxy.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: config.proxy.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: config.proxy.listen,
+        source,
+    })?;
+    let (shutdown, rx) = watch::channel(false);
+    let task = tokio::spawn(frontend::run_listener(
+        listener,
+        shared,
+        rx,
+        Duration::from_secs(30),
+    ));
+    tracing::info!(%addr, "pgtenant is serving");
+    Ok(RunningProxy {
+        addr,
+        shutdown,
+        task,
+    })
+}
