@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
                     .map_err(|e| e.to_string())?;
                 let stop = proxy.shutdown_handle();
                 tokio::spawn(async move {
-                    let _ = tokio::signal::ctrl_c().await;
+                    pgtenant::server::termination_signal().await;
                     let _ = stop.send(true);
                 });
                 proxy.wait().await;

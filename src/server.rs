@@ -93,3 +93,15 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         task,
     })
 }
+
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM.
+pub async fn termination_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

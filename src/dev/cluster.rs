@@ -1,1 +1,181 @@
+//! Local PostgreSQL clusters from the binaries on PATH (or Debian's
+//! /usr/lib/postgresql/<version>/bin): initdb, start, stop. When pgtenant runs as
+//! root, the clusters run as the `postgres` user (or `nobody`), since PostgreSQL
+//! refuses to run as root.
 
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The directory holding initdb, pg_ctl and postgres.
+pub fn find_bin_dir() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+                // Follow symlinks so that postgres and pg_ctl come from the same install.
+                let real = std::fs::canonicalize(dir.join("initdb")).ok();
+                return Ok(real.and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or(dir));
+            }
+        }
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).filter(|p| p.join("initdb").is_file()).collect())
+        .unwrap_or_default();
+    versions.sort_by_key(|p| p.parent().and_then(|v| v.file_name()).and_then(|v| v.to_str()).and_then(|v| v.parse::<u32>().ok()));
+    versions.pop().ok_or_else(|| "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql".into())
+}
+
+/// The user clusters run as: the current one, or an unprivileged one when root.
+#[derive(Clone, Copy, Debug)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl RunAs {
+    pub fn detect() -> Option<RunAs> {
+        let me = std::fs::metadata("/proc/self").ok()?.uid();
+        if me != 0 {
+            return None;
+        }
+        let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+        let find = |name: &str| {
+            passwd.lines().find_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                if f.len() > 3 && f[0] == name {
+                    Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? })
+                } else {
+                    None
+                }
+            })
+        };
+        find("postgres").or_else(|| find("nobody"))
+    }
+
+    /// Gives `path` and everything below it to this user.
+    pub fn chown_tree(&self, path: &Path) -> std::io::Result<()> {
+        std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))?;
+        if path.is_dir() {
+            for entry in std::fs::read_dir(path)? {
+                self.chown_tree(&entry?.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One cluster: a data directory served on a loopback port.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    pub data_dir: PathBuf,
+    pub port: u16,
+    bin_dir: PathBuf,
+    run_as: Option<RunAs>,
+}
+
+impl Cluster {
+    pub fn new(bin_dir: &Path, data_dir: &Path, port: u16) -> Self {
+        Self { data_dir: data_dir.to_path_buf(), port, bin_dir: bin_dir.to_path_buf(), run_as: RunAs::detect() }
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join(program));
+        if let Some(r) = self.run_as {
+            cmd.uid(r.uid).gid(r.gid);
+        }
+        cmd.env_remove("PGDATA").env("LC_ALL", "C");
+        cmd
+    }
+
+    fn check(what: &str, out: std::io::Result<Output>) -> Result<(), String> {
+        let out = out.map_err(|e| format!("{what}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    pub fn is_initialized(&self) -> bool {
+        self.data_dir.join("PG_VERSION").is_file()
+    }
+
+    /// Runs initdb unless the directory already holds a cluster, and writes the
+    /// settings pgtenant's local clusters use (loopback only, SCRAM for everyone but
+    /// the local `postgres` superuser).
+    pub fn init(&self) -> Result<(), String> {
+        if self.is_initialized() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.data_dir).map_err(|e| format!("{}: {e}", self.data_dir.display()))?;
+        if let Some(r) = self.run_as {
+            r.chown_tree(&self.data_dir).map_err(|e| format!("chown {}: {e}", self.data_dir.display()))?;
+        }
+        let out = self
+            .command("initdb")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .output();
+        Self::check("initdb", out)?;
+        let conf = format!(
+            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nmax_connections = 300\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\npassword_encryption = 'scram-sha-256'\nlogging_collector = off\n",
+            self.port,
+            self.data_dir.display()
+        );
+        append(&self.data_dir.join("postgresql.conf"), &conf)?;
+        let hba = "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
+        std::fs::write(self.data_dir.join("pg_hba.conf"), hba).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// Starts the cluster (a no-op when it already runs) and waits until it accepts connections.
+    pub fn start(&self) -> Result<(), String> {
+        if self.is_running() {
+            return Ok(());
+        }
+        let log = self.data_dir.join("server.log");
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60", "-o", &format!("-p {}", self.port), "start"])
+            .output();
+        Self::check("pg_ctl start", out).map_err(|e| {
+            let tail = std::fs::read_to_string(&log).unwrap_or_default();
+            format!("{e}\n{}", tail.lines().rev().take(10).collect::<Vec<_>>().join("\n"))
+        })
+    }
+
+    pub fn stop(&self) -> Result<(), String> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-m", "fast", "-w", "stop"]).output();
+        Self::check("pg_ctl stop", out)
+    }
+
+    /// Stops the cluster at once (as a crash would).
+    pub fn kill(&self) -> Result<(), String> {
+        let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-m", "immediate", "-w", "stop"]).output();
+        Self::check("pg_ctl stop -m immediate", out)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.command("pg_ctl").arg("-D").arg(&self.data_dir).arg("status").output().is_ok_and(|o| o.status.success())
+    }
+
+    /// A superuser connection string for setup work.
+    pub fn admin_conninfo(&self, dbname: &str) -> String {
+        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
+    }
+}
+
+fn append(path: &Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}

@@ -1,9 +1,64 @@
-//! `pgtenant dev`: local shard clusters, demo tenants, the proxy serving.
+//! `pgtenant dev`: starts two local shard clusters (reusing the state directory),
+//! loads the demo layout, writes the configuration it serves, and runs the proxy
+//! until Ctrl-C, then stops the clusters.
 
 pub mod cluster;
+pub mod demo;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-pub async fn run(_dir: PathBuf, _port: u16, _shard_port: u16) -> Result<(), String> {
-    Err("not yet".into())
+use cluster::{Cluster, find_bin_dir};
+
+pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String> {
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
+    let bin = find_bin_dir()?;
+    let shard_ports = [shard_port, shard_port + 1];
+    let clusters: Vec<Cluster> =
+        (0..2).map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i])).collect();
+    let blocking = clusters.clone();
+    tokio::task::spawn_blocking(move || {
+        for c in &blocking {
+            c.init()?;
+            c.start()?;
+        }
+        Ok::<_, String>(())
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    for (i, c) in clusters.iter().enumerate() {
+        demo::setup_shard(c.port, i as u16 + 1).await?;
+    }
+    let tls_dir = dir.join("tls");
+    demo::ensure_certificate(&tls_dir)?;
+    let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+    let config = demo::demo_config(listen, shard_ports, Some(&tls_dir));
+    write_config(&dir, &config)?;
+    let served = serve(config).await;
+    let stopping = clusters.clone();
+    let stopped = tokio::task::spawn_blocking(move || stopping.iter().try_for_each(Cluster::stop)).await.map_err(|e| e.to_string())?;
+    served.and(stopped)
+}
+
+async fn serve(config: crate::config::Config) -> Result<(), String> {
+    let proxy = crate::server::start(config).await.map_err(|e| e.to_string())?;
+    println!("pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)", proxy.addr);
+    println!(
+        "  psql \"host=127.0.0.1 port={} user=app password=app dbname=app options='-c pgtenant.tenant_id=42'\"",
+        proxy.addr.port()
+    );
+    println!("  TLS: add sslmode=require. Stop with Ctrl-C.");
+    let stop = proxy.shutdown_handle();
+    tokio::spawn(async move {
+        crate::server::termination_signal().await;
+        let _ = stop.send(true);
+    });
+    proxy.wait().await;
+    Ok(())
+}
+
+fn write_config(dir: &Path, config: &crate::config::Config) -> Result<(), String> {
+    let text = toml::to_string_pretty(config).map_err(|e| e.to_string())?;
+    let header = "# Written by `pgtenant dev`; serve it with `pgtenant serve --config` while the clusters run.\n";
+    std::fs::write(dir.join("pgtenant.toml"), format!("{header}{text}")).map_err(|e| e.to_string())
 }
