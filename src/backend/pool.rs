@@ -3,7 +3,7 @@
 //! while it sat in the pool.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use deadpool::managed::{
     self, Metrics, Object, Pool, PoolError, RecycleError, RecycleResult, Timeouts,
@@ -18,6 +18,8 @@ use crate::directory::ShardId;
 pub struct ServerManager {
     target: ConnectTarget,
     tls: Option<Arc<ServerTls>>,
+    /// ParameterStatus values of the first connection, before any client setting.
+    startup_params: OnceLock<Arc<Vec<(String, String)>>>,
 }
 
 impl managed::Manager for ServerManager {
@@ -25,7 +27,9 @@ impl managed::Manager for ServerManager {
     type Error = BackendError;
 
     async fn create(&self) -> Result<ServerConn, BackendError> {
-        ServerConn::connect(&self.target, self.tls.as_deref()).await
+        let conn = ServerConn::connect(&self.target, self.tls.as_deref()).await?;
+        let _ = self.startup_params.set(Arc::new(conn.params.clone()));
+        Ok(conn)
     }
 
     async fn recycle(&self, conn: &mut ServerConn, _: &Metrics) -> RecycleResult<BackendError> {
@@ -139,6 +143,7 @@ impl Pools {
         let manager = ServerManager {
             target,
             tls: self.tls.clone(),
+            startup_params: OnceLock::new(),
         };
         let pool = Pool::builder(manager)
             .max_size(user.pool_size)
@@ -147,6 +152,21 @@ impl Pools {
             .map_err(|_| CheckoutError::Closed { shard })?;
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         Ok(pools.entry(key).or_insert(pool).clone())
+    }
+
+    /// The server's own parameters (as reported at login) for this pool, once known.
+    pub fn server_params(
+        &self,
+        shard: ShardId,
+        user: &UserConfig,
+        database: &str,
+    ) -> Option<Arc<Vec<(String, String)>>> {
+        self.pool(shard, user, database)
+            .ok()?
+            .manager()
+            .startup_params
+            .get()
+            .cloned()
     }
 
     /// Closes every pool (shutdown).

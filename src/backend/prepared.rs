@@ -3,7 +3,7 @@
 //! a server that prepared it for one client serves all of them.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -17,6 +17,18 @@ pub struct PreparedStatement {
     pub query: Bytes,
     /// The raw parameter-type section of the client's Parse.
     pub param_types: Bytes,
+    /// A server accepted it once, so a later Parse of it needs no server to succeed.
+    validated: AtomicBool,
+}
+
+impl PreparedStatement {
+    pub fn is_validated(&self) -> bool {
+        self.validated.load(Ordering::Relaxed)
+    }
+
+    pub fn mark_validated(&self) {
+        self.validated.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Interns statements; bounded so that clients inventing endless statements cannot grow it without limit.
@@ -52,6 +64,7 @@ impl StatementRegistry {
             server_name: Bytes::from(format!("pgt_{id}")),
             query: key.0.clone(),
             param_types: key.1.clone(),
+            validated: AtomicBool::new(false),
         });
         if map.len() < self.capacity {
             map.insert(key, stmt.clone());

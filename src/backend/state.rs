@@ -5,9 +5,11 @@
 //! a statement kept for others) go in the stream.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use super::prepared::PreparedStatement;
 use crate::protocol::{Frame, TxStatus};
 
 /// The message whose responses an entry waits for.
@@ -37,24 +39,26 @@ pub enum OnError {
     Swallow,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Pending {
-    /// A client message: its responses pass through. `prepares` is the statement id a
+    /// A client message: its responses pass through. `prepares` is the statement a
     /// Parse creates on the server, so a failed Parse can be forgotten; `tracked` marks
     /// a statement whose success the session waits for (a SET it re-applies elsewhere).
     Client {
         reply: Reply,
-        prepares: Option<u64>,
+        prepares: Option<Arc<PreparedStatement>>,
         tracked: bool,
     },
     /// A message pgtenant added: its responses are swallowed.
     Injected {
         reply: Reply,
         on_error: OnError,
-        prepares: Option<u64>,
+        prepares: Option<Arc<PreparedStatement>>,
     },
     /// Complete messages pgtenant sends itself once everything before them has been answered.
     Synthetic(Bytes),
+    /// The client ended a COPY FROM STDIN (CopyDone/CopyFail); no reply of its own.
+    CopyEnd,
 }
 
 impl Pending {
@@ -117,9 +121,39 @@ impl ResponseQueue {
 
     /// Emits pgtenant's own replies that have reached the front.
     pub fn drain_synthetic(&mut self, out: &mut BytesMut) {
-        while let Some(Pending::Synthetic(bytes)) = self.pending.front() {
-            out.extend_from_slice(bytes);
+        loop {
+            match self.pending.front() {
+                Some(Pending::Synthetic(bytes)) => out.extend_from_slice(bytes),
+                Some(Pending::CopyEnd) => {}
+                _ => return,
+            }
             self.pending.pop_front();
+        }
+    }
+
+    /// CopyInResponse to an Execute: the server ignores Sync until the copy ends, so
+    /// the Syncs the client sent in between (before its CopyDone) get no reply.
+    fn on_copy_in(&mut self) {
+        let end = self
+            .pending
+            .iter()
+            .position(|p| matches!(p, Pending::CopyEnd))
+            .unwrap_or(self.pending.len());
+        let mut i = 1;
+        let mut end = end;
+        while i < end {
+            if matches!(
+                self.pending[i],
+                Pending::Client {
+                    reply: Reply::Sync,
+                    ..
+                }
+            ) {
+                self.pending.remove(i);
+                end -= 1;
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -165,10 +199,10 @@ impl ResponseQueue {
                     out.extend_from_slice(&frame.raw);
                     return fx;
                 };
-                let (reply, forward) = match *front {
-                    Pending::Client { reply, .. } => (reply, true),
-                    Pending::Injected { reply, .. } => (reply, false),
-                    Pending::Synthetic(_) => {
+                let (reply, forward) = match front {
+                    Pending::Client { reply, .. } => (*reply, true),
+                    Pending::Injected { reply, .. } => (*reply, false),
+                    Pending::Synthetic(_) | Pending::CopyEnd => {
                         fx.desync = true;
                         return fx;
                     }
@@ -176,8 +210,21 @@ impl ResponseQueue {
                 if forward {
                     out.extend_from_slice(&frame.raw);
                 }
+                if tag == b'G' && reply == Reply::Execute {
+                    self.on_copy_in();
+                }
                 if completes(reply, tag) {
-                    self.pending.pop_front();
+                    if let Some(
+                        Pending::Client {
+                            prepares: Some(s), ..
+                        }
+                        | Pending::Injected {
+                            prepares: Some(s), ..
+                        },
+                    ) = self.pending.pop_front()
+                    {
+                        s.mark_validated();
+                    }
                 }
             }
         }
@@ -191,7 +238,7 @@ impl ResponseQueue {
             Some(Pending::Injected {
                 reply, on_error, ..
             }) => Some((*reply, *on_error)),
-            Some(Pending::Synthetic(_)) | None => None,
+            Some(Pending::Synthetic(_) | Pending::CopyEnd) | None => None,
         };
         let forward = match front {
             Some((_, OnError::Swallow)) => false,
@@ -221,9 +268,9 @@ impl ResponseQueue {
                     reply: Reply::Sync, ..
                 } => break,
                 Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
-                    fx.unprepared.extend(*prepares)
+                    fx.unprepared.extend(prepares.as_ref().map(|s| s.id))
                 }
-                Pending::Synthetic(_) => {}
+                Pending::Synthetic(_) | Pending::CopyEnd => {}
             }
             self.pending.pop_front();
         }
@@ -301,16 +348,18 @@ mod tests {
     fn error_skips_to_sync_and_forgets_failed_prepares() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
+        let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
         q.push(Pending::Client {
             reply: Reply::Parse,
-            prepares: Some(7),
+            prepares: Some(stmt.clone()),
             tracked: false,
         });
         q.push(client(Reply::Bind));
         q.push(synthetic(protocol::close_complete));
         q.push(client(Reply::Sync));
         let fx = q.on_server_message(&msg(b'E', b"SERROR\0C42601\0Mbad\0\0"), &mut out);
-        assert_eq!(fx.unprepared, vec![7]);
+        assert_eq!(fx.unprepared, vec![stmt.id]);
+        assert!(!stmt.is_validated());
         let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Idle));
         assert_eq!(tags(&out), b"EZ");
@@ -327,6 +376,39 @@ mod tests {
         let fx = q.on_server_message(&msg(b'Z', b"E"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Failed));
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn syncs_sent_before_copy_data_get_no_reply() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        q.push(client(Reply::Bind));
+        q.push(client(Reply::Execute));
+        q.push(client(Reply::Sync));
+        q.push(Pending::CopyEnd);
+        q.push(client(Reply::Sync));
+        for (tag, body) in [(b'2', &b""[..]), (b'G', b"\0\0\0"), (b'C', b"COPY 1\0")] {
+            q.on_server_message(&msg(tag, body), &mut out);
+        }
+        let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
+        assert_eq!(fx.ready, Some(TxStatus::Idle));
+        assert!(q.is_empty(), "{q:?}");
+        assert_eq!(tags(&out), b"2GCZ");
+    }
+
+    #[test]
+    fn a_successful_parse_validates_its_statement() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
+        q.push(Pending::Injected {
+            reply: Reply::Parse,
+            on_error: OnError::Forward,
+            prepares: Some(stmt.clone()),
+        });
+        q.on_server_message(&msg(b'1', b""), &mut out);
+        assert!(stmt.is_validated());
+        assert!(out.is_empty(), "an injected ParseComplete is swallowed");
     }
 
     #[test]

@@ -15,14 +15,26 @@ pub fn find_bin_dir() -> Result<PathBuf, String> {
             if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
                 // Follow symlinks so that postgres and pg_ctl come from the same install.
                 let real = std::fs::canonicalize(dir.join("initdb")).ok();
-                return Ok(real.and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or(dir));
+                return Ok(real
+                    .and_then(|p| p.parent().map(Path::to_path_buf))
+                    .unwrap_or(dir));
             }
         }
     }
     let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).filter(|p| p.join("initdb").is_file()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.join("initdb").is_file())
+                .collect()
+        })
         .unwrap_or_default();
-    versions.sort_by_key(|p| p.parent().and_then(|v| v.file_name()).and_then(|v| v.to_str()).and_then(|v| v.parse::<u32>().ok()));
+    versions.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+    });
     versions.pop().ok_or_else(|| "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql".into())
 }
 
@@ -44,7 +56,10 @@ impl RunAs {
             passwd.lines().find_map(|l| {
                 let f: Vec<&str> = l.split(':').collect();
                 if f.len() > 3 && f[0] == name {
-                    Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? })
+                    Some(RunAs {
+                        uid: f[2].parse().ok()?,
+                        gid: f[3].parse().ok()?,
+                    })
                 } else {
                     None
                 }
@@ -76,7 +91,12 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(bin_dir: &Path, data_dir: &Path, port: u16) -> Self {
-        Self { data_dir: data_dir.to_path_buf(), port, bin_dir: bin_dir.to_path_buf(), run_as: RunAs::detect() }
+        Self {
+            data_dir: data_dir.to_path_buf(),
+            port,
+            bin_dir: bin_dir.to_path_buf(),
+            run_as: RunAs::detect(),
+        }
     }
 
     fn command(&self, program: &str) -> Command {
@@ -93,7 +113,11 @@ impl Cluster {
         if out.status.success() {
             Ok(())
         } else {
-            Err(format!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+            Err(format!(
+                "{what} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
         }
     }
 
@@ -108,15 +132,26 @@ impl Cluster {
         if self.is_initialized() {
             return Ok(());
         }
-        std::fs::create_dir_all(&self.data_dir).map_err(|e| format!("{}: {e}", self.data_dir.display()))?;
+        std::fs::create_dir_all(&self.data_dir)
+            .map_err(|e| format!("{}: {e}", self.data_dir.display()))?;
         if let Some(r) = self.run_as {
-            r.chown_tree(&self.data_dir).map_err(|e| format!("chown {}: {e}", self.data_dir.display()))?;
+            r.chown_tree(&self.data_dir)
+                .map_err(|e| format!("chown {}: {e}", self.data_dir.display()))?;
         }
         let out = self
             .command("initdb")
             .arg("-D")
             .arg(&self.data_dir)
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .output();
         Self::check("initdb", out)?;
         let conf = format!(
@@ -142,11 +177,21 @@ impl Cluster {
             .arg(&self.data_dir)
             .arg("-l")
             .arg(&log)
-            .args(["-w", "-t", "60", "-o", &format!("-p {}", self.port), "start"])
+            .args([
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &format!("-p {}", self.port),
+                "start",
+            ])
             .output();
         Self::check("pg_ctl start", out).map_err(|e| {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            format!("{e}\n{}", tail.lines().rev().take(10).collect::<Vec<_>>().join("\n"))
+            format!(
+                "{e}\n{}",
+                tail.lines().rev().take(10).collect::<Vec<_>>().join("\n")
+            )
         })
     }
 
@@ -154,28 +199,49 @@ impl Cluster {
         if !self.is_running() {
             return Ok(());
         }
-        let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-m", "fast", "-w", "stop"]).output();
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "fast", "-w", "stop"])
+            .output();
         Self::check("pg_ctl stop", out)
     }
 
     /// Stops the cluster at once (as a crash would).
     pub fn kill(&self) -> Result<(), String> {
-        let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-m", "immediate", "-w", "stop"]).output();
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
         Self::check("pg_ctl stop -m immediate", out)
     }
 
     pub fn is_running(&self) -> bool {
-        self.command("pg_ctl").arg("-D").arg(&self.data_dir).arg("status").output().is_ok_and(|o| o.status.success())
+        self.command("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .arg("status")
+            .output()
+            .is_ok_and(|o| o.status.success())
     }
 
     /// A superuser connection string for setup work.
     pub fn admin_conninfo(&self, dbname: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={dbname}",
+            self.port
+        )
     }
 }
 
 fn append(path: &Path, text: &str) -> Result<(), String> {
     use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     f.write_all(text.as_bytes()).map_err(|e| e.to_string())
 }

@@ -14,8 +14,9 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
     let shard_ports = [shard_port, shard_port + 1];
-    let clusters: Vec<Cluster> =
-        (0..2).map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i])).collect();
+    let clusters: Vec<Cluster> = (0..2)
+        .map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i]))
+        .collect();
     let blocking = clusters.clone();
     tokio::task::spawn_blocking(move || {
         for c in &blocking {
@@ -31,18 +32,27 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
     }
     let tls_dir = dir.join("tls");
     demo::ensure_certificate(&tls_dir)?;
-    let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
+    let listen = format!("127.0.0.1:{port}")
+        .parse()
+        .map_err(|e| format!("{e}"))?;
     let config = demo::demo_config(listen, shard_ports, Some(&tls_dir));
     write_config(&dir, &config)?;
     let served = serve(config).await;
     let stopping = clusters.clone();
-    let stopped = tokio::task::spawn_blocking(move || stopping.iter().try_for_each(Cluster::stop)).await.map_err(|e| e.to_string())?;
+    let stopped = tokio::task::spawn_blocking(move || stopping.iter().try_for_each(Cluster::stop))
+        .await
+        .map_err(|e| e.to_string())?;
     served.and(stopped)
 }
 
 async fn serve(config: crate::config::Config) -> Result<(), String> {
-    let proxy = crate::server::start(config).await.map_err(|e| e.to_string())?;
-    println!("pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)", proxy.addr);
+    let proxy = crate::server::start(config)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
+        proxy.addr
+    );
     println!(
         "  psql \"host=127.0.0.1 port={} user=app password=app dbname=app options='-c pgtenant.tenant_id=42'\"",
         proxy.addr.port()

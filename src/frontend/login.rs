@@ -15,11 +15,9 @@ use super::error_response::write_error;
 use super::params::parse_startup;
 use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
-use crate::backend::{Settings, send_cancel, sync_sql};
-use crate::config::PoolMode;
+use crate::backend::{BackendError, CheckoutError, SettingValue, Settings, send_cancel, sync_sql};
 use crate::net::Duplex;
 use crate::protocol::{self, TxStatus};
-use crate::router::Route;
 
 /// Serves one accepted connection from startup to the end of its session.
 pub async fn serve_connection(
@@ -112,56 +110,32 @@ async fn login(
             max: config.proxy.max_clients,
         })?;
 
-    // Fetch the real server's parameters on the shard this client will most likely use.
     let shard = params
         .tenant
         .and_then(|t| shared.router.resolve(t).ok())
         .unwrap_or_else(|| shared.router.default_shard());
-    let mut conn = shared
-        .pools
-        .checkout(shard, &user, &params.database)
-        .await
-        .map_err(|e| match e {
-            crate::backend::CheckoutError::Unreachable {
-                source: crate::backend::BackendError::Refused { fields, .. },
-                ..
-            } => FrontendError::ServerRefused(fields),
-            other => FrontendError::Checkout(other),
-        })?;
     let settings = Settings::intern(params.settings);
-    let guc = config
-        .proxy
-        .set_tenant_guc
-        .then_some(config.proxy.tenant_parameter.as_str());
-    if let Some(sql) = sync_sql(&conn.settings, &settings, conn.tenant, params.tenant, guc) {
-        if let Some(fields) = conn.run_sql(&sql).await? {
-            // A real server refuses such startup settings with a FATAL error too.
-            return Err(FrontendError::ServerRefused(fields));
+    let reported = match shared.pools.server_params(shard, &user, &params.database) {
+        // Known from an earlier login: no server needed; the client's own values win.
+        Some(server) => with_client_settings(&server, &settings),
+        None => {
+            first_login(
+                shared,
+                shard,
+                &user,
+                &params.database,
+                &settings,
+                params.tenant,
+            )
+            .await?
         }
-        conn.settings = settings.clone();
-        conn.tenant = params.tenant;
-    }
-    if conn.status != TxStatus::Idle {
-        return Err(FrontendError::Protocol(
-            "server connection not idle after login".into(),
-        ));
-    }
+    };
     let cancel = shared.cancels.register();
-    for (name, value) in &conn.params {
+    for (name, value) in &reported {
         protocol::parameter_status_msg(&mut client.wbuf, name, value);
     }
     protocol::backend_key_data(&mut client.wbuf, cancel.pid, cancel.key);
     protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
-    let pool_mode = user.pool_mode.unwrap_or(config.proxy.pool_mode);
-    let server = (pool_mode == PoolMode::Session).then(|| {
-        (
-            conn,
-            Route {
-                tenant: params.tenant,
-                shard,
-            },
-        )
-    });
     Ok((
         SessionStart {
             user,
@@ -169,7 +143,6 @@ async fn login(
             tenant: params.tenant,
             settings,
             cancel,
-            server,
         },
         permit,
     ))
@@ -185,4 +158,63 @@ fn negotiate_protocol_version(buf: &mut BytesMut, options: &[String]) {
             b.extend_from_slice(b"\0");
         }
     });
+}
+
+/// The server's parameters with the client's startup settings in place of the defaults.
+fn with_client_settings(server: &[(String, String)], settings: &Settings) -> Vec<(String, String)> {
+    server
+        .iter()
+        .map(|(name, value)| {
+            let own = settings
+                .list
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .and_then(|(_, v)| match v {
+                    SettingValue::Config(v) => Some(v.clone()),
+                    SettingValue::Sql(_) => None,
+                });
+            (name.clone(), own.unwrap_or_else(|| value.clone()))
+        })
+        .collect()
+}
+
+/// The first login to a pool: a server connection applies the client's settings (a
+/// real server would refuse bad ones at login too) and reports the resulting values.
+async fn first_login(
+    shared: &Shared,
+    shard: crate::directory::ShardId,
+    user: &crate::config::UserConfig,
+    database: &str,
+    settings: &std::sync::Arc<Settings>,
+    tenant: Option<crate::directory::TenantId>,
+) -> Result<Vec<(String, String)>, FrontendError> {
+    let config = &shared.config;
+    let mut conn = shared
+        .pools
+        .checkout(shard, user, database)
+        .await
+        .map_err(|e| match e {
+            CheckoutError::Unreachable {
+                source: BackendError::Refused { fields, .. },
+                ..
+            } => FrontendError::ServerRefused(fields),
+            other => FrontendError::Checkout(other),
+        })?;
+    let guc = config
+        .proxy
+        .set_tenant_guc
+        .then_some(config.proxy.tenant_parameter.as_str());
+    if let Some(sql) = sync_sql(&conn.settings, settings, conn.tenant, tenant, guc) {
+        if let Some(fields) = conn.run_sql(&sql).await? {
+            return Err(FrontendError::ServerRefused(fields));
+        }
+        conn.settings = settings.clone();
+        conn.tenant = tenant;
+    }
+    if conn.status != TxStatus::Idle {
+        return Err(FrontendError::Protocol(
+            "server connection not idle after login".into(),
+        ));
+    }
+    Ok(conn.params.clone())
 }

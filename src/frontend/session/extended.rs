@@ -42,6 +42,9 @@ impl Session {
             }
             return Ok(());
         }
+        if self.server.is_none() && self.answer_without_server()? {
+            return Ok(());
+        }
         let route = self.route_batch().await;
         let batch = std::mem::take(&mut self.batch);
         if let Err(err) = route {
@@ -61,6 +64,62 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Answers a held request that only prepares statements a server already accepted,
+    /// closes statements, and syncs: no server is needed for it. This keeps a client
+    /// that prepares synchronously (libpq's PQprepare) from waiting for a server while
+    /// its own thread's other connections hold all of them.
+    fn answer_without_server(&mut self) -> Result<bool, FrontendError> {
+        let mut parsed = Vec::new();
+        for frame in &self.batch {
+            match frame.tag {
+                b'P' => {
+                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    if p.name.is_empty() {
+                        return Ok(false);
+                    }
+                    let stmt = self.shared.statements.intern(p.query, p.param_types);
+                    if !stmt.is_validated() {
+                        return Ok(false);
+                    }
+                    parsed.push((
+                        Bytes::copy_from_slice(p.name),
+                        stmt,
+                        self.shared.router.analyze(p.query),
+                    ));
+                }
+                b'C' => match protocol::target_view(frame.body()) {
+                    Some((b'S', name)) if !name.is_empty() => {}
+                    _ => return Ok(false),
+                },
+                b'S' | b'H' => {}
+                _ => return Ok(false),
+            }
+        }
+        let mut reply = BytesMut::new();
+        let mut parsed = parsed.into_iter();
+        for frame in std::mem::take(&mut self.batch) {
+            match frame.tag {
+                b'P' => {
+                    if let Some((name, stmt, analysis)) = parsed.next() {
+                        self.statements
+                            .insert(name, ClientStatement { stmt, analysis });
+                    }
+                    protocol::parse_complete(&mut reply);
+                }
+                b'C' => {
+                    if let Some((_, name)) = protocol::target_view(frame.body()) {
+                        self.statements.remove(name);
+                    }
+                    protocol::close_complete(&mut reply);
+                }
+                b'S' => protocol::ready_for_query(&mut reply, self.client_status()),
+                _ => {}
+            }
+        }
+        self.reply(reply);
+        Ok(true)
     }
 
     /// Routes a held request by its statements and attaches a server for it.
@@ -120,6 +179,13 @@ impl Session {
             b'P' => self.forward_parse(&frame)?,
             b'B' => {
                 let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                let pin = self
+                    .statements
+                    .get(b.statement)
+                    .and_then(|s| s.analysis.pin);
+                if let (Some(pin), Some(a)) = (pin, self.server.as_mut()) {
+                    a.pin.get_or_insert(pin);
+                }
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 match stmt {
@@ -232,7 +298,7 @@ impl Session {
             a.conn.prepared.insert(stmt.id);
             a.conn.queue.push(Pending::Client {
                 reply: Reply::Parse,
-                prepares: Some(stmt.id),
+                prepares: Some(stmt.clone()),
                 tracked: false,
             });
         }
@@ -259,7 +325,7 @@ impl Session {
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Parse,
                 on_error: OnError::Forward,
-                prepares: Some(stmt.id),
+                prepares: Some(stmt.clone()),
             });
         }
         Some(stmt)

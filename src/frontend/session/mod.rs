@@ -107,7 +107,6 @@ pub struct SessionStart {
     pub tenant: Option<TenantId>,
     pub settings: Arc<Settings>,
     pub cancel: CancelKey,
-    pub server: Option<(PooledConn, Route)>,
 }
 
 enum Event {
@@ -123,14 +122,6 @@ impl Session {
             .pool_mode
             .unwrap_or(shared.config.proxy.pool_mode);
         let max_message = shared.config.proxy.max_message_size;
-        let server = start.server.map(|(conn, route)| Attached {
-            conn,
-            route,
-            pin: None,
-            request_failed: false,
-            saw_commit: false,
-            open_request: false,
-        });
         Self {
             client,
             shared,
@@ -143,7 +134,7 @@ impl Session {
             settings: start.settings,
             statements: HashMap::new(),
             unnamed: None,
-            server,
+            server: None,
             tx: ClientTx::Idle,
             batch: Vec::new(),
             skip_until_sync: false,
@@ -224,6 +215,7 @@ impl Session {
     /// Handles every complete client message; `false` when the client sent Terminate.
     async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
         while let Some(frame) = self.client.next_frame(self.max_message)? {
+            tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), "client message");
             match frame.tag {
                 b'Q' => self.on_query(frame).await?,
                 b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.on_extended(frame).await?,
@@ -232,6 +224,9 @@ impl Session {
                     // Copy data goes to the server in COPY FROM STDIN; outside COPY it is ignored.
                     if let Some(a) = self.server.as_mut() {
                         a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                        if frame.tag != b'd' {
+                            a.conn.queue.push(Pending::CopyEnd);
+                        }
                     }
                 }
                 b'X' => return Ok(false),
@@ -244,6 +239,23 @@ impl Session {
             }
         }
         Ok(true)
+    }
+
+    /// Waits until the attached server has answered everything sent to it, relaying
+    /// as usual, so that a decision pgtenant takes itself sees the final status.
+    async fn settle(&mut self) {
+        while let Some(a) = self.server.as_mut() {
+            if a.conn.queue.is_empty() {
+                break;
+            }
+            match a.conn.io.read_more().await {
+                Ok(IoEvent::Read) => self.on_server_bytes(),
+                Ok(IoEvent::Closed) => {
+                    self.on_server_lost("the server closed the connection".into())
+                }
+                Err(e) => self.on_server_lost(e.to_string()),
+            }
+        }
     }
 
     /// The transaction status the client should see now.

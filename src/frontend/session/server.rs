@@ -154,6 +154,7 @@ impl Session {
                 .conn
                 .queue
                 .on_server_message(&frame, &mut self.client.wbuf);
+            tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), ?fx, "server message");
             for id in &fx.unprepared {
                 a.conn.prepared.remove(id);
             }

@@ -18,8 +18,10 @@ impl Session {
 
         if !analysis.is_multi {
             match analysis.kind {
-                StatementKind::SetTenant(t) => return self.set_tenant(Some(t), "SET"),
-                StatementKind::ResetTenant => return self.set_tenant(self.startup_tenant, "RESET"),
+                StatementKind::SetTenant(t) => return self.set_tenant(Some(t), "SET").await,
+                StatementKind::ResetTenant => {
+                    return self.set_tenant(self.startup_tenant, "RESET").await;
+                }
                 _ => {}
             }
         }
@@ -140,7 +142,12 @@ impl Session {
     }
 
     /// `SET`/`RESET` of the tenant parameter, answered by pgtenant between transactions.
-    fn set_tenant(&mut self, tenant: Option<TenantId>, tag: &str) -> Result<(), FrontendError> {
+    async fn set_tenant(
+        &mut self,
+        tenant: Option<TenantId>,
+        tag: &str,
+    ) -> Result<(), FrontendError> {
+        self.settle().await;
         let in_tx = self.client_status() != TxStatus::Idle
             || self
                 .server

@@ -1,0 +1,346 @@
+//! Stock clients through the proxy: psql, pgbench and tokio-postgres, in
+//! transaction pooling with small pools so that server connections change hands.
+
+use std::process::Command;
+
+use futures_util::{SinkExt, StreamExt, pin_mut};
+use tokio_postgres::binary_copy::{BinaryCopyInWriter, BinaryCopyOutStream};
+use tokio_postgres::types::Type;
+
+use crate::harness::{self, shard_of, start_proxy, stderr, stdout};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn psql_multi_statements_errors_and_rollback() {
+    let proxy = start_proxy(|_| {}).await;
+    let out = proxy.psql(
+        Some(1500),
+        &["-At"],
+        "SELECT 1; SELECT 2;
+         CREATE TABLE IF NOT EXISTS psql_t (tenant_id bigint, v int);
+         DELETE FROM psql_t;
+         BEGIN;
+         INSERT INTO psql_t VALUES (1500, 1);
+         SELECT 1/0;
+         SELECT 'ignored';
+         ROLLBACK;
+         SELECT count(*) FROM psql_t;
+         SELECT 'alive', shard_id FROM pgtenant_shard;
+        ",
+    );
+    let text = stdout(&out);
+    let err = stderr(&out);
+    assert_eq!(text, "1\n2\n0\nalive|2\n", "stdout {text} stderr {err}");
+    assert!(err.contains("division by zero"), "{err}");
+    assert!(err.contains("current transaction is aborted"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn psql_copy_both_ways() {
+    let proxy = start_proxy(|_| {}).await;
+    let dir = std::env::temp_dir().join(format!("pgtenant-copy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.csv");
+    let output = dir.join("out.csv");
+    let rows: String = (1..=500).map(|i| format!("{i},\"row, {i}\"\n")).collect();
+    std::fs::write(&input, &rows).unwrap();
+    let script = format!(
+        "CREATE TABLE IF NOT EXISTS psql_copy (id int, label text);
+         TRUNCATE psql_copy;
+         \\copy psql_copy FROM '{}' csv
+         \\copy (SELECT * FROM psql_copy ORDER BY id) TO '{}' csv
+         SELECT count(*), sum(id) FROM psql_copy;",
+        input.display(),
+        output.display()
+    );
+    let out = proxy.psql(Some(42), &["-At"], &script);
+    assert_eq!(stdout(&out).trim(), "500|125250", "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), rows);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pgbench_in_every_query_mode() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 4).await;
+    let port = proxy.addr.port().to_string();
+    let pgbench = |args: &[&str]| {
+        Command::new("pgbench")
+            .args(["-h", "127.0.0.1", "-p", &port, "-U", "app"])
+            .args(args)
+            .arg("app")
+            .env("PGPASSWORD", "app")
+            .env("PGOPTIONS", "-c pgtenant.tenant_id=500")
+            .output()
+            .expect("pgbench")
+    };
+    let init = pgbench(&["-i", "-s", "1", "-q"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    for mode in ["simple", "extended", "prepared"] {
+        let run = pgbench(&["-M", mode, "-c", "8", "-j", "2", "-t", "150"]);
+        let text = stdout(&run);
+        assert!(run.status.success(), "{mode}: {text}{}", stderr(&run));
+        assert!(
+            text.contains("number of transactions actually processed: 1200/1200"),
+            "{mode}: {text}"
+        );
+        assert!(
+            text.contains("number of failed transactions: 0"),
+            "{mode}: {text}"
+        );
+    }
+    // The work landed on tenant 500's shard (1) and nowhere else.
+    let client = proxy.connect(Some(500)).await;
+    let history: i64 = client
+        .query_one("SELECT count(*) FROM pgbench_history", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        history, 1200,
+        "each run truncates pgbench_history first; the last run left 1200"
+    );
+    let other = proxy.connect(Some(1500)).await;
+    let exists: bool = other
+        .query_one("SELECT to_regclass('pgbench_history') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!exists, "pgbench tables must not exist on shard 2");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prepared_statements_survive_server_changes() {
+    // Two server connections for six clients: every transaction may get another one.
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let mut tasks = Vec::new();
+    for n in 0..6i64 {
+        let client = proxy.connect(Some(7)).await;
+        tasks.push(tokio::spawn(async move {
+            let stmt = client
+                .prepare("SELECT $1::bigint * 2, $2::text || '!', shard_id FROM pgtenant_shard")
+                .await
+                .unwrap();
+            let typed = client
+                .prepare_typed("SELECT $1 + 1", &[Type::INT4])
+                .await
+                .unwrap();
+            for i in 0..40i64 {
+                let row = client
+                    .query_one(&stmt, &[&(n * 1000 + i), &format!("c{n}")])
+                    .await
+                    .unwrap();
+                assert_eq!(row.get::<_, i64>(0), (n * 1000 + i) * 2);
+                assert_eq!(row.get::<_, String>(1), format!("c{n}!"));
+                assert_eq!(row.get::<_, i32>(2), 1);
+                let row = client.query_one(&typed, &[&(i as i32)]).await.unwrap();
+                assert_eq!(row.get::<_, i32>(0), i as i32 + 1);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typed_parameters_and_transactions() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let mut client = proxy.connect(Some(1500)).await;
+    client
+        .batch_execute("CREATE TABLE IF NOT EXISTS typed_t (tenant_id bigint, b bool, f float8, t text, n numeric, ts timestamptz, j jsonb, a int[])")
+        .await
+        .unwrap();
+    client.batch_execute("DELETE FROM typed_t").await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let ts = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+    let json = serde_json::json!({"k": [1, 2]});
+    tx.execute(
+        "INSERT INTO typed_t VALUES ($1, $2, $3, $4, 12.5, $5, $6, $7)",
+        &[
+            &1500i64,
+            &true,
+            &2.5f64,
+            &"héllo",
+            &ts,
+            &json,
+            &vec![1i32, 2, 3],
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let row = client
+        .query_one("SELECT b, f, t, n::text, ts, j, a FROM typed_t", &[])
+        .await
+        .unwrap();
+    assert!(row.get::<_, bool>(0));
+    assert_eq!(row.get::<_, f64>(1), 2.5);
+    assert_eq!(row.get::<_, String>(2), "héllo");
+    assert_eq!(row.get::<_, String>(3), "12.5");
+    assert_eq!(row.get::<_, std::time::SystemTime>(4), ts);
+    assert_eq!(row.get::<_, serde_json::Value>(5), json);
+    assert_eq!(row.get::<_, Vec<i32>>(6), vec![1, 2, 3]);
+
+    let tx = client.transaction().await.unwrap();
+    tx.execute("INSERT INTO typed_t (tenant_id) VALUES (1500)", &[])
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM typed_t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1, "the rolled back insert is gone");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn binary_copy_in_and_out() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(Some(42)).await;
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS bin_copy (id int, label text); TRUNCATE bin_copy",
+        )
+        .await
+        .unwrap();
+    let sink = client
+        .copy_in("COPY bin_copy (id, label) FROM STDIN (FORMAT binary)")
+        .await
+        .unwrap();
+    let writer = BinaryCopyInWriter::new(sink, &[Type::INT4, Type::TEXT]);
+    pin_mut!(writer);
+    for i in 0..2000i32 {
+        writer
+            .as_mut()
+            .write(&[&i, &format!("label {i}")])
+            .await
+            .unwrap();
+    }
+    assert_eq!(writer.finish().await.unwrap(), 2000);
+    let stream = client
+        .copy_out("COPY (SELECT id, label FROM bin_copy ORDER BY id) TO STDOUT (FORMAT binary)")
+        .await
+        .unwrap();
+    let rows = BinaryCopyOutStream::new(stream, &[Type::INT4, Type::TEXT]);
+    pin_mut!(rows);
+    let mut n = 0;
+    while let Some(row) = rows.next().await {
+        let row = row.unwrap();
+        assert_eq!(row.get::<i32>(0), n);
+        assert_eq!(row.get::<&str>(1), format!("label {n}"));
+        n += 1;
+    }
+    assert_eq!(n, 2000);
+    // Text COPY through the sink API as well.
+    let sink = client.copy_in("COPY bin_copy FROM STDIN").await.unwrap();
+    pin_mut!(sink);
+    sink.send(bytes::Bytes::from_static(b"5000\tfive thousand\n"))
+        .await
+        .unwrap();
+    assert_eq!(sink.finish().await.unwrap(), 1);
+    assert_eq!(shard_of(&client).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_settings_follow_the_client_across_server_connections() {
+    // One server connection shared by two clients with different settings.
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let a = harness::connect(&proxy.conninfo(
+        "application_name=alpha options='-c pgtenant.tenant_id=7 -c search_path=pg_catalog,public'",
+    ))
+    .await
+    .unwrap();
+    let b = harness::connect(
+        &proxy.conninfo("application_name=beta options='-c pgtenant.tenant_id=500'"),
+    )
+    .await
+    .unwrap();
+    b.batch_execute("SET TimeZone = 'America/New_York'")
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let row = a.query_one("SELECT current_setting('application_name'), current_setting('search_path'), current_setting('TimeZone'), current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), "alpha");
+        assert_eq!(
+            row.get::<_, String>(1),
+            "pg_catalog,public",
+            "as a server reports a startup search_path"
+        );
+        assert_ne!(row.get::<_, String>(2), "America/New_York");
+        assert_eq!(row.get::<_, String>(3), "7");
+        let row = b.query_one("SELECT current_setting('application_name'), current_setting('search_path'), current_setting('TimeZone'), current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), "beta");
+        assert_eq!(row.get::<_, String>(1), "\"$user\", public");
+        assert_eq!(row.get::<_, String>(2), "America/New_York");
+        assert_eq!(row.get::<_, String>(3), "500");
+    }
+    // RESET returns to the startup value, as on a server.
+    a.batch_execute("SET application_name = 'changed'")
+        .await
+        .unwrap();
+    a.batch_execute("RESET application_name").await.unwrap();
+    let name: String = a
+        .query_one("SELECT current_setting('application_name')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(name, "alpha");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn listen_and_temp_tables_pin_the_server_connection() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;
+    let (listener, mut conn) = tokio_postgres::connect(
+        &proxy.conninfo("options='-c pgtenant.tenant_id=7'"),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(msg) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notification(n)) = msg {
+                let _ = tx.send(n.payload().to_string());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN pgtenant_chan")
+        .await
+        .unwrap();
+    // Other clients keep the other server connections busy in between.
+    let other = proxy.connect(Some(7)).await;
+    for i in 0..5 {
+        other
+            .batch_execute(&format!("NOTIFY pgtenant_chan, 'n{i}'"))
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .expect("notification")
+            .unwrap();
+        assert_eq!(got, format!("n{i}"));
+    }
+
+    let client = proxy.connect(Some(7)).await;
+    client
+        .batch_execute("CREATE TEMP TABLE scratch (v int)")
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let noise = proxy.connect(Some(7)).await;
+        noise.batch_execute("SELECT 1").await.unwrap();
+        client
+            .execute("INSERT INTO scratch VALUES ($1)", &[&i])
+            .await
+            .unwrap();
+    }
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM scratch", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 5);
+}

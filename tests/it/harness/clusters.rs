@@ -1,0 +1,97 @@
+//! Throwaway clusters: created once per test binary under a temporary directory,
+//! stopped and removed by a watchdog process when the test binary exits.
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use pgtenant::dev::cluster::{Cluster, find_bin_dir};
+use pgtenant::dev::demo;
+
+pub struct Shards {
+    pub ports: [u16; 2],
+    /// Kept so the shards live as long as the test binary.
+    _clusters: Vec<Cluster>,
+    pub tls_dir: PathBuf,
+}
+
+static SHARDS: OnceLock<Shards> = OnceLock::new();
+static BASE: OnceLock<PathBuf> = OnceLock::new();
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn base_dir() -> &'static Path {
+    BASE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("pgtenant-it-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // The clusters may run as another user, who must reach their directories.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        spawn_watchdog(&dir);
+        dir
+    })
+}
+
+/// Stops every cluster under `dir` and removes it once this process is gone.
+fn spawn_watchdog(dir: &Path) {
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+         for f in {dir}/*/postmaster.pid; do [ -f \"$f\" ] && kill -INT $(head -1 \"$f\"); done; \
+         sleep 3; rm -rf {dir}",
+        pid = std::process::id(),
+        dir = dir.display()
+    );
+    std::process::Command::new("sh")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("watchdog");
+}
+
+/// Creates, starts and fills a cluster in its own thread (setup is async; tests already run inside a runtime).
+fn create_cluster(name: &str, shard_id: u16) -> Cluster {
+    let bin = find_bin_dir().expect("PostgreSQL binaries");
+    let cluster = Cluster::new(&bin, &base_dir().join(name), free_port());
+    let c = cluster.clone();
+    std::thread::spawn(move || {
+        c.init().expect("initdb");
+        c.start().expect("pg_ctl start");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(demo::setup_shard(c.port, shard_id))
+            .expect("demo setup");
+    })
+    .join()
+    .expect("cluster setup thread");
+    cluster
+}
+
+/// The two demo shards shared by all tests.
+pub fn shards() -> &'static Shards {
+    SHARDS.get_or_init(|| {
+        let clusters = vec![create_cluster("shard1", 1), create_cluster("shard2", 2)];
+        let tls_dir = base_dir().join("tls");
+        demo::ensure_certificate(&tls_dir).expect("certificate");
+        Shards {
+            ports: [clusters[0].port, clusters[1].port],
+            _clusters: clusters,
+            tls_dir,
+        }
+    })
+}
+
+/// A cluster of a test's own (for tests that stop or kill it), set up as shard `shard_id`.
+pub fn private_cluster(name: &str, shard_id: u16) -> Cluster {
+    create_cluster(name, shard_id)
+}

@@ -1,0 +1,130 @@
+//! Test harness: throwaway PostgreSQL clusters shared by every test of this binary
+//! (two demo shards), a proxy per test on a free port, and clients: tokio-postgres,
+//! psql, pgbench and a raw-protocol client.
+
+pub mod clusters;
+pub mod raw;
+
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+
+use pgtenant::config::Config;
+use pgtenant::dev::demo;
+use pgtenant::server::RunningProxy;
+
+pub use clusters::{private_cluster, shards};
+
+/// A proxy serving the shared shards (or whatever the test changed in its config).
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub config: Config,
+    _running: RunningProxy,
+}
+
+/// Starts a proxy over the shared demo shards; `tweak` may change its configuration.
+pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
+    pgtenant::observe::init_logging("warn");
+    let s = shards();
+    let mut config = demo::demo_config("127.0.0.1:0".parse().unwrap(), s.ports, Some(&s.tls_dir));
+    tweak(&mut config);
+    let running = pgtenant::server::start(config.clone())
+        .await
+        .expect("proxy starts");
+    Proxy {
+        addr: running.addr,
+        config,
+        _running: running,
+    }
+}
+
+impl Proxy {
+    /// A libpq connection string; `extra` is appended.
+    pub fn conninfo(&self, extra: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=app password=app dbname=app sslmode=disable {extra}",
+            self.addr.port()
+        )
+    }
+
+    /// A tokio-postgres client, with a session tenant when given.
+    pub async fn connect(&self, tenant: Option<i64>) -> tokio_postgres::Client {
+        self.try_connect(tenant)
+            .await
+            .expect("connect through the proxy")
+    }
+
+    pub async fn try_connect(
+        &self,
+        tenant: Option<i64>,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let options = tenant
+            .map(|t| format!("options='-c pgtenant.tenant_id={t}'"))
+            .unwrap_or_default();
+        connect(&self.conninfo(&options)).await
+    }
+
+    /// Runs psql with `args` against the proxy, feeding `stdin`.
+    pub fn psql(&self, tenant: Option<i64>, args: &[&str], stdin: &str) -> Output {
+        let options = tenant
+            .map(|t| format!("options='-c pgtenant.tenant_id={t}'"))
+            .unwrap_or_default();
+        let conninfo = self.conninfo(&options);
+        run_with_stdin(
+            Command::new("psql")
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=0", "-d", &conninfo])
+                .args(args),
+            stdin,
+        )
+    }
+}
+
+pub async fn connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// Runs a command, writing `stdin` to it, and returns its output.
+pub fn run_with_stdin(cmd: &mut Command, stdin: &str) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("wait")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Which shard answered, asked of the server itself.
+pub async fn shard_of(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT shard_id FROM pgtenant_shard", &[])
+        .await
+        .expect("pgtenant_shard")
+        .get(0)
+}
+
+/// The SQLSTATE of an error from tokio-postgres.
+pub fn sqlstate(e: &tokio_postgres::Error) -> String {
+    e.code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+}

@@ -1,0 +1,8 @@
+//! Integration tests: real PostgreSQL clusters, the real proxy, real clients.
+
+mod harness;
+
+mod clients;
+mod failures;
+mod routing;
+mod startup;

@@ -1,0 +1,226 @@
+//! Startup phase: TLS (and its strict negotiation), authentication, the server's
+//! parameters, cancel requests.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::raw::RawClient;
+use crate::harness::{self, sqlstate, start_proxy, stdout};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_and_plain_connections_both_work() {
+    let proxy = start_proxy(|_| {}).await;
+    let port = proxy.addr.port();
+    let tls = harness::run_with_stdin(
+        std::process::Command::new("psql").args([
+            "-X",
+            "-d",
+            &format!("host=127.0.0.1 port={port} user=app password=app dbname=app sslmode=require options='-c pgtenant.tenant_id=7'"),
+            "-c",
+            "\\conninfo",
+            "-c",
+            "SELECT shard_id FROM pgtenant_shard",
+        ]),
+        "",
+    );
+    let out = stdout(&tls);
+    assert!(
+        out.contains("SSL connection"),
+        "{out}{}",
+        harness::stderr(&tls)
+    );
+    assert!(out.contains(" 1\n"), "{out}");
+    let plain = proxy.psql(Some(7), &["-c", "\\conninfo"], "");
+    assert!(
+        !stdout(&plain).contains("SSL connection"),
+        "{}",
+        stdout(&plain)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bytes_after_ssl_request_are_refused() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    // SSLRequest followed at once by plaintext that must never be taken as TLS data.
+    let mut packet = vec![0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    packet.extend_from_slice(b"Q\0\0\0\x0dSELECT 1\0");
+    tcp.write_all(&packet).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer))
+        .await
+        .expect("connection closed");
+    assert!(
+        !answer.starts_with(b"S"),
+        "TLS was accepted after injected bytes: {answer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn gssenc_is_refused_and_startup_continues() {
+    let proxy = start_proxy(|_| {}).await;
+    let out = harness::run_with_stdin(
+        std::process::Command::new("psql").args([
+            "-X",
+            "-At",
+            "-d",
+            &format!("host=127.0.0.1 port={} user=app password=app dbname=app gssencmode=prefer sslmode=disable", proxy.addr.port()),
+            "-c",
+            "SELECT 42",
+        ]),
+        "",
+    );
+    assert_eq!(stdout(&out).trim(), "42", "{}", harness::stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wrong_password_and_unknown_user_get_28p01() {
+    let proxy = start_proxy(|_| {}).await;
+    let port = proxy.addr.port();
+    for conninfo in [
+        format!("host=127.0.0.1 port={port} user=app password=nope dbname=app"),
+        format!("host=127.0.0.1 port={port} user=ghost password=app dbname=app"),
+    ] {
+        let err = harness::connect(&conninfo)
+            .await
+            .err()
+            .expect("login must fail");
+        assert_eq!(sqlstate(&err), "28P01", "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_database_gets_3d000_from_the_server() {
+    let proxy = start_proxy(|_| {}).await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app dbname=nowhere",
+        proxy.addr.port()
+    );
+    let err = harness::connect(&conninfo)
+        .await
+        .err()
+        .expect("login must fail");
+    assert_eq!(sqlstate(&err), "3D000", "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_sees_the_real_server_parameters_and_its_own_settings() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut c = RawClient::login(
+        proxy.addr,
+        &[
+            ("application_name", "param-test"),
+            ("TimeZone", "Asia/Tokyo"),
+        ],
+    )
+    .await;
+    // ParameterStatus values came before the first ReadyForQuery; ask again to compare.
+    let msgs = c.query("SELECT current_setting('server_version'), current_setting('TimeZone'), current_setting('application_name')").await;
+    let row = msgs.iter().find(|m| m.tag == b'D').expect("row");
+    let text = String::from_utf8_lossy(&row.body);
+    assert!(
+        text.contains("Asia/Tokyo") && text.contains("param-test"),
+        "{text}"
+    );
+
+    let client = proxy.connect(None).await;
+    let version: String = client
+        .query_one("SHOW server_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(version.starts_with(char::is_numeric), "{version}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn startup_parameters_are_reported_in_parameter_status() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut c = RawClient::connect(proxy.addr).await;
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::startup_message(
+        [
+            ("user", "app"),
+            ("database", "app"),
+            ("application_name", "reported"),
+        ]
+        .into_iter(),
+        &mut out,
+    )
+    .unwrap();
+    c.send(&out).await;
+    let mut scram = postgres_protocol::authentication::sasl::ScramSha256::new(
+        b"app",
+        postgres_protocol::authentication::sasl::ChannelBinding::unsupported(),
+    );
+    let mut params = Vec::new();
+    let mut got_key = false;
+    loop {
+        let m = c.recv().await.expect("message");
+        match m.tag {
+            b'R' => {
+                let code = i32::from_be_bytes(m.body[..4].try_into().unwrap());
+                let mut out = bytes::BytesMut::new();
+                if code == 10 {
+                    postgres_protocol::message::frontend::sasl_initial_response(
+                        "SCRAM-SHA-256",
+                        scram.message(),
+                        &mut out,
+                    )
+                    .unwrap();
+                } else if code == 11 {
+                    scram.update(&m.body[4..]).unwrap();
+                    postgres_protocol::message::frontend::sasl_response(scram.message(), &mut out)
+                        .unwrap();
+                }
+                if !out.is_empty() {
+                    c.send(&out).await;
+                }
+            }
+            b'S' => params.push(String::from_utf8_lossy(&m.body).replace('\0', "=")),
+            b'K' => got_key = true,
+            b'Z' => break,
+            b'E' => panic!("{}", String::from_utf8_lossy(&m.body)),
+            _ => {}
+        }
+    }
+    assert!(got_key, "no BackendKeyData");
+    assert!(
+        params
+            .iter()
+            .any(|p| p.starts_with("application_name=reported")),
+        "{params:?}"
+    );
+    assert!(
+        params.iter().any(|p| p.starts_with("server_version=1")),
+        "{params:?}"
+    );
+    assert!(
+        params.iter().any(|p| p.starts_with("server_encoding=UTF8")),
+        "{params:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_stops_a_running_query() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(Some(7)).await;
+    let token = client.cancel_token();
+    let started = Instant::now();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        token.cancel_query(tokio_postgres::NoTls).await
+    });
+    let err = client
+        .simple_query("SELECT pg_sleep(20)")
+        .await
+        .err()
+        .expect("query must be cancelled");
+    assert_eq!(sqlstate(&err), "57014", "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    canceller.await.unwrap().unwrap();
+    // The session goes on.
+    let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+}
