@@ -19,19 +19,13 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config } => {
             let config = match Config::load(&config) {
                 Ok(c) => c,
-                Err(
-                    e @ (ConfigError::Invalid(_)
-                    | ConfigError::Parse { .. }
-                    | ConfigError::Read { .. }),
-                ) => {
+                Err(e @ (ConfigError::Invalid(_) | ConfigError::Parse { .. } | ConfigError::Read { .. })) => {
                     eprintln!("{e}");
                     return std::process::ExitCode::FAILURE;
                 }
             };
             run(config.proxy.workers, async move {
-                let proxy = pgtenant::server::start(config)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let proxy = pgtenant::server::start(config).await.map_err(|e| e.to_string())?;
                 let stop = proxy.shutdown_handle();
                 tokio::spawn(async move {
                     pgtenant::server::termination_signal().await;
@@ -41,11 +35,7 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             })
         }
-        Command::Dev {
-            dir,
-            port,
-            shard_port,
-        } => run(0, pgtenant::dev::run(dir, port, shard_port)),
+        Command::Dev { dir, port, shard_port } => run(0, pgtenant::dev::run(dir, port, shard_port)),
     }
 }
 

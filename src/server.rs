@@ -22,10 +22,7 @@ pub enum StartError {
     #[error("TLS: {0}")]
     Tls(String),
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    Bind { addr: SocketAddr, source: std::io::Error },
 }
 
 /// A proxy serving in the background.
@@ -71,27 +68,13 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls));
     let listener = TcpListener::bind(config.proxy.listen)
         .await
-        .map_err(|source| StartError::Bind {
-            addr: config.proxy.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: config.proxy.listen,
-        source,
-    })?;
+        .map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;
+    let addr =
+        listener.local_addr().map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;
     let (shutdown, rx) = watch::channel(false);
-    let task = tokio::spawn(frontend::run_listener(
-        listener,
-        shared,
-        rx,
-        Duration::from_secs(30),
-    ));
+    let task = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
     tracing::info!(%addr, "pgtenant is serving");
-    Ok(RunningProxy {
-        addr,
-        shutdown,
-        task,
-    })
+    Ok(RunningProxy { addr, shutdown, task })
 }
 
 /// Resolves on Ctrl-C (SIGINT) or SIGTERM.

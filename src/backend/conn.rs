@@ -78,29 +78,17 @@ impl ServerConn {
         )
         .await
         .map_err(|_| BackendError::ConnectTimeout { addr: addr.clone() })?
-        .map_err(|source| BackendError::Connect {
-            addr: addr.clone(),
-            source,
-        })?;
+        .map_err(|source| BackendError::Connect { addr: addr.clone(), source })?;
         let _ = tcp.set_nodelay(true);
-        let peer = tcp.peer_addr().map_err(|source| BackendError::Io {
-            addr: addr.clone(),
-            source,
-        })?;
+        let peer = tcp.peer_addr().map_err(|source| BackendError::Io { addr: addr.clone(), source })?;
         let stream = match tls {
             Some(tls) => tls.negotiate(tcp, &target.host, &addr).await?,
             None => Stream::Plain(tcp),
         };
         let mut io = Duplex::new(stream);
-        let io_err = |source| BackendError::Io {
-            addr: addr.clone(),
-            source,
-        };
+        let io_err = |source| BackendError::Io { addr: addr.clone(), source };
         frontend::startup_message(
-            [
-                ("user", target.user.as_str()),
-                ("database", target.database.as_str()),
-            ],
+            [("user", target.user.as_str()), ("database", target.database.as_str())],
             &mut io.wbuf,
         )
         .map_err(io_err)?;
@@ -120,24 +108,13 @@ impl ServerConn {
     pub async fn run_sql(&mut self, sql: &str) -> Result<Option<ErrorFields>, BackendError> {
         protocol::query(&mut self.io.wbuf, sql);
         let addr = self.addr.clone();
-        let io_err = |source| BackendError::Io {
-            addr: addr.clone(),
-            source,
-        };
+        let io_err = |source| BackendError::Io { addr: addr.clone(), source };
         self.io.flush().await.map_err(io_err)?;
         let mut error = None;
         loop {
-            let Some(frame) = self
-                .io
-                .read_frame(MAX_SERVER_MESSAGE)
-                .await
-                .map_err(io_err)?
-            else {
+            let Some(frame) = self.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_err)? else {
                 self.broken = true;
-                return Err(BackendError::Protocol {
-                    addr,
-                    message: "server closed the connection".into(),
-                });
+                return Err(BackendError::Protocol { addr, message: "server closed the connection".into() });
             };
             match frame.tag {
                 b'E' => error = Some(protocol::error_fields(frame.body())),
@@ -164,10 +141,7 @@ impl ServerConn {
     pub async fn reset(&mut self) -> Result<(), BackendError> {
         if let Some(fields) = self.run_sql("DISCARD ALL").await? {
             self.broken = true;
-            return Err(BackendError::Refused {
-                addr: self.addr.clone(),
-                fields,
-            });
+            return Err(BackendError::Refused { addr: self.addr.clone(), fields });
         }
         self.prepared.clear();
         self.settings = Settings::empty();
@@ -190,22 +164,14 @@ async fn login(
     addr: &str,
     peer: SocketAddr,
 ) -> Result<ServerConn, BackendError> {
-    let io_err = |source| BackendError::Io {
-        addr: addr.to_string(),
-        source,
-    };
-    let protocol_err = |message: &str| BackendError::Protocol {
-        addr: addr.to_string(),
-        message: message.to_string(),
-    };
+    let io_err = |source| BackendError::Io { addr: addr.to_string(), source };
+    let protocol_err =
+        |message: &str| BackendError::Protocol { addr: addr.to_string(), message: message.to_string() };
     let password = || {
         target
             .password
             .as_deref()
-            .ok_or_else(|| BackendError::NoPassword {
-                addr: addr.to_string(),
-                user: target.user.clone(),
-            })
+            .ok_or_else(|| BackendError::NoPassword { addr: addr.to_string(), user: target.user.clone() })
     };
     let mut scram: Option<ScramSha256> = None;
     let mut params = Vec::new();
@@ -240,39 +206,29 @@ async fn login(
                             password()?.as_bytes(),
                             salt,
                         );
-                        frontend::password_message(hash.as_bytes(), &mut io.wbuf)
-                            .map_err(io_err)?;
+                        frontend::password_message(hash.as_bytes(), &mut io.wbuf).map_err(io_err)?;
                     }
                     10 => {
-                        let offers_scram = body
-                            .split(|c| *c == 0)
-                            .any(|m| m == SCRAM_SHA_256.as_bytes());
+                        let offers_scram = body.split(|c| *c == 0).any(|m| m == SCRAM_SHA_256.as_bytes());
                         if !offers_scram {
                             return Err(BackendError::UnsupportedAuth {
                                 addr: addr.to_string(),
                                 method: "SASL (no SCRAM-SHA-256)".into(),
                             });
                         }
-                        let s =
-                            ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                        let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
                         frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut io.wbuf)
                             .map_err(io_err)?;
                         scram = Some(s);
                     }
                     11 => {
-                        let s = scram
-                            .as_mut()
-                            .ok_or_else(|| protocol_err("SASL continue without SASL"))?;
-                        s.update(body)
-                            .map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
+                        let s = scram.as_mut().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
+                        s.update(body).map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
                         frontend::sasl_response(s.message(), &mut io.wbuf).map_err(io_err)?;
                     }
                     12 => {
-                        let mut s = scram
-                            .take()
-                            .ok_or_else(|| protocol_err("SASL final without SASL"))?;
-                        s.finish(body)
-                            .map_err(|e| protocol_err(&format!("SCRAM server signature: {e}")))?;
+                        let mut s = scram.take().ok_or_else(|| protocol_err("SASL final without SASL"))?;
+                        s.finish(body).map_err(|e| protocol_err(&format!("SCRAM server signature: {e}")))?;
                     }
                     other => {
                         return Err(BackendError::UnsupportedAuth {
@@ -309,11 +265,7 @@ async fn login(
     Ok(ServerConn {
         io,
         addr: addr.to_string(),
-        cancel: CancelTarget {
-            addr: peer,
-            pid: key.0,
-            key: key.1,
-        },
+        cancel: CancelTarget { addr: peer, pid: key.0, key: key.1 },
         params,
         prepared: HashSet::new(),
         settings: Settings::empty(),

@@ -7,10 +7,7 @@ use crate::protocol::ErrorFields;
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
+    Connect { addr: String, source: std::io::Error },
     #[error("timed out connecting to {addr}")]
     ConnectTimeout { addr: String },
     /// The server answered the login with an ErrorResponse (bad database, bad password, ...).
@@ -25,26 +22,16 @@ pub enum BackendError {
     #[error("protocol error from server {addr}: {message}")]
     Protocol { addr: String, message: String },
     #[error("I/O error with server {addr}: {source}")]
-    Io {
-        addr: String,
-        source: std::io::Error,
-    },
+    Io { addr: String, source: std::io::Error },
 }
 
 /// Why no server connection could be checked out.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError {
     #[error("all {size} server connections of shard {shard} are busy (waited {waited_ms} ms)")]
-    Exhausted {
-        shard: ShardId,
-        size: usize,
-        waited_ms: u64,
-    },
+    Exhausted { shard: ShardId, size: usize, waited_ms: u64 },
     #[error("shard {shard} is unreachable: {source}")]
-    Unreachable {
-        shard: ShardId,
-        source: BackendError,
-    },
+    Unreachable { shard: ShardId, source: BackendError },
     #[error("shard {shard} is not configured")]
     UnknownShard { shard: ShardId },
     #[error("the pool of shard {shard} is closed")]

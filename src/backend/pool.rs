@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use deadpool::managed::{
-    self, Metrics, Object, Pool, PoolError, RecycleError, RecycleResult, Timeouts,
-};
+use deadpool::managed::{self, Metrics, Object, Pool, PoolError, RecycleError, RecycleResult, Timeouts};
 
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
@@ -65,11 +63,7 @@ pub struct Pools {
 
 impl Pools {
     pub fn new(config: Arc<Config>, tls: Option<ServerTls>) -> Self {
-        Self {
-            config,
-            tls: tls.map(Arc::new),
-            pools: RwLock::new(HashMap::new()),
-        }
+        Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()) }
     }
 
     /// Checks out a connection to the primary of `shard` for `user` and `database`.
@@ -93,9 +87,7 @@ impl Pools {
             },
             PoolError::Timeout(_) => CheckoutError::Unreachable {
                 shard,
-                source: BackendError::ConnectTimeout {
-                    addr: pool.manager().target.addr(),
-                },
+                source: BackendError::ConnectTimeout { addr: pool.manager().target.addr() },
             },
             PoolError::Backend(source) => CheckoutError::Unreachable { shard, source },
             PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
@@ -110,28 +102,13 @@ impl Pools {
         user: &UserConfig,
         database: &str,
     ) -> Result<Pool<ServerManager>, CheckoutError> {
-        let key = PoolKey {
-            shard,
-            user: user.name.clone(),
-            database: database.to_string(),
-        };
-        if let Some(p) = self
-            .pools
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
+        let key = PoolKey { shard, user: user.name.clone(), database: database.to_string() };
+        if let Some(p) = self.pools.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());
         }
-        let shard_config = self
-            .config
-            .shards
-            .iter()
-            .find(|s| s.id == shard)
-            .ok_or(CheckoutError::UnknownShard { shard })?;
-        let node = shard_config
-            .primary()
-            .ok_or(CheckoutError::UnknownShard { shard })?;
+        let shard_config =
+            self.config.shards.iter().find(|s| s.id == shard).ok_or(CheckoutError::UnknownShard { shard })?;
+        let node = shard_config.primary().ok_or(CheckoutError::UnknownShard { shard })?;
         let target = ConnectTarget {
             host: node.host.clone(),
             port: node.port,
@@ -140,11 +117,7 @@ impl Pools {
             database: node.dbname.clone().unwrap_or_else(|| database.to_string()),
             connect_timeout: self.config.proxy.connect_timeout(),
         };
-        let manager = ServerManager {
-            target,
-            tls: self.tls.clone(),
-            startup_params: OnceLock::new(),
-        };
+        let manager = ServerManager { target, tls: self.tls.clone(), startup_params: OnceLock::new() };
         let pool = Pool::builder(manager)
             .max_size(user.pool_size)
             .runtime(deadpool::Runtime::Tokio1)
@@ -161,22 +134,12 @@ impl Pools {
         user: &UserConfig,
         database: &str,
     ) -> Option<Arc<Vec<(String, String)>>> {
-        self.pool(shard, user, database)
-            .ok()?
-            .manager()
-            .startup_params
-            .get()
-            .cloned()
+        self.pool(shard, user, database).ok()?.manager().startup_params.get().cloned()
     }
 
     /// Closes every pool (shutdown).
     pub fn close(&self) {
-        for pool in self
-            .pools
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
+        for pool in self.pools.read().unwrap_or_else(|e| e.into_inner()).values() {
             pool.close();
         }
     }

@@ -40,21 +40,14 @@ pub struct StatementRegistry {
 
 impl StatementRegistry {
     pub fn new(capacity: usize) -> Self {
-        Self {
-            by_text: Mutex::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
-            capacity,
-        }
+        Self { by_text: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1), capacity }
     }
 
     pub fn intern(&self, query: &[u8], param_types: &[u8]) -> Arc<PreparedStatement> {
         let mut map = self.by_text.lock().unwrap_or_else(|e| e.into_inner());
         // Look up with borrowed slices would need a custom key type; statements are
         // short and this runs once per client Parse, not per execution.
-        let key = (
-            Bytes::copy_from_slice(query),
-            Bytes::copy_from_slice(param_types),
-        );
+        let key = (Bytes::copy_from_slice(query), Bytes::copy_from_slice(param_types));
         if let Some(s) = map.get(&key) {
             return s.clone();
         }

@@ -28,14 +28,11 @@ pub struct Settings {
 const MAX_INTERNED: usize = 10_000;
 
 static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
-static INTERNED: LazyLock<Mutex<HashMap<Vec<(String, SettingValue)>, Arc<Settings>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-static EMPTY: LazyLock<Arc<Settings>> = LazyLock::new(|| {
-    Arc::new(Settings {
-        version: 0,
-        list: Vec::new(),
-    })
-});
+/// Settings by content, so identical lists share one `Arc` and one version.
+type Interned = HashMap<Vec<(String, SettingValue)>, Arc<Settings>>;
+
+static INTERNED: LazyLock<Mutex<Interned>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+static EMPTY: LazyLock<Arc<Settings>> = LazyLock::new(|| Arc::new(Settings { version: 0, list: Vec::new() }));
 
 impl Settings {
     /// The settings of a fresh server connection.
@@ -45,7 +42,7 @@ impl Settings {
 
     /// Returns the shared `Settings` for this list.
     pub fn intern(mut list: Vec<(String, SettingValue)>) -> Arc<Settings> {
-        list.sort_by(|a, b| a.0.to_ascii_lowercase().cmp(&b.0.to_ascii_lowercase()));
+        list.sort_by_key(|a| a.0.to_ascii_lowercase());
         list.dedup_by(|later, earlier| {
             if later.0.eq_ignore_ascii_case(&earlier.0) {
                 earlier.1 = later.1.clone();
@@ -61,10 +58,8 @@ impl Settings {
         if let Some(s) = interned.get(&list) {
             return s.clone();
         }
-        let s = Arc::new(Settings {
-            version: NEXT_VERSION.fetch_add(1, Ordering::Relaxed),
-            list: list.clone(),
-        });
+        let s =
+            Arc::new(Settings { version: NEXT_VERSION.fetch_add(1, Ordering::Relaxed), list: list.clone() });
         if interned.len() < MAX_INTERNED {
             interned.insert(list, s.clone());
         }
@@ -73,32 +68,19 @@ impl Settings {
 
     /// These settings with `name` set to `value`.
     pub fn with(&self, name: &str, value: SettingValue) -> Arc<Settings> {
-        let mut list: Vec<_> = self
-            .list
-            .iter()
-            .filter(|(n, _)| !n.eq_ignore_ascii_case(name))
-            .cloned()
-            .collect();
+        let mut list: Vec<_> =
+            self.list.iter().filter(|(n, _)| !n.eq_ignore_ascii_case(name)).cloned().collect();
         list.push((name.to_string(), value));
         Self::intern(list)
     }
 
     /// These settings without `name`.
     pub fn without(&self, name: &str) -> Arc<Settings> {
-        Self::intern(
-            self.list
-                .iter()
-                .filter(|(n, _)| !n.eq_ignore_ascii_case(name))
-                .cloned()
-                .collect(),
-        )
+        Self::intern(self.list.iter().filter(|(n, _)| !n.eq_ignore_ascii_case(name)).cloned().collect())
     }
 
     fn get(&self, name: &str) -> Option<&SettingValue> {
-        self.list
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.list.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v)
     }
 }
 
@@ -158,14 +140,10 @@ mod tests {
 
     #[test]
     fn identical_lists_share_a_version() {
-        let a = Settings::intern(vec![
-            ("TimeZone".into(), cfg("UTC")),
-            ("application_name".into(), cfg("x")),
-        ]);
-        let b = Settings::intern(vec![
-            ("application_name".into(), cfg("x")),
-            ("TimeZone".into(), cfg("UTC")),
-        ]);
+        let a =
+            Settings::intern(vec![("TimeZone".into(), cfg("UTC")), ("application_name".into(), cfg("x"))]);
+        let b =
+            Settings::intern(vec![("application_name".into(), cfg("x")), ("TimeZone".into(), cfg("UTC"))]);
         assert!(Arc::ptr_eq(&a, &b));
         assert_ne!(a.version, Settings::empty().version);
         let c = a.with("timezone", cfg("Europe/Paris"));
@@ -175,31 +153,13 @@ mod tests {
 
     #[test]
     fn sync_sets_resets_and_switches_tenant() {
-        let from = Settings::intern(vec![
-            ("search_path".into(), cfg("a")),
-            ("work_mem".into(), cfg("4MB")),
-        ]);
-        let to = Settings::intern(vec![(
-            "search_path".into(),
-            SettingValue::Sql("b, public".into()),
-        )]);
-        let sql = sync_sql(
-            &from,
-            &to,
-            Some(TenantId(1)),
-            Some(TenantId(2)),
-            Some("pgtenant.tenant_id"),
-        )
-        .unwrap();
-        assert_eq!(
-            sql,
-            "RESET work_mem;SET search_path = b, public;SET pgtenant.tenant_id = '2';"
-        );
+        let from = Settings::intern(vec![("search_path".into(), cfg("a")), ("work_mem".into(), cfg("4MB"))]);
+        let to = Settings::intern(vec![("search_path".into(), SettingValue::Sql("b, public".into()))]);
+        let sql =
+            sync_sql(&from, &to, Some(TenantId(1)), Some(TenantId(2)), Some("pgtenant.tenant_id")).unwrap();
+        assert_eq!(sql, "RESET work_mem;SET search_path = b, public;SET pgtenant.tenant_id = '2';");
         assert_eq!(sync_sql(&to, &to, None, None, Some("g")), None);
-        assert_eq!(
-            sync_sql(&to, &to, Some(TenantId(3)), None, Some("g")).unwrap(),
-            "RESET g;"
-        );
+        assert_eq!(sync_sql(&to, &to, Some(TenantId(3)), None, Some("g")).unwrap(), "RESET g;");
         assert_eq!(sync_sql(&to, &to, Some(TenantId(3)), None, None), None);
         let quoted = sync_sql(
             &Settings::empty(),
@@ -208,9 +168,6 @@ mod tests {
             None,
             None,
         );
-        assert_eq!(
-            quoted.unwrap(),
-            "SELECT pg_catalog.set_config('application_name', 'it''s', false);"
-        );
+        assert_eq!(quoted.unwrap(), "SELECT pg_catalog.set_config('application_name', 'it''s', false);");
     }
 }

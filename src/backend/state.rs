@@ -44,17 +44,9 @@ pub enum Pending {
     /// A client message: its responses pass through. `prepares` is the statement a
     /// Parse creates on the server, so a failed Parse can be forgotten; `tracked` marks
     /// a statement whose success the session waits for (a SET it re-applies elsewhere).
-    Client {
-        reply: Reply,
-        prepares: Option<Arc<PreparedStatement>>,
-        tracked: bool,
-    },
+    Client { reply: Reply, prepares: Option<Arc<PreparedStatement>>, tracked: bool },
     /// A message pgtenant added: its responses are swallowed.
-    Injected {
-        reply: Reply,
-        on_error: OnError,
-        prepares: Option<Arc<PreparedStatement>>,
-    },
+    Injected { reply: Reply, on_error: OnError, prepares: Option<Arc<PreparedStatement>> },
     /// Complete messages pgtenant sends itself once everything before them has been answered.
     Synthetic(Bytes),
     /// The client ended a COPY FROM STDIN (CopyDone/CopyFail); no reply of its own.
@@ -63,11 +55,7 @@ pub enum Pending {
 
 impl Pending {
     pub fn client(reply: Reply) -> Self {
-        Pending::Client {
-            reply,
-            prepares: None,
-            tracked: false,
-        }
+        Pending::Client { reply, prepares: None, tracked: false }
     }
 }
 
@@ -108,15 +96,7 @@ impl ResponseQueue {
 
     /// Whether a ReadyForQuery is owed to the client.
     pub fn owes_ready(&self) -> bool {
-        self.pending.iter().any(|p| {
-            matches!(
-                p,
-                Pending::Client {
-                    reply: Reply::Sync | Reply::Query,
-                    ..
-                }
-            )
-        })
+        self.pending.iter().any(|p| matches!(p, Pending::Client { reply: Reply::Sync | Reply::Query, .. }))
     }
 
     /// Emits pgtenant's own replies that have reached the front.
@@ -134,21 +114,12 @@ impl ResponseQueue {
     /// CopyInResponse to an Execute: the server ignores Sync until the copy ends, so
     /// the Syncs the client sent in between (before its CopyDone) get no reply.
     fn on_copy_in(&mut self) {
-        let end = self
-            .pending
-            .iter()
-            .position(|p| matches!(p, Pending::CopyEnd))
-            .unwrap_or(self.pending.len());
+        let end =
+            self.pending.iter().position(|p| matches!(p, Pending::CopyEnd)).unwrap_or(self.pending.len());
         let mut i = 1;
         let mut end = end;
         while i < end {
-            if matches!(
-                self.pending[i],
-                Pending::Client {
-                    reply: Reply::Sync,
-                    ..
-                }
-            ) {
+            if matches!(self.pending[i], Pending::Client { reply: Reply::Sync, .. }) {
                 self.pending.remove(i);
                 end -= 1;
             } else {
@@ -174,19 +145,12 @@ impl ResponseQueue {
                 let status = frame.body().first().copied().and_then(TxStatus::from_byte);
                 fx.status = status;
                 match self.pending.pop_front() {
-                    Some(Pending::Client {
-                        reply: Reply::Sync | Reply::Query,
-                        tracked,
-                        ..
-                    }) => {
+                    Some(Pending::Client { reply: Reply::Sync | Reply::Query, tracked, .. }) => {
                         out.extend_from_slice(&frame.raw);
                         fx.ready = status;
                         fx.tracked_done = tracked;
                     }
-                    Some(Pending::Injected {
-                        reply: Reply::Sync | Reply::Query,
-                        ..
-                    }) => {}
+                    Some(Pending::Injected { reply: Reply::Sync | Reply::Query, .. }) => {}
                     _ => fx.desync = true,
                 }
                 if status.is_none() {
@@ -213,18 +177,13 @@ impl ResponseQueue {
                 if tag == b'G' && reply == Reply::Execute {
                     self.on_copy_in();
                 }
-                if completes(reply, tag) {
-                    if let Some(
-                        Pending::Client {
-                            prepares: Some(s), ..
-                        }
-                        | Pending::Injected {
-                            prepares: Some(s), ..
-                        },
+                if completes(reply, tag)
+                    && let Some(
+                        Pending::Client { prepares: Some(s), .. }
+                        | Pending::Injected { prepares: Some(s), .. },
                     ) = self.pending.pop_front()
-                    {
-                        s.mark_validated();
-                    }
+                {
+                    s.mark_validated();
                 }
             }
         }
@@ -235,9 +194,7 @@ impl ResponseQueue {
     fn on_error(&mut self, frame: &Frame, out: &mut BytesMut, fx: &mut Effects) {
         let front = match self.pending.front() {
             Some(Pending::Client { reply, .. }) => Some((*reply, OnError::Forward)),
-            Some(Pending::Injected {
-                reply, on_error, ..
-            }) => Some((*reply, *on_error)),
+            Some(Pending::Injected { reply, on_error, .. }) => Some((*reply, *on_error)),
             Some(Pending::Synthetic(_) | Pending::CopyEnd) | None => None,
         };
         let forward = match front {
@@ -261,12 +218,9 @@ impl ResponseQueue {
         // The server now skips every message up to the next Sync.
         while let Some(p) = self.pending.front() {
             match p {
-                Pending::Client {
-                    reply: Reply::Sync, ..
+                Pending::Client { reply: Reply::Sync, .. } | Pending::Injected { reply: Reply::Sync, .. } => {
+                    break;
                 }
-                | Pending::Injected {
-                    reply: Reply::Sync, ..
-                } => break,
                 Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
                     fx.unprepared.extend(prepares.as_ref().map(|s| s.id))
                 }
@@ -319,22 +273,14 @@ mod tests {
     fn synthetic_parse_complete_comes_first_and_injected_replies_are_swallowed() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        q.push(Pending::Injected {
-            reply: Reply::Query,
-            on_error: OnError::Swallow,
-            prepares: None,
-        });
+        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, prepares: None });
         q.push(synthetic(protocol::parse_complete));
         q.push(client(Reply::Bind));
         q.push(client(Reply::Execute));
         q.push(client(Reply::Sync));
-        for (tag, body) in [
-            (b'C', &b"SET\0"[..]),
-            (b'Z', b"I"),
-            (b'2', b""),
-            (b'D', b"\0\0"),
-            (b'C', b"SELECT 1\0"),
-        ] {
+        for (tag, body) in
+            [(b'C', &b"SET\0"[..]), (b'Z', b"I"), (b'2', b""), (b'D', b"\0\0"), (b'C', b"SELECT 1\0")]
+        {
             let fx = q.on_server_message(&msg(tag, body), &mut out);
             assert!(fx.ready.is_none() && !fx.desync);
         }
@@ -349,11 +295,7 @@ mod tests {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
         let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
-        q.push(Pending::Client {
-            reply: Reply::Parse,
-            prepares: Some(stmt.clone()),
-            tracked: false,
-        });
+        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), tracked: false });
         q.push(client(Reply::Bind));
         q.push(synthetic(protocol::close_complete));
         q.push(client(Reply::Sync));

@@ -32,8 +32,7 @@ impl ServerTls {
                 let mut roots = rustls::RootCertStore::empty();
                 let pem = std::fs::read(ca).map_err(|e| format!("{}: {e}", ca.display()))?;
                 for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(&pem) {
-                    let cert: CertificateDer =
-                        cert.map_err(|e| format!("{}: {e}", ca.display()))?;
+                    let cert: CertificateDer = cert.map_err(|e| format!("{}: {e}", ca.display()))?;
                     roots.add(cert).map_err(|e| e.to_string())?;
                 }
                 builder.with_root_certificates(roots).with_no_client_auth()
@@ -56,36 +55,26 @@ impl ServerTls {
         host: &str,
         addr: &str,
     ) -> Result<Stream, BackendError> {
-        let io_err = |source| BackendError::Io {
-            addr: addr.to_string(),
-            source,
-        };
+        let io_err = |source| BackendError::Io { addr: addr.to_string(), source };
         let mut req = bytes::BytesMut::new();
         postgres_protocol::message::frontend::ssl_request(&mut req);
         tcp.write_all(&req).await.map_err(io_err)?;
         let answer = tcp.read_u8().await.map_err(io_err)?;
         match answer {
             b'S' => {
-                let name =
-                    ServerName::try_from(host.to_string()).map_err(|e| BackendError::Tls {
-                        addr: addr.to_string(),
-                        message: e.to_string(),
-                    })?;
-                let tls =
-                    self.connector
-                        .connect(name, tcp)
-                        .await
-                        .map_err(|e| BackendError::Tls {
-                            addr: addr.to_string(),
-                            message: e.to_string(),
-                        })?;
+                let name = ServerName::try_from(host.to_string())
+                    .map_err(|e| BackendError::Tls { addr: addr.to_string(), message: e.to_string() })?;
+                let tls = self
+                    .connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| BackendError::Tls { addr: addr.to_string(), message: e.to_string() })?;
                 Ok(Stream::TlsClient(Box::new(tls)))
             }
             b'N' if !self.required => Ok(Stream::Plain(tcp)),
-            b'N' => Err(BackendError::Tls {
-                addr: addr.to_string(),
-                message: "server does not offer TLS".into(),
-            }),
+            b'N' => {
+                Err(BackendError::Tls { addr: addr.to_string(), message: "server does not offer TLS".into() })
+            }
             _ => Err(BackendError::Protocol {
                 addr: addr.to_string(),
                 message: "bad answer to SSLRequest".into(),
@@ -115,12 +104,7 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
     fn verify_tls13_signature(
         &self,
@@ -128,12 +112,7 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()

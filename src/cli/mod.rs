@@ -5,11 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "pgtenant",
-    version,
-    about = "Tenant-aware PostgreSQL connection proxy"
-)]
+#[command(name = "pgtenant", version, about = "Tenant-aware PostgreSQL connection proxy")]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

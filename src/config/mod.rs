@@ -232,15 +232,9 @@ pub struct TenantMapping {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
     #[error("{} problem(s) in the configuration:\n  - {}", .0.len(), .0.join("\n  - "))]
     Invalid(Vec<String>),
 }
@@ -248,25 +242,16 @@ pub enum ConfigError {
 impl Config {
     /// Parses TOML text without validating it.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: path.into(),
-            source: Box::new(e),
-        })
+        toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), source: Box::new(e) })
     }
 
     /// Reads, parses and validates a file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-            path: path.into(),
-            source: e,
-        })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ConfigError::Read { path: path.into(), source: e })?;
         let config = Self::from_toml(&text, path)?;
         let problems = validate(&config);
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid(problems))
-        }
+        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
     }
 
     pub fn user(&self, name: &str) -> Option<&UserConfig> {
@@ -275,8 +260,6 @@ impl Config {
 
     /// The shard for statements that need no tenant.
     pub fn default_shard(&self) -> u16 {
-        self.proxy
-            .default_shard
-            .unwrap_or_else(|| self.shards.iter().map(|s| s.id).min().unwrap_or(0))
+        self.proxy.default_shard.unwrap_or_else(|| self.shards.iter().map(|s| s.id).min().unwrap_or(0))
     }
 }

@@ -17,26 +17,16 @@ pub fn validate(config: &Config) -> Vec<String> {
     }
     for shard in &config.shards {
         if shard.id > MAX_SHARD_ID {
-            problems.push(format!(
-                "shard id {} is outside 0..{MAX_SHARD_ID}",
-                shard.id
-            ));
+            problems.push(format!("shard id {} is outside 0..{MAX_SHARD_ID}", shard.id));
         }
         if !shard_ids.insert(shard.id) {
             problems.push(format!("shard id {} is defined twice", shard.id));
         }
-        let primaries = shard
-            .nodes
-            .iter()
-            .filter(|n| n.role == NodeRole::Primary)
-            .count();
+        let primaries = shard.nodes.iter().filter(|n| n.role == NodeRole::Primary).count();
         match primaries {
             0 => problems.push(format!("shard {} has no primary node", shard.id)),
             1 => {}
-            n => problems.push(format!(
-                "shard {} has {n} primary nodes; exactly one is allowed",
-                shard.id
-            )),
+            n => problems.push(format!("shard {} has {n} primary nodes; exactly one is allowed", shard.id)),
         }
         for node in &shard.nodes {
             if node.host.is_empty() || node.port == 0 {
@@ -51,16 +41,10 @@ pub fn validate(config: &Config) -> Vec<String> {
     let mut ranges: Vec<_> = config.ranges.iter().collect();
     for r in &ranges {
         if r.min > r.max {
-            problems.push(format!(
-                "range {}..={} -> shard {}: min is above max",
-                r.min, r.max, r.shard
-            ));
+            problems.push(format!("range {}..={} -> shard {}: min is above max", r.min, r.max, r.shard));
         }
         if !shard_ids.contains(&r.shard) {
-            problems.push(format!(
-                "range {}..={} names unknown shard {}",
-                r.min, r.max, r.shard
-            ));
+            problems.push(format!("range {}..={} names unknown shard {}", r.min, r.max, r.shard));
         }
     }
     ranges.sort_by_key(|r| r.min);
@@ -76,10 +60,7 @@ pub fn validate(config: &Config) -> Vec<String> {
     let mut mapped = HashSet::new();
     for m in &config.tenant_map {
         if !shard_ids.contains(&m.shard) {
-            problems.push(format!(
-                "tenant {} is mapped to unknown shard {}",
-                m.tenant, m.shard
-            ));
+            problems.push(format!("tenant {} is mapped to unknown shard {}", m.tenant, m.shard));
         }
         if !mapped.insert(m.tenant) {
             problems.push(format!("tenant {} is mapped twice", m.tenant));
@@ -103,31 +84,20 @@ pub fn validate(config: &Config) -> Vec<String> {
         let has_client_secret = user.password.is_some() || user.scram_secret.is_some();
         match user.auth {
             AuthMethod::Trust => {}
-            AuthMethod::ScramSha256 if !has_client_secret => problems.push(format!(
-                "user '{}' has no password or scram_secret",
-                user.name
-            )),
-            AuthMethod::Md5 | AuthMethod::Cleartext if user.password.is_none() => {
-                problems.push(format!(
-                    "user '{}' needs a password for {:?} authentication",
-                    user.name, user.auth
-                ))
+            AuthMethod::ScramSha256 if !has_client_secret => {
+                problems.push(format!("user '{}' has no password or scram_secret", user.name))
             }
+            AuthMethod::Md5 | AuthMethod::Cleartext if user.password.is_none() => problems
+                .push(format!("user '{}' needs a password for {:?} authentication", user.name, user.auth)),
             _ => {}
         }
         if let Some(secret) = &user.scram_secret
             && !is_scram_verifier(secret)
         {
-            problems.push(format!(
-                "user '{}': scram_secret is not a SCRAM-SHA-256 verifier",
-                user.name
-            ));
+            problems.push(format!("user '{}': scram_secret is not a SCRAM-SHA-256 verifier", user.name));
         }
         if user.pool_size == 0 {
-            problems.push(format!(
-                "user '{}': pool_size must be at least 1",
-                user.name
-            ));
+            problems.push(format!("user '{}': pool_size must be at least 1", user.name));
         }
     }
 

@@ -15,9 +15,7 @@ pub fn find_bin_dir() -> Result<PathBuf, String> {
             if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
                 // Follow symlinks so that postgres and pg_ctl come from the same install.
                 let real = std::fs::canonicalize(dir.join("initdb")).ok();
-                return Ok(real
-                    .and_then(|p| p.parent().map(Path::to_path_buf))
-                    .unwrap_or(dir));
+                return Ok(real.and_then(|p| p.parent().map(Path::to_path_buf)).unwrap_or(dir));
             }
         }
     }
@@ -30,12 +28,11 @@ pub fn find_bin_dir() -> Result<PathBuf, String> {
         })
         .unwrap_or_default();
     versions.sort_by_key(|p| {
-        p.parent()
-            .and_then(|v| v.file_name())
-            .and_then(|v| v.to_str())
-            .and_then(|v| v.parse::<u32>().ok())
+        p.parent().and_then(|v| v.file_name()).and_then(|v| v.to_str()).and_then(|v| v.parse::<u32>().ok())
     });
-    versions.pop().ok_or_else(|| "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql".into())
+    versions.pop().ok_or_else(|| {
+        "PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in /usr/lib/postgresql".into()
+    })
 }
 
 /// The user clusters run as: the current one, or an unprivileged one when root.
@@ -56,10 +53,7 @@ impl RunAs {
             passwd.lines().find_map(|l| {
                 let f: Vec<&str> = l.split(':').collect();
                 if f.len() > 3 && f[0] == name {
-                    Some(RunAs {
-                        uid: f[2].parse().ok()?,
-                        gid: f[3].parse().ok()?,
-                    })
+                    Some(RunAs { uid: f[2].parse().ok()?, gid: f[3].parse().ok()? })
                 } else {
                     None
                 }
@@ -132,26 +126,15 @@ impl Cluster {
         if self.is_initialized() {
             return Ok(());
         }
-        std::fs::create_dir_all(&self.data_dir)
-            .map_err(|e| format!("{}: {e}", self.data_dir.display()))?;
+        std::fs::create_dir_all(&self.data_dir).map_err(|e| format!("{}: {e}", self.data_dir.display()))?;
         if let Some(r) = self.run_as {
-            r.chown_tree(&self.data_dir)
-                .map_err(|e| format!("chown {}: {e}", self.data_dir.display()))?;
+            r.chown_tree(&self.data_dir).map_err(|e| format!("chown {}: {e}", self.data_dir.display()))?;
         }
         let out = self
             .command("initdb")
             .arg("-D")
             .arg(&self.data_dir)
-            .args([
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-            ])
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
             .output();
         Self::check("initdb", out)?;
         let conf = format!(
@@ -177,21 +160,11 @@ impl Cluster {
             .arg(&self.data_dir)
             .arg("-l")
             .arg(&log)
-            .args([
-                "-w",
-                "-t",
-                "60",
-                "-o",
-                &format!("-p {}", self.port),
-                "start",
-            ])
+            .args(["-w", "-t", "60", "-o", &format!("-p {}", self.port), "start"])
             .output();
         Self::check("pg_ctl start", out).map_err(|e| {
             let tail = std::fs::read_to_string(&log).unwrap_or_default();
-            format!(
-                "{e}\n{}",
-                tail.lines().rev().take(10).collect::<Vec<_>>().join("\n")
-            )
+            format!("{e}\n{}", tail.lines().rev().take(10).collect::<Vec<_>>().join("\n"))
         })
     }
 
@@ -199,12 +172,8 @@ impl Cluster {
         if !self.is_running() {
             return Ok(());
         }
-        let out = self
-            .command("pg_ctl")
-            .arg("-D")
-            .arg(&self.data_dir)
-            .args(["-m", "fast", "-w", "stop"])
-            .output();
+        let out =
+            self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-m", "fast", "-w", "stop"]).output();
         Self::check("pg_ctl stop", out)
     }
 
@@ -230,10 +199,7 @@ impl Cluster {
 
     /// A superuser connection string for setup work.
     pub fn admin_conninfo(&self, dbname: &str) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname={dbname}",
-            self.port
-        )
+        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
     }
 }
 

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use crate::config::{
-    AuthMethod, Config, NodeConfig, NodeRole, ProxyConfig, RangeConfig, ServerTlsConfig,
-    ShardConfig, TenantMapping, TlsConfig, UserConfig,
+    AuthMethod, Config, NodeConfig, NodeRole, ProxyConfig, RangeConfig, ServerTlsConfig, ShardConfig,
+    TenantMapping, TlsConfig, UserConfig,
 };
 
 pub const DEMO_USER: &str = "app";
@@ -28,14 +28,8 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         dbname: None,
     };
     Config {
-        proxy: ProxyConfig {
-            listen,
-            ..ProxyConfig::default()
-        },
-        tls: tls_dir.map(|d| TlsConfig {
-            cert: d.join("server.crt"),
-            key: d.join("server.key"),
-        }),
+        proxy: ProxyConfig { listen, ..ProxyConfig::default() },
+        tls: tls_dir.map(|d| TlsConfig { cert: d.join("server.crt"), key: d.join("server.key") }),
         server_tls: ServerTlsConfig::default(),
         users: vec![UserConfig {
             name: DEMO_USER.into(),
@@ -48,68 +42,37 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
             pool_mode: None,
         }],
         shards: vec![
-            ShardConfig {
-                id: 1,
-                nodes: vec![node(shard_ports[0])],
-            },
-            ShardConfig {
-                id: 2,
-                nodes: vec![node(shard_ports[1])],
-            },
+            ShardConfig { id: 1, nodes: vec![node(shard_ports[0])] },
+            ShardConfig { id: 2, nodes: vec![node(shard_ports[1])] },
         ],
         ranges: vec![
-            RangeConfig {
-                min: 1,
-                max: 1000,
-                shard: 1,
-            },
-            RangeConfig {
-                min: 1001,
-                max: 2000,
-                shard: 2,
-            },
+            RangeConfig { min: 1, max: 1000, shard: 1 },
+            RangeConfig { min: 1001, max: 2000, shard: 2 },
         ],
-        tenant_map: vec![TenantMapping {
-            tenant: 42,
-            shard: 2,
-        }],
+        tenant_map: vec![TenantMapping { tenant: 42, shard: 2 }],
     }
 }
 
 /// Creates the demo role, database and tables on one shard; safe to run again.
 pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
-    let admin = connect(&format!(
-        "host=127.0.0.1 port={port} user=postgres dbname=postgres"
-    ))
-    .await?;
+    let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")).await?;
     let role_sql = format!(
         "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{DEMO_USER}') THEN \
          CREATE ROLE {DEMO_USER} LOGIN PASSWORD '{DEMO_PASSWORD}'; END IF; END $$"
     );
-    admin
-        .batch_execute(&role_sql)
-        .await
-        .map_err(|e| format!("create role: {e}"))?;
+    admin.batch_execute(&role_sql).await.map_err(|e| format!("create role: {e}"))?;
     let exists = admin
-        .query_opt(
-            "SELECT 1 FROM pg_database WHERE datname = $1",
-            &[&DEMO_DATABASE],
-        )
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DEMO_DATABASE])
         .await
         .map_err(|e| e.to_string())?
         .is_some();
     if !exists {
         admin
-            .batch_execute(&format!(
-                "CREATE DATABASE {DEMO_DATABASE} OWNER {DEMO_USER}"
-            ))
+            .batch_execute(&format!("CREATE DATABASE {DEMO_DATABASE} OWNER {DEMO_USER}"))
             .await
             .map_err(|e| format!("create database: {e}"))?;
     }
-    let db = connect(&format!(
-        "host=127.0.0.1 port={port} user=postgres dbname={DEMO_DATABASE}"
-    ))
-    .await?;
+    let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={DEMO_DATABASE}")).await?;
     let mut sql = format!(
         "CREATE TABLE IF NOT EXISTS pgtenant_shard (shard_id int PRIMARY KEY);
          INSERT INTO pgtenant_shard VALUES ({shard_id}) ON CONFLICT DO NOTHING;
@@ -132,9 +95,7 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
              WHERE NOT EXISTS (SELECT 1 FROM accounts WHERE tenant_id = {tenant});"
         ));
     }
-    db.batch_execute(&sql)
-        .await
-        .map_err(|e| format!("demo tables: {e}"))
+    db.batch_execute(&sql).await.map_err(|e| format!("demo tables: {e}"))
 }
 
 async fn connect(conninfo: &str) -> Result<tokio_postgres::Client, String> {
@@ -154,9 +115,8 @@ pub fn ensure_certificate(dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let cert =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .map_err(|e| e.to_string())?;
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .map_err(|e| e.to_string())?;
     std::fs::write(&cert_path, cert.cert.pem()).map_err(|e| e.to_string())?;
     std::fs::write(&key_path, cert.signing_key.serialize_pem()).map_err(|e| e.to_string())?;
     Ok(())

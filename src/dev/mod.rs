@@ -14,9 +14,8 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
     let shard_ports = [shard_port, shard_port + 1];
-    let clusters: Vec<Cluster> = (0..2)
-        .map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i]))
-        .collect();
+    let clusters: Vec<Cluster> =
+        (0..2).map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i])).collect();
     let blocking = clusters.clone();
     tokio::task::spawn_blocking(move || {
         for c in &blocking {
@@ -32,9 +31,7 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
     }
     let tls_dir = dir.join("tls");
     demo::ensure_certificate(&tls_dir)?;
-    let listen = format!("127.0.0.1:{port}")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
+    let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
     let config = demo::demo_config(listen, shard_ports, Some(&tls_dir));
     write_config(&dir, &config)?;
     let served = serve(config).await;
@@ -46,9 +43,7 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
 }
 
 async fn serve(config: crate::config::Config) -> Result<(), String> {
-    let proxy = crate::server::start(config)
-        .await
-        .map_err(|e| e.to_string())?;
+    let proxy = crate::server::start(config).await.map_err(|e| e.to_string())?;
     println!(
         "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
         proxy.addr
@@ -69,6 +64,7 @@ async fn serve(config: crate::config::Config) -> Result<(), String> {
 
 fn write_config(dir: &Path, config: &crate::config::Config) -> Result<(), String> {
     let text = toml::to_string_pretty(config).map_err(|e| e.to_string())?;
-    let header = "# Written by `pgtenant dev`; serve it with `pgtenant serve --config` while the clusters run.\n";
+    let header =
+        "# Written by `pgtenant dev`; serve it with `pgtenant serve --config` while the clusters run.\n";
     std::fs::write(dir.join("pgtenant.toml"), format!("{header}{text}")).map_err(|e| e.to_string())
 }

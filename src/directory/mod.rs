@@ -21,11 +21,7 @@ impl TenantId {
     /// Parses a tenant from text as clients write it (`42`, ` 42 `, `'42'`).
     pub fn parse(text: &str) -> Option<Self> {
         let t = text.trim();
-        let t = t
-            .strip_prefix('\'')
-            .and_then(|t| t.strip_suffix('\''))
-            .unwrap_or(t)
-            .trim();
+        let t = t.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')).unwrap_or(t).trim();
         t.parse().ok().map(TenantId)
     }
 }
@@ -53,16 +49,8 @@ pub struct StaticDirectory {
 
 impl StaticDirectory {
     pub fn from_config(config: &Config) -> Self {
-        let explicit = config
-            .tenant_map
-            .iter()
-            .map(|m| (TenantId(m.tenant), m.shard))
-            .collect();
-        let mut ranges: Vec<_> = config
-            .ranges
-            .iter()
-            .map(|r| (r.min, r.max, r.shard))
-            .collect();
+        let explicit = config.tenant_map.iter().map(|m| (TenantId(m.tenant), m.shard)).collect();
+        let mut ranges: Vec<_> = config.ranges.iter().map(|r| (r.min, r.max, r.shard)).collect();
         ranges.sort_by_key(|r| r.0);
         Self { explicit, ranges }
     }
@@ -111,14 +99,8 @@ mod tests {
         assert_eq!(d.resolve(TenantId(1000)), Ok(1));
         assert_eq!(d.resolve(TenantId(1001)), Ok(2));
         assert_eq!(d.resolve(TenantId(2000)), Ok(2));
-        assert_eq!(
-            d.resolve(TenantId(2001)),
-            Err(DirectoryError::NotPlaced(TenantId(2001)))
-        );
-        assert_eq!(
-            d.resolve(TenantId(0)),
-            Err(DirectoryError::NotPlaced(TenantId(0)))
-        );
+        assert_eq!(d.resolve(TenantId(2001)), Err(DirectoryError::NotPlaced(TenantId(2001))));
+        assert_eq!(d.resolve(TenantId(0)), Err(DirectoryError::NotPlaced(TenantId(0))));
         assert_eq!(TenantId::parse(" '15' "), Some(TenantId(15)));
         assert_eq!(TenantId::parse("x"), None);
     }

@@ -21,20 +21,12 @@ pub struct UserAuth {
 
 impl UserAuth {
     pub fn from_config(user: &UserConfig) -> Self {
-        let verifier = user
-            .scram_secret
-            .as_deref()
-            .and_then(ScramVerifier::parse)
-            .or_else(|| {
-                user.password.as_deref().map(|p| {
-                    ScramVerifier::from_password(p, rand::random::<[u8; 16]>().to_vec(), 4096)
-                })
-            });
-        Self {
-            method: user.auth,
-            password: user.password.clone(),
-            verifier,
-        }
+        let verifier = user.scram_secret.as_deref().and_then(ScramVerifier::parse).or_else(|| {
+            user.password
+                .as_deref()
+                .map(|p| ScramVerifier::from_password(p, rand::random::<[u8; 16]>().to_vec(), 4096))
+        });
+        Self { method: user.auth, password: user.password.clone(), verifier }
     }
 }
 
@@ -45,9 +37,7 @@ pub async fn authenticate(
     auth: Option<&UserAuth>,
     max_len: usize,
 ) -> Result<(), FrontendError> {
-    let failed = || FrontendError::AuthFailed {
-        user: user.to_string(),
-    };
+    let failed = || FrontendError::AuthFailed { user: user.to_string() };
     let method = auth.map(|a| a.method).unwrap_or(AuthMethod::ScramSha256);
     match method {
         AuthMethod::Trust if auth.is_some() => {}
@@ -68,8 +58,7 @@ pub async fn authenticate(
             if mechanism != b"SCRAM-SHA-256" {
                 return Err(FrontendError::Protocol("unsupported SASL mechanism".into()));
             }
-            let nonce =
-                base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 18]>());
+            let nonce = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 18]>());
             let (exchange, server_first) = ScramExchange::start(verifier, data, &nonce)
                 .map_err(|e| FrontendError::Protocol(e.to_string()))?;
             protocol::authentication(&mut io.wbuf, 11, server_first.as_bytes());
@@ -86,9 +75,9 @@ pub async fn authenticate(
             protocol::authentication(&mut io.wbuf, 5, &salt);
             io.flush().await?;
             let answer = read_password_message(io, max_len).await?;
-            let expected = auth.and_then(|a| a.password.as_deref()).map(|p| {
-                postgres_protocol::authentication::md5_hash(user.as_bytes(), p.as_bytes(), salt)
-            });
+            let expected = auth
+                .and_then(|a| a.password.as_deref())
+                .map(|p| postgres_protocol::authentication::md5_hash(user.as_bytes(), p.as_bytes(), salt));
             if expected.is_none_or(|e| answer.strip_suffix(b"\0") != Some(e.as_bytes())) {
                 return Err(failed());
             }
@@ -128,10 +117,6 @@ fn sasl_initial(body: &[u8]) -> Option<(&[u8], &[u8])> {
         return None;
     }
     let len = rest.get_i32();
-    let data = if len < 0 {
-        &[][..]
-    } else {
-        rest.get(..len as usize)?
-    };
+    let data = if len < 0 { &[][..] } else { rest.get(..len as usize)? };
     Some((mechanism, data))
 }

@@ -29,22 +29,13 @@ impl CancelRegistry {
         let key = rand::random::<u32>();
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let pid = loop {
-            let pid = self
-                .next_pid
-                .fetch_add(1, Ordering::Relaxed)
-                .wrapping_add(1)
-                & 0x7fff_ffff;
+            let pid = self.next_pid.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x7fff_ffff;
             if pid != 0 && !clients.contains_key(&pid) {
                 break pid;
             }
         };
         clients.insert(pid, (key, slot.clone()));
-        CancelKey {
-            pid,
-            key,
-            slot,
-            registry: self.clone(),
-        }
+        CancelKey { pid, key, slot, registry: self.clone() }
     }
 
     /// The server target for a CancelRequest, if the key matches and a query runs.
@@ -66,11 +57,7 @@ impl CancelKey {
 
 impl Drop for CancelKey {
     fn drop(&mut self) {
-        self.registry
-            .clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.pid);
+        self.registry.clients.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.pid);
     }
 }
 
@@ -83,11 +70,7 @@ mod tests {
         let reg = Arc::new(CancelRegistry::default());
         let k = reg.register();
         assert!(reg.lookup(k.pid, k.key).is_none());
-        let target = CancelTarget {
-            addr: "127.0.0.1:5432".parse().unwrap(),
-            pid: 5,
-            key: 6,
-        };
+        let target = CancelTarget { addr: "127.0.0.1:5432".parse().unwrap(), pid: 5, key: 6 };
         k.set_target(Some(target));
         assert_eq!(reg.lookup(k.pid, k.key).map(|t| t.pid), Some(5));
         assert!(reg.lookup(k.pid, k.key.wrapping_add(1)).is_none());

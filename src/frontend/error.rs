@@ -47,20 +47,9 @@ pub enum FrontendError {
     #[error(
         "this transaction runs on shard {current}; tenant {tenant} lives on shard {other} (no cross-shard transactions)"
     )]
-    CrossShard {
-        current: ShardId,
-        tenant: TenantId,
-        other: ShardId,
-    },
-    #[error(
-        "the session is pinned to shard {shard} by {reason}; tenant {tenant} lives on shard {other}"
-    )]
-    PinnedElsewhere {
-        shard: ShardId,
-        reason: &'static str,
-        tenant: TenantId,
-        other: ShardId,
-    },
+    CrossShard { current: ShardId, tenant: TenantId, other: ShardId },
+    #[error("the session is pinned to shard {shard} by {reason}; tenant {tenant} lives on shard {other}")]
+    PinnedElsewhere { shard: ShardId, reason: &'static str, tenant: TenantId, other: ShardId },
     #[error("{param} must be set with a simple-protocol SET statement, not a prepared one")]
     ExtendedTenantSet { param: String },
 }
@@ -88,10 +77,7 @@ impl From<BackendError> for FrontendError {
     fn from(e: BackendError) -> Self {
         match e {
             BackendError::Refused { fields, .. } => Self::ServerRefused(fields),
-            other => Self::Checkout(CheckoutError::Unreachable {
-                shard: 0,
-                source: other,
-            }),
+            other => Self::Checkout(CheckoutError::Unreachable { shard: 0, source: other }),
         }
     }
 }

@@ -40,11 +40,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
 /// Appends the ErrorResponse for `err`, FATAL when the connection ends.
 pub fn write_error(buf: &mut BytesMut, err: &FrontendError) {
     let (code, message) = to_error_info(err);
-    let severity = if err.is_fatal() {
-        Severity::Fatal
-    } else {
-        Severity::Error
-    };
+    let severity = if err.is_fatal() { Severity::Fatal } else { Severity::Error };
     protocol::error_response(buf, severity, &code, &message);
 }
 
@@ -56,37 +52,17 @@ mod tests {
     #[test]
     fn maps_to_the_documented_codes() {
         let code = |e: FrontendError| to_error_info(&e).0;
+        assert_eq!(code(FrontendError::AuthFailed { user: "a".into() }), "28P01");
         assert_eq!(
-            code(FrontendError::AuthFailed { user: "a".into() }),
-            "28P01"
-        );
-        assert_eq!(
-            code(FrontendError::Route(RouteError::Directory(
-                DirectoryError::NotPlaced(TenantId(9))
-            ))),
+            code(FrontendError::Route(RouteError::Directory(DirectoryError::NotPlaced(TenantId(9))))),
             "42704"
         );
+        assert_eq!(code(FrontendError::Route(RouteError::NoTenant { param: "p".into() })), "22023");
         assert_eq!(
-            code(FrontendError::Route(RouteError::NoTenant {
-                param: "p".into()
-            })),
-            "22023"
-        );
-        assert_eq!(
-            code(FrontendError::Checkout(CheckoutError::Exhausted {
-                shard: 1,
-                size: 2,
-                waited_ms: 3
-            })),
+            code(FrontendError::Checkout(CheckoutError::Exhausted { shard: 1, size: 2, waited_ms: 3 })),
             "53300"
         );
-        assert_eq!(
-            code(FrontendError::ServerLost {
-                shard: 1,
-                reason: "x".into()
-            }),
-            "08006"
-        );
+        assert_eq!(code(FrontendError::ServerLost { shard: 1, reason: "x".into() }), "08006");
         let (_, message) = to_error_info(&FrontendError::Route(RouteError::Directory(
             DirectoryError::NotPlaced(TenantId(9)),
         )));

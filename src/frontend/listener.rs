@@ -43,10 +43,7 @@ pub async fn run_listener(
     drop(listener);
     tasks.close();
     if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
-        tracing::warn!(
-            remaining = tasks.len(),
-            "sessions still busy after the drain timeout"
-        );
+        tracing::warn!(remaining = tasks.len(), "sessions still busy after the drain timeout");
     }
     shared.pools.close();
 }

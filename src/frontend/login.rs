@@ -28,32 +28,24 @@ pub async fn serve_connection(
 ) {
     let _ = tcp.set_nodelay(true);
     let timeout = shared.config.proxy.startup_timeout();
-    let negotiated = match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref())).await
-    {
+    let negotiated = match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref())).await {
         Ok(Ok(n)) => n,
         Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
         Err(_) => return tracing::debug!("startup timed out"),
     };
     let (stream, minor, params) = match negotiated {
         Negotiated::Cancel { pid, key } => return forward_cancel(&shared, pid, key).await,
-        Negotiated::Login {
-            stream,
-            minor,
-            params,
-        } => (stream, minor, params),
+        Negotiated::Login { stream, minor, params } => (stream, minor, params),
     };
     let mut client = Duplex::new(stream);
-    let login =
-        tokio::time::timeout(timeout, login(&mut client, &shared, slots, minor, params)).await;
+    let login = tokio::time::timeout(timeout, login(&mut client, &shared, slots, minor, params)).await;
     let (start, _permit) = match login {
         Ok(Ok(ok)) => ok,
         Ok(Err(err)) => return refuse(client, &err).await,
         Err(_) => {
             return refuse(
                 client,
-                &FrontendError::StartupTimeout {
-                    ms: shared.config.proxy.startup_timeout_ms,
-                },
+                &FrontendError::StartupTimeout { ms: shared.config.proxy.startup_timeout_ms },
             )
             .await;
         }
@@ -101,14 +93,10 @@ async fn login(
         config.proxy.max_message_size,
     )
     .await?;
-    let user = user.ok_or_else(|| FrontendError::AuthFailed {
-        user: params.user.clone(),
-    })?;
+    let user = user.ok_or_else(|| FrontendError::AuthFailed { user: params.user.clone() })?;
     let permit = slots
         .try_acquire_owned()
-        .map_err(|_| FrontendError::TooManyClients {
-            max: config.proxy.max_clients,
-        })?;
+        .map_err(|_| FrontendError::TooManyClients { max: config.proxy.max_clients })?;
 
     let shard = params
         .tenant
@@ -118,17 +106,7 @@ async fn login(
     let reported = match shared.pools.server_params(shard, &user, &params.database) {
         // Known from an earlier login: no server needed; the client's own values win.
         Some(server) => with_client_settings(&server, &settings),
-        None => {
-            first_login(
-                shared,
-                shard,
-                &user,
-                &params.database,
-                &settings,
-                params.tenant,
-            )
-            .await?
-        }
+        None => first_login(shared, shard, &user, &params.database, &settings, params.tenant).await?,
     };
     let cancel = shared.cancels.register();
     for (name, value) in &reported {
@@ -136,16 +114,7 @@ async fn login(
     }
     protocol::backend_key_data(&mut client.wbuf, cancel.pid, cancel.key);
     protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
-    Ok((
-        SessionStart {
-            user,
-            database: params.database,
-            tenant: params.tenant,
-            settings,
-            cancel,
-        },
-        permit,
-    ))
+    Ok((SessionStart { user, database: params.database, tenant: params.tenant, settings, cancel }, permit))
 }
 
 /// NegotiateProtocolVersion (B): pgtenant speaks 3.0 and none of the `_pq_` options.
@@ -165,11 +134,8 @@ fn with_client_settings(server: &[(String, String)], settings: &Settings) -> Vec
     server
         .iter()
         .map(|(name, value)| {
-            let own = settings
-                .list
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .and_then(|(_, v)| match v {
+            let own =
+                settings.list.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).and_then(|(_, v)| match v {
                     SettingValue::Config(v) => Some(v.clone()),
                     SettingValue::Sql(_) => None,
                 });
@@ -189,21 +155,13 @@ async fn first_login(
     tenant: Option<crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
     let config = &shared.config;
-    let mut conn = shared
-        .pools
-        .checkout(shard, user, database)
-        .await
-        .map_err(|e| match e {
-            CheckoutError::Unreachable {
-                source: BackendError::Refused { fields, .. },
-                ..
-            } => FrontendError::ServerRefused(fields),
-            other => FrontendError::Checkout(other),
-        })?;
-    let guc = config
-        .proxy
-        .set_tenant_guc
-        .then_some(config.proxy.tenant_parameter.as_str());
+    let mut conn = shared.pools.checkout(shard, user, database).await.map_err(|e| match e {
+        CheckoutError::Unreachable { source: BackendError::Refused { fields, .. }, .. } => {
+            FrontendError::ServerRefused(fields)
+        }
+        other => FrontendError::Checkout(other),
+    })?;
+    let guc = config.proxy.set_tenant_guc.then_some(config.proxy.tenant_parameter.as_str());
     if let Some(sql) = sync_sql(&conn.settings, settings, conn.tenant, tenant, guc) {
         if let Some(fields) = conn.run_sql(&sql).await? {
             return Err(FrontendError::ServerRefused(fields));
@@ -212,9 +170,7 @@ async fn first_login(
         conn.tenant = tenant;
     }
     if conn.status != TxStatus::Idle {
-        return Err(FrontendError::Protocol(
-            "server connection not idle after login".into(),
-        ));
+        return Err(FrontendError::Protocol("server connection not idle after login".into()));
     }
     Ok(conn.params.clone())
 }

@@ -44,11 +44,7 @@ impl Shared {
         pools: Pools,
         tls: Option<tokio_rustls::TlsAcceptor>,
     ) -> Self {
-        let auth = config
-            .users
-            .iter()
-            .map(|u| (u.name.clone(), auth::UserAuth::from_config(u)))
-            .collect();
+        let auth = config.users.iter().map(|u| (u.name.clone(), auth::UserAuth::from_config(u))).collect();
         Self {
             config,
             router,

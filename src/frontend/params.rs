@@ -43,9 +43,7 @@ pub fn parse_startup(
     let user = user
         .filter(|u| !u.is_empty())
         .ok_or_else(|| FrontendError::Protocol("no user in the startup message".into()))?;
-    let database = database
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| user.clone());
+    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
     let mut tenant = None;
     let mut settings = Vec::new();
     for (name, value) in pairs {
@@ -57,24 +55,12 @@ pub fn parse_startup(
             })?);
             continue;
         }
-        if name.is_empty()
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-        {
-            return Err(FrontendError::BadStartupParameter(format!(
-                "\"{name}\" is not a setting name"
-            )));
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.') {
+            return Err(FrontendError::BadStartupParameter(format!("\"{name}\" is not a setting name")));
         }
         settings.push((name, SettingValue::Config(value)));
     }
-    Ok(StartupParams {
-        user,
-        database,
-        tenant,
-        settings,
-        protocol_options,
-    })
+    Ok(StartupParams { user, database, tenant, settings, protocol_options })
 }
 
 /// Splits `options` (`-c a=b --c=d -ce=f`, backslash escapes a space) into settings.
@@ -100,9 +86,8 @@ fn parse_options(options: &str) -> Result<Vec<(String, String)>, FrontendError> 
     let mut it = words.into_iter();
     while let Some(w) = it.next() {
         let assignment = if w == "-c" {
-            it.next().ok_or_else(|| {
-                FrontendError::BadStartupParameter("-c without a setting in options".into())
-            })?
+            it.next()
+                .ok_or_else(|| FrontendError::BadStartupParameter("-c without a setting in options".into()))?
         } else if let Some(rest) = w.strip_prefix("--").or_else(|| w.strip_prefix("-c")) {
             rest.to_string()
         } else {
@@ -124,30 +109,17 @@ mod tests {
 
     fn p(pairs: &[(&str, &str)]) -> Result<StartupParams, FrontendError> {
         parse_startup(
-            pairs
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect(),
+            pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
             "pgtenant.tenant_id",
         )
     }
 
     #[test]
     fn tenant_from_options_or_parameter() {
-        let s = p(&[
-            ("user", "app"),
-            ("options", "-c pgtenant.tenant_id=42 -c search_path=a,b"),
-        ])
-        .unwrap();
+        let s = p(&[("user", "app"), ("options", "-c pgtenant.tenant_id=42 -c search_path=a,b")]).unwrap();
         assert_eq!(s.tenant, Some(TenantId(42)));
         assert_eq!(s.database, "app");
-        assert_eq!(
-            s.settings,
-            vec![(
-                "search_path".to_string(),
-                SettingValue::Config("a,b".into())
-            )]
-        );
+        assert_eq!(s.settings, vec![("search_path".to_string(), SettingValue::Config("a,b".into()))]);
         let s = p(&[
             ("user", "app"),
             ("database", "d"),
@@ -157,11 +129,7 @@ mod tests {
         .unwrap();
         assert_eq!(s.tenant, Some(TenantId(1500)));
         assert_eq!(s.settings.len(), 1);
-        let s = p(&[
-            ("user", "u"),
-            ("options", "--statement-timeout=5s -cwork_mem=1MB"),
-        ])
-        .unwrap();
+        let s = p(&[("user", "u"), ("options", "--statement-timeout=5s -cwork_mem=1MB")]).unwrap();
         assert_eq!(s.settings[0].0, "statement_timeout");
         assert_eq!(s.settings[1].0, "work_mem");
     }

@@ -108,15 +108,8 @@ impl ScramExchange {
             .filter(|n| !n.is_empty())
             .ok_or(ScramError::Malformed)?;
         let nonce = format!("{client_nonce}{server_nonce}");
-        let server_first = format!(
-            "r={nonce},s={},i={}",
-            B64.encode(&verifier.salt),
-            verifier.iterations
-        );
-        let gs2_header = format!(
-            "{gs2_flag},{},",
-            rest.split_once(',').map(|(a, _)| a).unwrap_or("")
-        );
+        let server_first = format!("r={nonce},s={},i={}", B64.encode(&verifier.salt), verifier.iterations);
+        let gs2_header = format!("{gs2_flag},{},", rest.split_once(',').map(|(a, _)| a).unwrap_or(""));
         let exchange = Self {
             verifier,
             client_first_bare: bare.to_string(),
@@ -150,24 +143,12 @@ impl ScramExchange {
         if proof.len() != 32 {
             return Err(ScramError::Malformed);
         }
-        let auth_message = format!(
-            "{},{},{}",
-            self.client_first_bare, self.server_first, without_proof
-        );
+        let auth_message = format!("{},{},{}", self.client_first_bare, self.server_first, without_proof);
         let signature = hmac(&self.verifier.stored_key, auth_message.as_bytes());
-        let client_key: Vec<u8> = proof
-            .iter()
-            .zip(signature.iter())
-            .map(|(p, s)| p ^ s)
-            .collect();
+        let client_key: Vec<u8> = proof.iter().zip(signature.iter()).map(|(p, s)| p ^ s).collect();
         let stored: [u8; 32] = Sha256::digest(&client_key).into();
         // Compare without an early exit on the first differing byte.
-        if stored
-            .iter()
-            .zip(self.verifier.stored_key.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            != 0
-        {
+        if stored.iter().zip(self.verifier.stored_key.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
             return Err(ScramError::WrongPassword);
         }
         let server_signature = hmac(&self.verifier.server_key, auth_message.as_bytes());
@@ -181,19 +162,12 @@ mod tests {
     use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 
     fn run(password_on_server: &str, password_of_client: &str) -> Result<(), ScramError> {
-        let verifier =
-            ScramVerifier::from_password(password_on_server, b"0123456789abcdef".to_vec(), 4096);
-        let mut client =
-            ScramSha256::new(password_of_client.as_bytes(), ChannelBinding::unsupported());
-        let (exchange, server_first) =
-            ScramExchange::start(verifier, client.message(), "SERVERNONCE")?;
-        client
-            .update(server_first.as_bytes())
-            .map_err(|_| ScramError::Malformed)?;
+        let verifier = ScramVerifier::from_password(password_on_server, b"0123456789abcdef".to_vec(), 4096);
+        let mut client = ScramSha256::new(password_of_client.as_bytes(), ChannelBinding::unsupported());
+        let (exchange, server_first) = ScramExchange::start(verifier, client.message(), "SERVERNONCE")?;
+        client.update(server_first.as_bytes()).map_err(|_| ScramError::Malformed)?;
         let server_final = exchange.finish(client.message())?;
-        client
-            .finish(server_final.as_bytes())
-            .map_err(|_| ScramError::Malformed)
+        client.finish(server_final.as_bytes()).map_err(|_| ScramError::Malformed)
     }
 
     #[test]
@@ -222,9 +196,6 @@ mod tests {
             ScramExchange::start(v.clone(), b"p=tls-server-end-point,,n=,r=abc", "x"),
             Err(ScramError::ChannelBinding)
         ));
-        assert!(matches!(
-            ScramExchange::start(v, b"\xff\xfe", "x"),
-            Err(ScramError::Malformed)
-        ));
+        assert!(matches!(ScramExchange::start(v, b"\xff\xfe", "x"), Err(ScramError::Malformed)));
     }
 }

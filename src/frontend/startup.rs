@@ -17,43 +17,27 @@ use crate::protocol::{StartupPacket, read_startup_frame};
 const MAX_STARTUP_PACKET: u32 = 10_000;
 
 pub enum Negotiated {
-    Login {
-        stream: Stream,
-        minor: u16,
-        params: Vec<(String, String)>,
-    },
-    Cancel {
-        pid: u32,
-        key: u32,
-    },
+    Login { stream: Stream, minor: u16, params: Vec<(String, String)> },
+    Cancel { pid: u32, key: u32 },
 }
 
-pub async fn negotiate(
-    tcp: TcpStream,
-    tls: Option<&TlsAcceptor>,
-) -> Result<Negotiated, FrontendError> {
+pub async fn negotiate(tcp: TcpStream, tls: Option<&TlsAcceptor>) -> Result<Negotiated, FrontendError> {
     let mut stream = Stream::Plain(tcp);
     let mut encrypted = false;
     loop {
         let len = stream.read_u32().await?;
         if !(8..=MAX_STARTUP_PACKET).contains(&len) {
-            return Err(FrontendError::Protocol(format!(
-                "invalid startup packet length {len}"
-            )));
+            return Err(FrontendError::Protocol(format!("invalid startup packet length {len}")));
         }
         let mut body = vec![0u8; len as usize - 4];
         stream.read_exact(&mut body).await?;
         match read_startup_frame(&body)? {
             StartupPacket::SslRequest if encrypted => {
-                return Err(FrontendError::Protocol(
-                    "SSLRequest on an encrypted connection".into(),
-                ));
+                return Err(FrontendError::Protocol("SSLRequest on an encrypted connection".into()));
             }
             StartupPacket::SslRequest => {
                 let Stream::Plain(tcp) = stream else {
-                    return Err(FrontendError::Protocol(
-                        "SSLRequest on an encrypted connection".into(),
-                    ));
+                    return Err(FrontendError::Protocol("SSLRequest on an encrypted connection".into()));
                 };
                 let Some(acceptor) = tls else {
                     let mut tcp = tcp;
@@ -62,9 +46,7 @@ pub async fn negotiate(
                     continue;
                 };
                 if has_unread_bytes(&tcp) {
-                    return Err(FrontendError::Protocol(
-                        "received unencrypted data after SSLRequest".into(),
-                    ));
+                    return Err(FrontendError::Protocol("received unencrypted data after SSLRequest".into()));
                 }
                 let mut tcp = tcp;
                 tcp.write_all(b"S").await?;
@@ -82,11 +64,7 @@ pub async fn negotiate(
                 return Ok(Negotiated::Cancel { pid, key });
             }
             StartupPacket::Startup { minor, params } => {
-                return Ok(Negotiated::Login {
-                    stream,
-                    minor,
-                    params,
-                });
+                return Ok(Negotiated::Login { stream, minor, params });
             }
             StartupPacket::Unsupported { version } => {
                 return Err(FrontendError::Unsupported(format!(

@@ -15,12 +15,11 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
         .collect::<Result<_, _>>()
         .map_err(|e| format!("{}: {e}", cert.display()))?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
-    let config =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(|e| e.to_string())?;
+    let config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| e.to_string())?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

@@ -21,11 +21,7 @@ pub enum Stream {
 }
 
 impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
@@ -35,11 +31,7 @@ impl AsyncRead for Stream {
 }
 
 impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -177,9 +169,6 @@ impl Duplex {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut probe = [0u8; 1];
         let mut buf = ReadBuf::new(&mut probe);
-        match Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf) {
-            Poll::Pending => false,
-            Poll::Ready(_) => true,
-        }
+        Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf).is_ready()
     }
 }

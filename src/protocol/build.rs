@@ -54,12 +54,7 @@ pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, messag
 /// NoticeResponse (B) with severity WARNING.
 pub fn warning_notice(buf: &mut BytesMut, message: &str) {
     put_message(buf, b'N', |b| {
-        for (k, v) in [
-            (b'S', "WARNING"),
-            (b'V', "WARNING"),
-            (b'C', "01000"),
-            (b'M', message),
-        ] {
+        for (k, v) in [(b'S', "WARNING"), (b'V', "WARNING"), (b'C', "01000"), (b'M', message)] {
             b.put_u8(k);
             put_cstr(b, v.as_bytes());
         }

@@ -113,14 +113,9 @@ pub fn read_startup_frame(body: &[u8]) -> Result<StartupPacket, FrameError> {
                     String::from_utf8_lossy(value).into_owned(),
                 ));
             }
-            Ok(StartupPacket::Startup {
-                minor: (v & 0xffff) as u16,
-                params,
-            })
+            Ok(StartupPacket::Startup { minor: (v & 0xffff) as u16, params })
         }
-        SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => {
-            Err(FrameError::BadLength(body.len() as i64 + 4))
-        }
+        SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => Err(FrameError::BadLength(body.len() as i64 + 4)),
         version => Ok(StartupPacket::Unsupported { version }),
     }
 }
@@ -143,15 +138,9 @@ mod tests {
     #[test]
     fn rejects_bad_and_oversized_lengths() {
         let mut buf = BytesMut::from(&b"Q\0\0\0\x02"[..]);
-        assert_eq!(
-            try_parse_frame(&mut buf, 1024).unwrap_err(),
-            FrameError::BadLength(2)
-        );
+        assert_eq!(try_parse_frame(&mut buf, 1024).unwrap_err(), FrameError::BadLength(2));
         let mut buf = BytesMut::from(&b"Q\x7f\0\0\0"[..]);
-        assert!(matches!(
-            try_parse_frame(&mut buf, 1024),
-            Err(FrameError::TooLarge(..))
-        ));
+        assert!(matches!(try_parse_frame(&mut buf, 1024), Err(FrameError::TooLarge(..))));
     }
 
     #[test]
@@ -163,23 +152,14 @@ mod tests {
             read_startup_frame(&body).unwrap(),
             StartupPacket::Startup {
                 minor: 0,
-                params: vec![
-                    ("user".into(), "app".into()),
-                    ("database".into(), "db".into())
-                ]
+                params: vec![("user".into(), "app".into()), ("database".into(), "db".into())]
             }
         );
-        assert_eq!(
-            read_startup_frame(&SSL_REQUEST.to_be_bytes()).unwrap(),
-            StartupPacket::SslRequest
-        );
+        assert_eq!(read_startup_frame(&SSL_REQUEST.to_be_bytes()).unwrap(), StartupPacket::SslRequest);
         let mut cancel = CANCEL_REQUEST.to_be_bytes().to_vec();
         cancel.extend_from_slice(&7u32.to_be_bytes());
         cancel.extend_from_slice(&9u32.to_be_bytes());
-        assert_eq!(
-            read_startup_frame(&cancel).unwrap(),
-            StartupPacket::CancelRequest { pid: 7, key: 9 }
-        );
+        assert_eq!(read_startup_frame(&cancel).unwrap(), StartupPacket::CancelRequest { pid: 7, key: 9 });
         // Truncated parameter list.
         let mut bad = PROTOCOL_3.to_be_bytes().to_vec();
         bad.extend_from_slice(b"user\0app");

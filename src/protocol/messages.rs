@@ -58,11 +58,7 @@ pub fn parse_view(body: &[u8]) -> Option<ParseView<'_>> {
     if param_types.len() < 2 {
         return None;
     }
-    Some(ParseView {
-        name,
-        query,
-        param_types,
-    })
+    Some(ParseView { name, query, param_types })
 }
 
 /// Bind (F): portal and statement names, and everything after them.
@@ -76,11 +72,7 @@ pub struct BindView<'a> {
 pub fn bind_view(body: &[u8]) -> Option<BindView<'_>> {
     let (portal, rest) = split_cstr(body)?;
     let (statement, rest) = split_cstr(rest)?;
-    Some(BindView {
-        portal,
-        statement,
-        rest,
-    })
+    Some(BindView { portal, statement, rest })
 }
 
 /// Describe (F) and Close (F): `S` for a statement or `P` for a portal, and its name.
@@ -102,10 +94,7 @@ pub fn command_tag(body: &[u8]) -> &[u8] {
 pub fn parameter_status(body: &[u8]) -> Option<(String, String)> {
     let (name, rest) = split_cstr(body)?;
     let (value, _) = split_cstr(rest)?;
-    Some((
-        String::from_utf8_lossy(name).into_owned(),
-        String::from_utf8_lossy(value).into_owned(),
-    ))
+    Some((String::from_utf8_lossy(name).into_owned(), String::from_utf8_lossy(value).into_owned()))
 }
 
 /// ErrorResponse / NoticeResponse (B): the typed fields.
@@ -151,10 +140,7 @@ mod tests {
         assert!(parse_view(b"s1\0SELECT").is_none());
 
         let b = bind_view(b"\0s1\0\0\0").unwrap();
-        assert_eq!(
-            (b.portal, b.statement, b.rest),
-            (&b""[..], &b"s1"[..], &b"\0\0"[..])
-        );
+        assert_eq!((b.portal, b.statement, b.rest), (&b""[..], &b"s1"[..], &b"\0\0"[..]));
         assert_eq!(target_view(b"Sabc\0"), Some((b'S', &b"abc"[..])));
         assert_eq!(target_view(b"Xabc\0"), None);
         assert_eq!(command_tag(b"SELECT 1\0"), b"SELECT 1");

@@ -80,9 +80,7 @@ impl Analysis {
     /// Whether the statement reads or writes tables outside the system catalogs.
     /// Statements sqlparser cannot parse count as needing one.
     pub fn needs_tenant(&self) -> bool {
-        *self
-            .needs_tenant
-            .get_or_init(|| needs_tenant(&self.sql, &self.kind))
+        *self.needs_tenant.get_or_init(|| needs_tenant(&self.sql, &self.kind))
     }
 }
 
@@ -94,33 +92,16 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         .iter()
         .filter(|t| t.kind == TokenKind::BlockComment)
         .find_map(|t| hint_in_comment(&text[t.start..t.end], tenant_param));
-    let code: Vec<Token> = tokens
-        .into_iter()
-        .filter(|t| t.kind != TokenKind::BlockComment)
-        .collect();
-    let statements = code
-        .split(|t| t.kind == TokenKind::Semicolon)
-        .filter(|s| !s.is_empty())
-        .count();
-    let first_end = code
-        .iter()
-        .position(|t| t.kind == TokenKind::Semicolon)
-        .unwrap_or(code.len());
+    let code: Vec<Token> = tokens.into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
+    let statements = code.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).count();
+    let first_end = code.iter().position(|t| t.kind == TokenKind::Semicolon).unwrap_or(code.len());
     let first = &code[..first_end];
-    let words = Words {
-        sql: &text,
-        tokens: first,
-    };
+    let words = Words { sql: &text, tokens: first };
     let mut bad_tenant_value = None;
     let kind = classify(&words, tenant_param, &mut bad_tenant_value);
     let pin = code
         .split(|t| t.kind == TokenKind::Semicolon)
-        .find_map(|stmt| {
-            pin_reason(&Words {
-                sql: &text,
-                tokens: stmt,
-            })
-        });
+        .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }));
     Analysis {
         kind,
         hint,
@@ -139,15 +120,10 @@ struct Words<'a> {
 
 impl Words<'_> {
     fn text(&self, i: usize) -> &str {
-        self.tokens
-            .get(i)
-            .map(|t| &self.sql[t.start..t.end])
-            .unwrap_or("")
+        self.tokens.get(i).map(|t| &self.sql[t.start..t.end]).unwrap_or("")
     }
     fn is(&self, i: usize, word: &str) -> bool {
-        self.tokens
-            .get(i)
-            .is_some_and(|t| t.kind == TokenKind::Word)
+        self.tokens.get(i).is_some_and(|t| t.kind == TokenKind::Word)
             && self.text(i).eq_ignore_ascii_case(word)
     }
     fn rest_from(&self, i: usize) -> &str {
@@ -231,10 +207,7 @@ fn classify(w: &Words, tenant_param: &str, bad_tenant_value: &mut Option<String>
                 }
             };
         }
-        if matches!(
-            name.to_ascii_lowercase().as_str(),
-            "role" | "transaction" | "constraints"
-        ) {
+        if matches!(name.to_ascii_lowercase().as_str(), "role" | "transaction" | "constraints") {
             return StatementKind::Other;
         }
         return StatementKind::Set { name, value };
@@ -262,10 +235,7 @@ fn setting_name(w: &Words, mut i: usize) -> (String, usize) {
 }
 
 fn is_plain_setting(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
 fn pin_reason(w: &Words) -> Option<PinReason> {
@@ -316,21 +286,10 @@ fn needs_tenant(sql: &str, kind: &StatementKind) -> bool {
     if *kind != StatementKind::Other {
         return false;
     }
-    let first_word = sql
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .to_ascii_lowercase();
+    let first_word = sql.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
     if matches!(
         first_word.as_str(),
-        "show"
-            | "listen"
-            | "unlisten"
-            | "notify"
-            | "discard"
-            | "deallocate"
-            | "savepoint"
-            | "release"
+        "show" | "listen" | "unlisten" | "notify" | "discard" | "deallocate" | "savepoint" | "release"
     ) {
         return false;
     }
@@ -339,11 +298,8 @@ fn needs_tenant(sql: &str, kind: &StatementKind) -> bool {
     };
     let mut touches_tables = false;
     let _ = sqlparser::ast::visit_relations(&statements, |name| {
-        let parts: Vec<String> = name
-            .0
-            .iter()
-            .map(|p| p.to_string().trim_matches('"').to_ascii_lowercase())
-            .collect();
+        let parts: Vec<String> =
+            name.0.iter().map(|p| p.to_string().trim_matches('"').to_ascii_lowercase()).collect();
         let system = match parts.as_slice() {
             [schema, _] | [_, schema, _] => SYSTEM_SCHEMAS.contains(&schema.as_str()),
             [table] => table.starts_with("pg_"),
@@ -370,48 +326,25 @@ mod tests {
     #[test]
     fn classifies_transaction_control_and_settings() {
         assert_eq!(kind("BEGIN"), StatementKind::Begin);
-        assert_eq!(
-            kind("start transaction isolation level serializable"),
-            StatementKind::Begin
-        );
+        assert_eq!(kind("start transaction isolation level serializable"), StatementKind::Begin);
         assert_eq!(kind("commit;"), StatementKind::Commit);
         assert_eq!(kind("ROLLBACK"), StatementKind::Rollback);
         assert_eq!(kind("ROLLBACK TO SAVEPOINT a"), StatementKind::Other);
-        assert_eq!(
-            kind("SET pgtenant.tenant_id = 42"),
-            StatementKind::SetTenant(TenantId(42))
-        );
-        assert_eq!(
-            kind("set session pgtenant.tenant_id to '7';"),
-            StatementKind::SetTenant(TenantId(7))
-        );
+        assert_eq!(kind("SET pgtenant.tenant_id = 42"), StatementKind::SetTenant(TenantId(42)));
+        assert_eq!(kind("set session pgtenant.tenant_id to '7';"), StatementKind::SetTenant(TenantId(7)));
         assert_eq!(kind("RESET pgtenant.tenant_id"), StatementKind::ResetTenant);
-        assert_eq!(
-            kind("SET pgtenant.tenant_id TO DEFAULT"),
-            StatementKind::ResetTenant
-        );
+        assert_eq!(kind("SET pgtenant.tenant_id TO DEFAULT"), StatementKind::ResetTenant);
         assert_eq!(
             kind("SET application_name = 'x y'"),
-            StatementKind::Set {
-                name: "application_name".into(),
-                value: "'x y'".into()
-            }
+            StatementKind::Set { name: "application_name".into(), value: "'x y'".into() }
         );
         assert_eq!(
             kind("SET TIME ZONE 'UTC'"),
-            StatementKind::Set {
-                name: "TimeZone".into(),
-                value: "'UTC'".into()
-            }
+            StatementKind::Set { name: "TimeZone".into(), value: "'UTC'".into() }
         );
         assert_eq!(kind("SET LOCAL search_path = a"), StatementKind::Other);
         assert_eq!(kind("RESET ALL"), StatementKind::ResetAll);
-        assert_eq!(
-            kind("reset search_path"),
-            StatementKind::Reset {
-                name: "search_path".into()
-            }
-        );
+        assert_eq!(kind("reset search_path"), StatementKind::Reset { name: "search_path".into() });
         assert_eq!(kind("DISCARD ALL"), StatementKind::DiscardAll);
         assert_eq!(kind("DEALLOCATE ALL"), StatementKind::DiscardAll);
         let a = analyze(b"SET pgtenant.tenant_id = abc", P);
@@ -420,29 +353,17 @@ mod tests {
 
     #[test]
     fn finds_hints_pins_and_multi_statements() {
-        assert_eq!(
-            analyze(b"SELECT 1 /* pgtenant.tenant_id=42 */", P).hint,
-            Some(TenantId(42))
-        );
+        assert_eq!(analyze(b"SELECT 1 /* pgtenant.tenant_id=42 */", P).hint, Some(TenantId(42)));
         assert_eq!(
             analyze(b"SELECT * FROM t /*controller='x',tenant_id='1500'*/", P).hint,
             Some(TenantId(1500))
         );
         assert_eq!(analyze(b"SELECT '/* tenant_id=5 */'", P).hint, None);
         assert_eq!(analyze(b"LISTEN chan", P).pin, Some(PinReason::Listen));
-        assert_eq!(
-            analyze(b"select pg_advisory_lock(1)", P).pin,
-            Some(PinReason::AdvisoryLock)
-        );
+        assert_eq!(analyze(b"select pg_advisory_lock(1)", P).pin, Some(PinReason::AdvisoryLock));
         assert_eq!(analyze(b"select pg_advisory_xact_lock(1)", P).pin, None);
-        assert_eq!(
-            analyze(b"CREATE TEMP TABLE t (a int)", P).pin,
-            Some(PinReason::TempTable)
-        );
-        assert_eq!(
-            analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P).pin,
-            Some(PinReason::HoldCursor)
-        );
+        assert_eq!(analyze(b"CREATE TEMP TABLE t (a int)", P).pin, Some(PinReason::TempTable));
+        assert_eq!(analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P).pin, Some(PinReason::HoldCursor));
         assert!(analyze(b"SELECT 1; SELECT 2;", P).is_multi);
         assert!(!analyze(b"SELECT ';' ; ", P).is_multi);
     }
@@ -451,13 +372,9 @@ mod tests {
     fn knows_which_statements_need_a_tenant() {
         let needs = |sql: &str| analyze(sql.as_bytes(), P).needs_tenant();
         assert!(!needs("SELECT 1"));
-        assert!(!needs(
-            "select version(), current_setting('server_version')"
-        ));
+        assert!(!needs("select version(), current_setting('server_version')"));
         assert!(!needs("SELECT oid, typname FROM pg_type"));
-        assert!(!needs(
-            "select * from pg_catalog.pg_class c join information_schema.tables t on true"
-        ));
+        assert!(!needs("select * from pg_catalog.pg_class c join information_schema.tables t on true"));
         assert!(!needs("SHOW TimeZone"));
         assert!(!needs("SET extra_float_digits = 3"));
         assert!(needs("SELECT * FROM accounts WHERE id = 1"));

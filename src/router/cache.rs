@@ -14,9 +14,7 @@ pub struct AnalysisCache {
 
 impl AnalysisCache {
     pub fn new(capacity: u64) -> Self {
-        Self {
-            cache: Cache::new(capacity),
-        }
+        Self { cache: Cache::new(capacity) }
     }
 
     pub fn get_or_analyze(&self, sql: &[u8], tenant_param: &str) -> Arc<Analysis> {
@@ -25,8 +23,7 @@ impl AnalysisCache {
         }
         let analysis = Arc::new(analyze(sql, tenant_param));
         // Copy the key so the cache does not keep a whole client buffer alive.
-        self.cache
-            .insert(Bytes::copy_from_slice(sql), analysis.clone());
+        self.cache.insert(Bytes::copy_from_slice(sql), analysis.clone());
         analysis
     }
 }

@@ -95,11 +95,7 @@ pub fn tokenize(sql: &[u8]) -> Vec<Token> {
                 TokenKind::Punct
             }
         };
-        out.push(Token {
-            kind,
-            start,
-            end: i,
-        });
+        out.push(Token { kind, start, end: i });
     }
     out
 }
@@ -171,10 +167,7 @@ fn dollar_tag_end(sql: &[u8], i: usize) -> Option<usize> {
 }
 
 fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
-    hay.get(from..)?
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
+    hay.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|p| p + from)
 }
 
 #[cfg(test)]
@@ -182,10 +175,7 @@ mod tests {
     use super::*;
 
     fn kinds(sql: &str) -> Vec<(TokenKind, &str)> {
-        tokenize(sql.as_bytes())
-            .into_iter()
-            .map(|t| (t.kind, &sql[t.start..t.end]))
-            .collect()
+        tokenize(sql.as_bytes()).into_iter().map(|t| (t.kind, &sql[t.start..t.end])).collect()
     }
 
     #[test]
@@ -205,12 +195,7 @@ mod tests {
         );
         assert_eq!(
             kinds("select $1, E'\\''"),
-            vec![
-                (Word, "select"),
-                (Punct, "$1"),
-                (Punct, ","),
-                (String, "E'\\''")
-            ]
+            vec![(Word, "select"), (Punct, "$1"), (Punct, ","), (String, "E'\\''")]
         );
         // Unterminated input runs to the end without panicking.
         assert_eq!(kinds("'abc").len(), 1);

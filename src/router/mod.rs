@@ -22,9 +22,7 @@ pub struct Route {
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum RouteError {
-    #[error(
-        "no tenant for this statement: set {param} (startup option, SET, or a /* {param}=N */ comment)"
-    )]
+    #[error("no tenant for this statement: set {param} (startup option, SET, or a /* {param}=N */ comment)")]
     NoTenant { param: String },
     #[error(transparent)]
     Directory(#[from] DirectoryError),
@@ -66,11 +64,7 @@ impl Router {
     }
 
     /// Routes a transaction whose first statement is `analysis`.
-    pub fn route(
-        &self,
-        session_tenant: Option<TenantId>,
-        analysis: &Analysis,
-    ) -> Result<Route, RouteError> {
+    pub fn route(&self, session_tenant: Option<TenantId>, analysis: &Analysis) -> Result<Route, RouteError> {
         let tenant = Self::pick_tenant(session_tenant, analysis.hint)?;
         self.route_tenant(tenant, || analysis.needs_tenant())
     }
@@ -98,20 +92,12 @@ impl Router {
     ) -> Result<Route, RouteError> {
         if let Some(t) = tenant {
             let shard = self.directory.resolve(t)?;
-            return Ok(Route {
-                tenant: Some(t),
-                shard,
-            });
+            return Ok(Route { tenant: Some(t), shard });
         }
         if !needs_tenant() || self.no_tenant_policy == NoTenantPolicy::Default {
-            return Ok(Route {
-                tenant: None,
-                shard: self.default_shard,
-            });
+            return Ok(Route { tenant: None, shard: self.default_shard });
         }
-        Err(RouteError::NoTenant {
-            param: self.tenant_param.clone(),
-        })
+        Err(RouteError::NoTenant { param: self.tenant_param.clone() })
     }
 
     /// Resolves a tenant to its shard.

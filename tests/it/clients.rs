@@ -78,32 +78,16 @@ async fn pgbench_in_every_query_mode() {
         let run = pgbench(&["-M", mode, "-c", "8", "-j", "2", "-t", "150"]);
         let text = stdout(&run);
         assert!(run.status.success(), "{mode}: {text}{}", stderr(&run));
-        assert!(
-            text.contains("number of transactions actually processed: 1200/1200"),
-            "{mode}: {text}"
-        );
-        assert!(
-            text.contains("number of failed transactions: 0"),
-            "{mode}: {text}"
-        );
+        assert!(text.contains("number of transactions actually processed: 1200/1200"), "{mode}: {text}");
+        assert!(text.contains("number of failed transactions: 0"), "{mode}: {text}");
     }
     // The work landed on tenant 500's shard (1) and nowhere else.
     let client = proxy.connect(Some(500)).await;
-    let history: i64 = client
-        .query_one("SELECT count(*) FROM pgbench_history", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(
-        history, 1200,
-        "each run truncates pgbench_history first; the last run left 1200"
-    );
+    let history: i64 = client.query_one("SELECT count(*) FROM pgbench_history", &[]).await.unwrap().get(0);
+    assert_eq!(history, 1200, "each run truncates pgbench_history first; the last run left 1200");
     let other = proxy.connect(Some(1500)).await;
-    let exists: bool = other
-        .query_one("SELECT to_regclass('pgbench_history') IS NOT NULL", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let exists: bool =
+        other.query_one("SELECT to_regclass('pgbench_history') IS NOT NULL", &[]).await.unwrap().get(0);
     assert!(!exists, "pgbench tables must not exist on shard 2");
 }
 
@@ -119,15 +103,9 @@ async fn prepared_statements_survive_server_changes() {
                 .prepare("SELECT $1::bigint * 2, $2::text || '!', shard_id FROM pgtenant_shard")
                 .await
                 .unwrap();
-            let typed = client
-                .prepare_typed("SELECT $1 + 1", &[Type::INT4])
-                .await
-                .unwrap();
+            let typed = client.prepare_typed("SELECT $1 + 1", &[Type::INT4]).await.unwrap();
             for i in 0..40i64 {
-                let row = client
-                    .query_one(&stmt, &[&(n * 1000 + i), &format!("c{n}")])
-                    .await
-                    .unwrap();
+                let row = client.query_one(&stmt, &[&(n * 1000 + i), &format!("c{n}")]).await.unwrap();
                 assert_eq!(row.get::<_, i64>(0), (n * 1000 + i) * 2);
                 assert_eq!(row.get::<_, String>(1), format!("c{n}!"));
                 assert_eq!(row.get::<_, i32>(2), 1);
@@ -155,23 +133,12 @@ async fn typed_parameters_and_transactions() {
     let json = serde_json::json!({"k": [1, 2]});
     tx.execute(
         "INSERT INTO typed_t VALUES ($1, $2, $3, $4, 12.5, $5, $6, $7)",
-        &[
-            &1500i64,
-            &true,
-            &2.5f64,
-            &"héllo",
-            &ts,
-            &json,
-            &vec![1i32, 2, 3],
-        ],
+        &[&1500i64, &true, &2.5f64, &"héllo", &ts, &json, &vec![1i32, 2, 3]],
     )
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    let row = client
-        .query_one("SELECT b, f, t, n::text, ts, j, a FROM typed_t", &[])
-        .await
-        .unwrap();
+    let row = client.query_one("SELECT b, f, t, n::text, ts, j, a FROM typed_t", &[]).await.unwrap();
     assert!(row.get::<_, bool>(0));
     assert_eq!(row.get::<_, f64>(1), 2.5);
     assert_eq!(row.get::<_, String>(2), "héllo");
@@ -181,15 +148,9 @@ async fn typed_parameters_and_transactions() {
     assert_eq!(row.get::<_, Vec<i32>>(6), vec![1, 2, 3]);
 
     let tx = client.transaction().await.unwrap();
-    tx.execute("INSERT INTO typed_t (tenant_id) VALUES (1500)", &[])
-        .await
-        .unwrap();
+    tx.execute("INSERT INTO typed_t (tenant_id) VALUES (1500)", &[]).await.unwrap();
     tx.rollback().await.unwrap();
-    let n: i64 = client
-        .query_one("SELECT count(*) FROM typed_t", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = client.query_one("SELECT count(*) FROM typed_t", &[]).await.unwrap().get(0);
     assert_eq!(n, 1, "the rolled back insert is gone");
 }
 
@@ -198,23 +159,14 @@ async fn binary_copy_in_and_out() {
     let proxy = start_proxy(|_| {}).await;
     let client = proxy.connect(Some(42)).await;
     client
-        .batch_execute(
-            "CREATE TABLE IF NOT EXISTS bin_copy (id int, label text); TRUNCATE bin_copy",
-        )
+        .batch_execute("CREATE TABLE IF NOT EXISTS bin_copy (id int, label text); TRUNCATE bin_copy")
         .await
         .unwrap();
-    let sink = client
-        .copy_in("COPY bin_copy (id, label) FROM STDIN (FORMAT binary)")
-        .await
-        .unwrap();
+    let sink = client.copy_in("COPY bin_copy (id, label) FROM STDIN (FORMAT binary)").await.unwrap();
     let writer = BinaryCopyInWriter::new(sink, &[Type::INT4, Type::TEXT]);
     pin_mut!(writer);
     for i in 0..2000i32 {
-        writer
-            .as_mut()
-            .write(&[&i, &format!("label {i}")])
-            .await
-            .unwrap();
+        writer.as_mut().write(&[&i, &format!("label {i}")]).await.unwrap();
     }
     assert_eq!(writer.finish().await.unwrap(), 2000);
     let stream = client
@@ -234,9 +186,7 @@ async fn binary_copy_in_and_out() {
     // Text COPY through the sink API as well.
     let sink = client.copy_in("COPY bin_copy FROM STDIN").await.unwrap();
     pin_mut!(sink);
-    sink.send(bytes::Bytes::from_static(b"5000\tfive thousand\n"))
-        .await
-        .unwrap();
+    sink.send(bytes::Bytes::from_static(b"5000\tfive thousand\n")).await.unwrap();
     assert_eq!(sink.finish().await.unwrap(), 1);
     assert_eq!(shard_of(&client).await, 2);
 }
@@ -250,22 +200,14 @@ async fn session_settings_follow_the_client_across_server_connections() {
     ))
     .await
     .unwrap();
-    let b = harness::connect(
-        &proxy.conninfo("application_name=beta options='-c pgtenant.tenant_id=500'"),
-    )
-    .await
-    .unwrap();
-    b.batch_execute("SET TimeZone = 'America/New_York'")
+    let b = harness::connect(&proxy.conninfo("application_name=beta options='-c pgtenant.tenant_id=500'"))
         .await
         .unwrap();
+    b.batch_execute("SET TimeZone = 'America/New_York'").await.unwrap();
     for _ in 0..3 {
         let row = a.query_one("SELECT current_setting('application_name'), current_setting('search_path'), current_setting('TimeZone'), current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
         assert_eq!(row.get::<_, String>(0), "alpha");
-        assert_eq!(
-            row.get::<_, String>(1),
-            "pg_catalog,public",
-            "as a server reports a startup search_path"
-        );
+        assert_eq!(row.get::<_, String>(1), "pg_catalog,public", "as a server reports a startup search_path");
         assert_ne!(row.get::<_, String>(2), "America/New_York");
         assert_eq!(row.get::<_, String>(3), "7");
         let row = b.query_one("SELECT current_setting('application_name'), current_setting('search_path'), current_setting('TimeZone'), current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
@@ -275,27 +217,19 @@ async fn session_settings_follow_the_client_across_server_connections() {
         assert_eq!(row.get::<_, String>(3), "500");
     }
     // RESET returns to the startup value, as on a server.
-    a.batch_execute("SET application_name = 'changed'")
-        .await
-        .unwrap();
+    a.batch_execute("SET application_name = 'changed'").await.unwrap();
     a.batch_execute("RESET application_name").await.unwrap();
-    let name: String = a
-        .query_one("SELECT current_setting('application_name')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let name: String = a.query_one("SELECT current_setting('application_name')", &[]).await.unwrap().get(0);
     assert_eq!(name, "alpha");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn listen_and_temp_tables_pin_the_server_connection() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;
-    let (listener, mut conn) = tokio_postgres::connect(
-        &proxy.conninfo("options='-c pgtenant.tenant_id=7'"),
-        tokio_postgres::NoTls,
-    )
-    .await
-    .unwrap();
+    let (listener, mut conn) =
+        tokio_postgres::connect(&proxy.conninfo("options='-c pgtenant.tenant_id=7'"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Some(msg) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
@@ -304,17 +238,11 @@ async fn listen_and_temp_tables_pin_the_server_connection() {
             }
         }
     });
-    listener
-        .batch_execute("LISTEN pgtenant_chan")
-        .await
-        .unwrap();
+    listener.batch_execute("LISTEN pgtenant_chan").await.unwrap();
     // Other clients keep the other server connections busy in between.
     let other = proxy.connect(Some(7)).await;
     for i in 0..5 {
-        other
-            .batch_execute(&format!("NOTIFY pgtenant_chan, 'n{i}'"))
-            .await
-            .unwrap();
+        other.batch_execute(&format!("NOTIFY pgtenant_chan, 'n{i}'")).await.unwrap();
     }
     for i in 0..5 {
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
@@ -325,22 +253,12 @@ async fn listen_and_temp_tables_pin_the_server_connection() {
     }
 
     let client = proxy.connect(Some(7)).await;
-    client
-        .batch_execute("CREATE TEMP TABLE scratch (v int)")
-        .await
-        .unwrap();
+    client.batch_execute("CREATE TEMP TABLE scratch (v int)").await.unwrap();
     for i in 0..5 {
         let noise = proxy.connect(Some(7)).await;
         noise.batch_execute("SELECT 1").await.unwrap();
-        client
-            .execute("INSERT INTO scratch VALUES ($1)", &[&i])
-            .await
-            .unwrap();
+        client.execute("INSERT INTO scratch VALUES ($1)", &[&i]).await.unwrap();
     }
-    let n: i64 = client
-        .query_one("SELECT count(*) FROM scratch", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = client.query_one("SELECT count(*) FROM scratch", &[]).await.unwrap().get(0);
     assert_eq!(n, 5);
 }

@@ -19,23 +19,13 @@ async fn exhausted_pool_gives_53300_naming_the_shard() {
     holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
     let waiter = proxy.connect(Some(7)).await;
     let started = Instant::now();
-    let err = waiter
-        .query("SELECT 1", &[])
-        .await
-        .err()
-        .expect("pool is exhausted");
+    let err = waiter.query("SELECT 1", &[]).await.expect_err("pool is exhausted");
     assert_eq!(sqlstate(&err), "53300", "{err}");
-    assert!(
-        err.as_db_error().unwrap().message().contains("shard 1"),
-        "{err}"
-    );
+    assert!(err.as_db_error().unwrap().message().contains("shard 1"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(3));
     holder.batch_execute("COMMIT").await.unwrap();
     let one: i32 = waiter.query_one("SELECT 1", &[]).await.unwrap().get(0);
-    assert_eq!(
-        one, 1,
-        "the waiting session is usable once the pool frees up"
-    );
+    assert_eq!(one, 1, "the waiting session is usable once the pool frees up");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -52,38 +42,23 @@ async fn a_killed_shard_gives_clear_errors_and_serves_again_when_back() {
         let dying = dying.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            tokio::task::spawn_blocking(move || dying.kill())
-                .await
-                .unwrap()
+            tokio::task::spawn_blocking(move || dying.kill()).await.unwrap()
         })
     };
-    let err = sleeper.await.err().expect("the query dies with its server");
+    let err = sleeper.await.expect_err("the query dies with its server");
     killer.await.unwrap().expect("kill");
     let code = sqlstate(&err);
-    assert!(
-        code == "08006" || code == "57P01" || code == "57P02",
-        "{code}: {err}"
-    );
+    assert!(code == "08006" || code == "57P01" || code == "57P02", "{code}: {err}");
 
     // While it is down: a clear error naming the shard, and the session survives.
-    let err = client
-        .query("SELECT 1 FROM pgtenant_shard", &[])
-        .await
-        .err()
-        .expect("shard is down");
+    let err = client.query("SELECT 1 FROM pgtenant_shard", &[]).await.expect_err("shard is down");
     assert_eq!(sqlstate(&err), "08001", "{err}");
-    assert!(
-        err.as_db_error().unwrap().message().contains("shard 2"),
-        "{err}"
-    );
+    assert!(err.as_db_error().unwrap().message().contains("shard 2"), "{err}");
     let other_shard = proxy.connect(Some(7)).await;
     assert_eq!(shard_of(&other_shard).await, 1, "shard 1 is unaffected");
 
     let restart = dying.clone();
-    tokio::task::spawn_blocking(move || restart.start())
-        .await
-        .unwrap()
-        .expect("restart");
+    tokio::task::spawn_blocking(move || restart.start()).await.unwrap().expect("restart");
     assert_eq!(shard_of(&client).await, 2, "the same session works again");
     let _ = tokio::task::spawn_blocking(move || dying.stop()).await;
 }
@@ -115,46 +90,37 @@ async fn malformed_input_ends_only_that_client() {
     drop(cut);
 
     assert_eq!(shard_of(&good).await, 1, "other clients are undisturbed");
-    let mut fresh =
-        RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=1500")]).await;
-    assert_eq!(
-        first_column(&fresh.query("SELECT shard_id FROM pgtenant_shard").await),
-        vec!["2"]
-    );
+    let mut fresh = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=1500")]).await;
+    assert_eq!(first_column(&fresh.query("SELECT shard_id FROM pgtenant_shard").await), vec!["2"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_leaving_mid_transaction_commits_nothing() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let setup = proxy.connect(Some(7)).await;
-    setup.batch_execute("CREATE TABLE IF NOT EXISTS abandoned (tenant_id bigint, v text); DELETE FROM abandoned").await.unwrap();
-    drop(setup);
-    {
-        let client = harness::connect(
-            &proxy.conninfo("application_name=abandoner options='-c pgtenant.tenant_id=7'"),
+    setup
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS abandoned (tenant_id bigint, v text); DELETE FROM abandoned",
         )
         .await
         .unwrap();
-        client
-            .batch_execute("BEGIN; INSERT INTO abandoned VALUES (7, 'lost')")
-            .await
-            .unwrap();
+    drop(setup);
+    {
+        let client =
+            harness::connect(&proxy.conninfo("application_name=abandoner options='-c pgtenant.tenant_id=7'"))
+                .await
+                .unwrap();
+        client.batch_execute("BEGIN; INSERT INTO abandoned VALUES (7, 'lost')").await.unwrap();
     }
     // The single server connection must come back clean, without the insert.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let client = proxy.connect(Some(7)).await;
-    let n: i64 = client
-        .query_one("SELECT count(*) FROM abandoned", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = client.query_one("SELECT count(*) FROM abandoned", &[]).await.unwrap().get(0);
     assert_eq!(n, 0);
-    let direct = harness::connect(&format!(
-        "host=127.0.0.1 port={} user=postgres dbname=app",
-        shards().ports[0]
-    ))
-    .await
-    .unwrap();
+    let direct =
+        harness::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", shards().ports[0]))
+            .await
+            .unwrap();
     let idle_in_tx: i64 = direct
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'abandoner' AND state LIKE 'idle in transaction%'",

@@ -10,21 +10,10 @@ async fn tenants_land_on_their_shards() {
     for (tenant, shard) in [(42, 2), (1500, 2), (7, 1), (1000, 1), (1001, 2)] {
         let client = proxy.connect(Some(tenant)).await;
         assert_eq!(shard_of(&client).await, shard, "tenant {tenant}");
-        let port: i32 = client
-            .query_one("SELECT inet_server_port()", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(
-            port as u16,
-            proxy.config.shards[shard as usize - 1].nodes[0].port,
-            "tenant {tenant}"
-        );
-        let guc: String = client
-            .query_one("SELECT current_setting('pgtenant.tenant_id')", &[])
-            .await
-            .unwrap()
-            .get(0);
+        let port: i32 = client.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+        assert_eq!(port as u16, proxy.config.shards[shard as usize - 1].nodes[0].port, "tenant {tenant}");
+        let guc: String =
+            client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
         assert_eq!(guc, tenant.to_string());
     }
 }
@@ -33,10 +22,7 @@ async fn tenants_land_on_their_shards() {
 async fn tenant_as_a_startup_parameter() {
     let proxy = start_proxy(|_| {}).await;
     let mut c = RawClient::login(proxy.addr, &[("pgtenant.tenant_id", "1500")]).await;
-    assert_eq!(
-        first_column(&c.query("SELECT shard_id FROM pgtenant_shard").await),
-        vec!["2"]
-    );
+    assert_eq!(first_column(&c.query("SELECT shard_id FROM pgtenant_shard").await), vec!["2"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -44,59 +30,27 @@ async fn set_switches_tenant_between_transactions() {
     let proxy = start_proxy(|_| {}).await;
     let client = proxy.connect(Some(7)).await;
     assert_eq!(shard_of(&client).await, 1);
-    client
-        .batch_execute("SET pgtenant.tenant_id = 42")
-        .await
-        .unwrap();
+    client.batch_execute("SET pgtenant.tenant_id = 42").await.unwrap();
     assert_eq!(shard_of(&client).await, 2);
-    client
-        .batch_execute("SET SESSION pgtenant.tenant_id TO '500'")
-        .await
-        .unwrap();
+    client.batch_execute("SET SESSION pgtenant.tenant_id TO '500'").await.unwrap();
     assert_eq!(shard_of(&client).await, 1);
-    client
-        .batch_execute("RESET pgtenant.tenant_id")
-        .await
-        .unwrap();
-    assert_eq!(
-        shard_of(&client).await,
-        1,
-        "RESET goes back to the startup tenant 7"
-    );
-    let guc: String = client
-        .query_one("SELECT current_setting('pgtenant.tenant_id')", &[])
-        .await
-        .unwrap()
-        .get(0);
+    client.batch_execute("RESET pgtenant.tenant_id").await.unwrap();
+    assert_eq!(shard_of(&client).await, 1, "RESET goes back to the startup tenant 7");
+    let guc: String =
+        client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
     assert_eq!(guc, "7");
 
     client.batch_execute("BEGIN").await.unwrap();
-    let err = client
-        .batch_execute("SET pgtenant.tenant_id = 42")
-        .await
-        .err()
-        .unwrap();
+    let err = client.batch_execute("SET pgtenant.tenant_id = 42").await.err().unwrap();
     assert_eq!(sqlstate(&err), "25001");
     client.batch_execute("ROLLBACK").await.unwrap();
 
-    let err = client
-        .batch_execute("SET pgtenant.tenant_id = 999999")
-        .await
-        .err()
-        .unwrap();
+    let err = client.batch_execute("SET pgtenant.tenant_id = 999999").await.err().unwrap();
     assert_eq!(sqlstate(&err), "42704", "{err}");
     assert!(err.as_db_error().unwrap().message().contains("999999"));
-    let err = client
-        .batch_execute("SET pgtenant.tenant_id = 'abc'")
-        .await
-        .err()
-        .unwrap();
+    let err = client.batch_execute("SET pgtenant.tenant_id = 'abc'").await.err().unwrap();
     assert_eq!(sqlstate(&err), "22023");
-    assert_eq!(
-        shard_of(&client).await,
-        1,
-        "refused SETs leave the tenant as it was"
-    );
+    assert_eq!(shard_of(&client).await, 1, "refused SETs leave the tenant as it was");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -105,46 +59,23 @@ async fn without_a_tenant_catalog_queries_work_and_table_queries_are_refused() {
     let client = proxy.connect(None).await;
     let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
     assert_eq!(one, 1);
-    let n: i64 = client
-        .query_one("SELECT count(*) FROM pg_catalog.pg_class", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = client.query_one("SELECT count(*) FROM pg_catalog.pg_class", &[]).await.unwrap().get(0);
     assert!(n > 0);
-    let err = client
-        .query("SELECT * FROM accounts", &[])
-        .await
-        .err()
-        .unwrap();
+    let err = client.query("SELECT * FROM accounts", &[]).await.err().unwrap();
     assert_eq!(sqlstate(&err), "22023");
-    assert!(
-        err.as_db_error()
-            .unwrap()
-            .message()
-            .contains("pgtenant.tenant_id"),
-        "{err}"
-    );
+    assert!(err.as_db_error().unwrap().message().contains("pgtenant.tenant_id"), "{err}");
     // The session is still usable, and a hint routes one statement.
     let shard: i32 = client
-        .query_one(
-            "SELECT shard_id FROM pgtenant_shard /* pgtenant.tenant_id=1500 */",
-            &[],
-        )
+        .query_one("SELECT shard_id FROM pgtenant_shard /* pgtenant.tenant_id=1500 */", &[])
         .await
         .unwrap()
         .get(0);
     assert_eq!(shard, 2);
-    let shard: i32 = client
-        .query_one("SELECT shard_id FROM pgtenant_shard /*tenant_id='7'*/", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let shard: i32 =
+        client.query_one("SELECT shard_id FROM pgtenant_shard /*tenant_id='7'*/", &[]).await.unwrap().get(0);
     assert_eq!(shard, 1);
     let err = client
-        .query(
-            "SELECT shard_id FROM pgtenant_shard /* pgtenant.tenant_id=5000 */",
-            &[],
-        )
+        .query("SELECT shard_id FROM pgtenant_shard /* pgtenant.tenant_id=5000 */", &[])
         .await
         .err()
         .unwrap();
@@ -163,19 +94,12 @@ async fn begin_is_deferred_until_a_statement_names_the_tenant() {
     });
     assert_eq!(row.as_deref(), Some("2"));
     // Still in the same transaction on shard 2.
-    let status = client
-        .simple_query("SELECT now() = statement_timestamp() AS same")
-        .await
-        .unwrap();
+    let status = client.simple_query("SELECT now() = statement_timestamp() AS same").await.unwrap();
     let same = status.iter().find_map(|m| match m {
         tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap().to_string()),
         _ => None,
     });
-    assert_eq!(
-        same.as_deref(),
-        Some("f"),
-        "now() is the transaction start, so the BEGIN ran first"
-    );
+    assert_eq!(same.as_deref(), Some("f"), "now() is the transaction start, so the BEGIN ran first");
     client.batch_execute("COMMIT").await.unwrap();
     // An empty transaction never touches a server.
     client.batch_execute("BEGIN; COMMIT").await.unwrap();
@@ -185,17 +109,10 @@ async fn begin_is_deferred_until_a_statement_names_the_tenant() {
 async fn a_bound_session_cannot_name_another_tenant() {
     let proxy = start_proxy(|_| {}).await;
     let client = proxy.connect(Some(7)).await;
-    let err = client
-        .query("SELECT 1 FROM accounts /* pgtenant.tenant_id=500 */", &[])
-        .await
-        .err()
-        .unwrap();
+    let err = client.query("SELECT 1 FROM accounts /* pgtenant.tenant_id=500 */", &[]).await.err().unwrap();
     assert_eq!(sqlstate(&err), "42501");
     let same: i64 = client
-        .query_one(
-            "SELECT count(*) FROM accounts /* pgtenant.tenant_id=7 */",
-            &[],
-        )
+        .query_one("SELECT count(*) FROM accounts /* pgtenant.tenant_id=7 */", &[])
         .await
         .unwrap()
         .get(0);
@@ -207,15 +124,9 @@ async fn cross_shard_hint_inside_a_transaction_is_refused() {
     let proxy = start_proxy(|_| {}).await;
     let client = proxy.connect(None).await;
     client.batch_execute("BEGIN").await.unwrap();
-    client
-        .batch_execute("SELECT 1 FROM accounts /* pgtenant.tenant_id=7 */")
-        .await
-        .unwrap();
-    let err = client
-        .batch_execute("SELECT 1 FROM accounts /* pgtenant.tenant_id=1500 */")
-        .await
-        .err()
-        .unwrap();
+    client.batch_execute("SELECT 1 FROM accounts /* pgtenant.tenant_id=7 */").await.unwrap();
+    let err =
+        client.batch_execute("SELECT 1 FROM accounts /* pgtenant.tenant_id=1500 */").await.err().unwrap();
     assert_eq!(sqlstate(&err), "0A000", "{err}");
     client.batch_execute("ROLLBACK").await.unwrap();
 }

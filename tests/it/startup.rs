@@ -25,18 +25,10 @@ async fn tls_and_plain_connections_both_work() {
         "",
     );
     let out = stdout(&tls);
-    assert!(
-        out.contains("SSL connection"),
-        "{out}{}",
-        harness::stderr(&tls)
-    );
+    assert!(out.contains("SSL connection"), "{out}{}", harness::stderr(&tls));
     assert!(out.contains(" 1\n"), "{out}");
     let plain = proxy.psql(Some(7), &["-c", "\\conninfo"], "");
-    assert!(
-        !stdout(&plain).contains("SSL connection"),
-        "{}",
-        stdout(&plain)
-    );
+    assert!(!stdout(&plain).contains("SSL connection"), "{}", stdout(&plain));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -52,10 +44,7 @@ async fn bytes_after_ssl_request_are_refused() {
     let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut answer))
         .await
         .expect("connection closed");
-    assert!(
-        !answer.starts_with(b"S"),
-        "TLS was accepted after injected bytes: {answer:?}"
-    );
+    assert!(!answer.starts_with(b"S"), "TLS was accepted after injected bytes: {answer:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -66,7 +55,10 @@ async fn gssenc_is_refused_and_startup_continues() {
             "-X",
             "-At",
             "-d",
-            &format!("host=127.0.0.1 port={} user=app password=app dbname=app gssencmode=prefer sslmode=disable", proxy.addr.port()),
+            &format!(
+                "host=127.0.0.1 port={} user=app password=app dbname=app gssencmode=prefer sslmode=disable",
+                proxy.addr.port()
+            ),
             "-c",
             "SELECT 42",
         ]),
@@ -83,10 +75,7 @@ async fn wrong_password_and_unknown_user_get_28p01() {
         format!("host=127.0.0.1 port={port} user=app password=nope dbname=app"),
         format!("host=127.0.0.1 port={port} user=ghost password=app dbname=app"),
     ] {
-        let err = harness::connect(&conninfo)
-            .await
-            .err()
-            .expect("login must fail");
+        let err = harness::connect(&conninfo).await.expect_err("login must fail");
         assert_eq!(sqlstate(&err), "28P01", "{err}");
     }
 }
@@ -94,43 +83,24 @@ async fn wrong_password_and_unknown_user_get_28p01() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_database_gets_3d000_from_the_server() {
     let proxy = start_proxy(|_| {}).await;
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=app password=app dbname=nowhere",
-        proxy.addr.port()
-    );
-    let err = harness::connect(&conninfo)
-        .await
-        .err()
-        .expect("login must fail");
+    let conninfo = format!("host=127.0.0.1 port={} user=app password=app dbname=nowhere", proxy.addr.port());
+    let err = harness::connect(&conninfo).await.expect_err("login must fail");
     assert_eq!(sqlstate(&err), "3D000", "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn client_sees_the_real_server_parameters_and_its_own_settings() {
     let proxy = start_proxy(|_| {}).await;
-    let mut c = RawClient::login(
-        proxy.addr,
-        &[
-            ("application_name", "param-test"),
-            ("TimeZone", "Asia/Tokyo"),
-        ],
-    )
-    .await;
+    let mut c =
+        RawClient::login(proxy.addr, &[("application_name", "param-test"), ("TimeZone", "Asia/Tokyo")]).await;
     // ParameterStatus values came before the first ReadyForQuery; ask again to compare.
     let msgs = c.query("SELECT current_setting('server_version'), current_setting('TimeZone'), current_setting('application_name')").await;
     let row = msgs.iter().find(|m| m.tag == b'D').expect("row");
     let text = String::from_utf8_lossy(&row.body);
-    assert!(
-        text.contains("Asia/Tokyo") && text.contains("param-test"),
-        "{text}"
-    );
+    assert!(text.contains("Asia/Tokyo") && text.contains("param-test"), "{text}");
 
     let client = proxy.connect(None).await;
-    let version: String = client
-        .query_one("SHOW server_version", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let version: String = client.query_one("SHOW server_version", &[]).await.unwrap().get(0);
     assert!(version.starts_with(char::is_numeric), "{version}");
 }
 
@@ -140,12 +110,7 @@ async fn startup_parameters_are_reported_in_parameter_status() {
     let mut c = RawClient::connect(proxy.addr).await;
     let mut out = bytes::BytesMut::new();
     postgres_protocol::message::frontend::startup_message(
-        [
-            ("user", "app"),
-            ("database", "app"),
-            ("application_name", "reported"),
-        ]
-        .into_iter(),
+        [("user", "app"), ("database", "app"), ("application_name", "reported")].into_iter(),
         &mut out,
     )
     .unwrap();
@@ -171,8 +136,7 @@ async fn startup_parameters_are_reported_in_parameter_status() {
                     .unwrap();
                 } else if code == 11 {
                     scram.update(&m.body[4..]).unwrap();
-                    postgres_protocol::message::frontend::sasl_response(scram.message(), &mut out)
-                        .unwrap();
+                    postgres_protocol::message::frontend::sasl_response(scram.message(), &mut out).unwrap();
                 }
                 if !out.is_empty() {
                     c.send(&out).await;
@@ -186,20 +150,9 @@ async fn startup_parameters_are_reported_in_parameter_status() {
         }
     }
     assert!(got_key, "no BackendKeyData");
-    assert!(
-        params
-            .iter()
-            .any(|p| p.starts_with("application_name=reported")),
-        "{params:?}"
-    );
-    assert!(
-        params.iter().any(|p| p.starts_with("server_version=1")),
-        "{params:?}"
-    );
-    assert!(
-        params.iter().any(|p| p.starts_with("server_encoding=UTF8")),
-        "{params:?}"
-    );
+    assert!(params.iter().any(|p| p.starts_with("application_name=reported")), "{params:?}");
+    assert!(params.iter().any(|p| p.starts_with("server_version=1")), "{params:?}");
+    assert!(params.iter().any(|p| p.starts_with("server_encoding=UTF8")), "{params:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -212,11 +165,7 @@ async fn cancel_stops_a_running_query() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         token.cancel_query(tokio_postgres::NoTls).await
     });
-    let err = client
-        .simple_query("SELECT pg_sleep(20)")
-        .await
-        .err()
-        .expect("query must be cancelled");
+    let err = client.simple_query("SELECT pg_sleep(20)").await.expect_err("query must be cancelled");
     assert_eq!(sqlstate(&err), "57014", "{err}");
     assert!(started.elapsed() < Duration::from_secs(10));
     canceller.await.unwrap().unwrap();

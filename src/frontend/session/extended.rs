@@ -36,9 +36,7 @@ impl Session {
         self.batch.push(frame);
         if !ends_request {
             if self.batch.len() > 10_000 {
-                return Err(FrontendError::Protocol(
-                    "more than 10000 messages without Sync".into(),
-                ));
+                return Err(FrontendError::Protocol("more than 10000 messages without Sync".into()));
             }
             return Ok(());
         }
@@ -83,11 +81,7 @@ impl Session {
                     if !stmt.is_validated() {
                         return Ok(false);
                     }
-                    parsed.push((
-                        Bytes::copy_from_slice(p.name),
-                        stmt,
-                        self.shared.router.analyze(p.query),
-                    ));
+                    parsed.push((Bytes::copy_from_slice(p.name), stmt, self.shared.router.analyze(p.query)));
                 }
                 b'C' => match protocol::target_view(frame.body()) {
                     Some((b'S', name)) if !name.is_empty() => {}
@@ -103,8 +97,7 @@ impl Session {
             match frame.tag {
                 b'P' => {
                     if let Some((name, stmt, analysis)) = parsed.next() {
-                        self.statements
-                            .insert(name, ClientStatement { stmt, analysis });
+                        self.statements.insert(name, ClientStatement { stmt, analysis });
                     }
                     protocol::parse_complete(&mut reply);
                 }
@@ -131,22 +124,14 @@ impl Session {
             }
         }
         let param = self.shared.router.tenant_param();
-        if analyses.iter().any(|a| {
-            matches!(
-                a.kind,
-                StatementKind::SetTenant(_) | StatementKind::ResetTenant
-            )
-        }) {
-            return Err(FrontendError::ExtendedTenantSet {
-                param: param.into(),
-            });
+        if analyses.iter().any(|a| matches!(a.kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant))
+        {
+            return Err(FrontendError::ExtendedTenantSet { param: param.into() });
         }
         let named = analyses.iter().find_map(|a| a.hint);
         let tenant = crate::router::Router::pick_tenant(self.tenant, named)?;
-        let route: Route = self
-            .shared
-            .router
-            .route_tenant(tenant, || analyses.iter().any(|a| a.needs_tenant()))?;
+        let route: Route =
+            self.shared.router.route_tenant(tenant, || analyses.iter().any(|a| a.needs_tenant()))?;
         self.begin_on(route).await
     }
 
@@ -179,22 +164,16 @@ impl Session {
             b'P' => self.forward_parse(&frame)?,
             b'B' => {
                 let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
-                let pin = self
-                    .statements
-                    .get(b.statement)
-                    .and_then(|s| s.analysis.pin);
+                let pin = self.statements.get(b.statement).and_then(|s| s.analysis.pin);
                 if let (Some(pin), Some(a)) = (pin, self.server.as_mut()) {
                     a.pin.get_or_insert(pin);
                 }
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 match stmt {
-                    Some(stmt) => protocol::bind_renamed(
-                        &mut a.conn.io.wbuf,
-                        b.portal,
-                        &stmt.server_name,
-                        b.rest,
-                    ),
+                    Some(stmt) => {
+                        protocol::bind_renamed(&mut a.conn.io.wbuf, b.portal, &stmt.server_name, b.rest)
+                    }
                     None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
                 }
                 a.conn.queue.push(Pending::client(Reply::Bind));
@@ -202,23 +181,16 @@ impl Session {
             b'D' => {
                 let (kind, name) =
                     protocol::target_view(frame.body()).ok_or_else(|| malformed("Describe"))?;
-                let stmt = if kind == b'S' {
-                    self.server_statement(name)
-                } else {
-                    None
-                };
+                let stmt = if kind == b'S' { self.server_statement(name) } else { None };
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 match stmt {
-                    Some(stmt) => {
-                        protocol::describe_statement(&mut a.conn.io.wbuf, &stmt.server_name)
-                    }
+                    Some(stmt) => protocol::describe_statement(&mut a.conn.io.wbuf, &stmt.server_name),
                     None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
                 }
                 a.conn.queue.push(Pending::client(Reply::Describe));
             }
             b'C' => {
-                let (kind, name) =
-                    protocol::target_view(frame.body()).ok_or_else(|| malformed("Close"))?;
+                let (kind, name) = protocol::target_view(frame.body()).ok_or_else(|| malformed("Close"))?;
                 if kind == b'S' && !name.is_empty() {
                     self.statements.remove(name);
                     let mut b = BytesMut::new();
@@ -241,9 +213,7 @@ impl Session {
                 }
             }
             _ => {
-                return Err(FrontendError::Protocol(
-                    "not an extended-protocol message".into(),
-                ));
+                return Err(FrontendError::Protocol("not an extended-protocol message".into()));
             }
         }
         if let Some(a) = self.server.as_mut() {
@@ -276,25 +246,15 @@ impl Session {
             return Ok(());
         }
         let stmt = self.shared.statements.intern(p.query, p.param_types);
-        self.statements.insert(
-            Bytes::copy_from_slice(p.name),
-            ClientStatement {
-                stmt: stmt.clone(),
-                analysis,
-            },
-        );
+        self.statements
+            .insert(Bytes::copy_from_slice(p.name), ClientStatement { stmt: stmt.clone(), analysis });
         let a = self.server.as_mut().ok_or_else(no_server)?;
         if a.conn.prepared.contains(&stmt.id) {
             let mut b = BytesMut::new();
             protocol::parse_complete(&mut b);
             a.conn.queue.push(Pending::Synthetic(b.freeze()));
         } else {
-            protocol::parse(
-                &mut a.conn.io.wbuf,
-                &stmt.server_name,
-                &stmt.query,
-                &stmt.param_types,
-            );
+            protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
             a.conn.prepared.insert(stmt.id);
             a.conn.queue.push(Pending::Client {
                 reply: Reply::Parse,
@@ -315,12 +275,7 @@ impl Session {
         let stmt = self.statements.get(name)?.stmt.clone();
         let a = self.server.as_mut()?;
         if !a.conn.prepared.contains(&stmt.id) {
-            protocol::parse(
-                &mut a.conn.io.wbuf,
-                &stmt.server_name,
-                &stmt.query,
-                &stmt.param_types,
-            );
+            protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
             a.conn.prepared.insert(stmt.id);
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Parse,

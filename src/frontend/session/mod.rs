@@ -117,10 +117,7 @@ enum Event {
 
 impl Session {
     pub fn new(shared: Arc<Shared>, client: Duplex, start: SessionStart) -> Self {
-        let pool_mode = start
-            .user
-            .pool_mode
-            .unwrap_or(shared.config.proxy.pool_mode);
+        let pool_mode = start.user.pool_mode.unwrap_or(shared.config.proxy.pool_mode);
         let max_message = shared.config.proxy.max_message_size;
         Self {
             client,
@@ -152,28 +149,20 @@ impl Session {
             tracing::debug!(error = %err, "session ends");
             if !matches!(err, FrontendError::Io(_)) {
                 write_error(&mut self.client.wbuf, err);
-                let _ =
-                    tokio::time::timeout(std::time::Duration::from_secs(1), self.client.flush())
-                        .await;
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.client.flush()).await;
             }
         }
         self.finish();
     }
 
-    async fn run_loop(
-        &mut self,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<(), FrontendError> {
+    async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), FrontendError> {
         let mut stopping = *shutdown.borrow();
         loop {
             if stopping && self.is_idle() {
                 return Err(FrontendError::ShuttingDown);
             }
             let server_read = self.client.wbuf.len() < HIGH_WATER;
-            let client_read = self
-                .server
-                .as_ref()
-                .is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
+            let client_read = self.server.as_ref().is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
             let client = &mut self.client;
             let server = &mut self.server;
             let event = tokio::select! {
@@ -206,10 +195,7 @@ impl Session {
     fn is_idle(&self) -> bool {
         self.tx == ClientTx::Idle
             && self.batch.is_empty()
-            && self
-                .server
-                .as_ref()
-                .is_none_or(|a| a.conn.queue.is_empty() && a.conn.status == TxStatus::Idle)
+            && self.server.as_ref().is_none_or(|a| a.conn.queue.is_empty() && a.conn.status == TxStatus::Idle)
     }
 
     /// Handles every complete client message; `false` when the client sent Terminate.
@@ -250,9 +236,7 @@ impl Session {
             }
             match a.conn.io.read_more().await {
                 Ok(IoEvent::Read) => self.on_server_bytes(),
-                Ok(IoEvent::Closed) => {
-                    self.on_server_lost("the server closed the connection".into())
-                }
+                Ok(IoEvent::Closed) => self.on_server_lost("the server closed the connection".into()),
                 Err(e) => self.on_server_lost(e.to_string()),
             }
         }
@@ -271,9 +255,7 @@ impl Session {
     /// Sends complete messages of pgtenant's own, after whatever the server still owes.
     fn reply(&mut self, bytes: BytesMut) {
         match self.server.as_mut() {
-            Some(a) if !a.conn.queue.is_empty() => {
-                a.conn.queue.push(Pending::Synthetic(bytes.freeze()))
-            }
+            Some(a) if !a.conn.queue.is_empty() => a.conn.queue.push(Pending::Synthetic(bytes.freeze())),
             _ => self.client.wbuf.extend_from_slice(&bytes),
         }
     }

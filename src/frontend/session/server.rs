@@ -5,9 +5,7 @@ use bytes::BytesMut;
 use deadpool::managed::Object;
 
 use super::{Attached, ClientTx, Session, SettingChange};
-use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Reply, SettingValue, Settings, sync_sql,
-};
+use crate::backend::{MAX_SERVER_MESSAGE, OnError, Pending, Reply, SettingValue, Settings, sync_sql};
 use crate::config::PoolMode;
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
@@ -19,9 +17,7 @@ impl Session {
     pub(super) fn at_transaction_start(&self) -> bool {
         match &self.server {
             None => true,
-            Some(a) => {
-                a.conn.status == TxStatus::Idle && a.conn.queue.is_empty() && !a.open_request
-            }
+            Some(a) => a.conn.status == TxStatus::Idle && a.conn.queue.is_empty() && !a.open_request,
         }
     }
 
@@ -42,11 +38,7 @@ impl Session {
             self.release_server();
         }
         if self.server.is_none() {
-            let conn = self
-                .shared
-                .pools
-                .checkout(route.shard, &self.user, &self.database)
-                .await?;
+            let conn = self.shared.pools.checkout(route.shard, &self.user, &self.database).await?;
             self.cancel.set_target(Some(conn.cancel));
             self.server = Some(Attached {
                 conn,
@@ -57,24 +49,14 @@ impl Session {
                 open_request: false,
             });
         }
-        let tenant_guc = self
-            .shared
-            .config
-            .proxy
-            .set_tenant_guc
-            .then(|| self.shared.router.tenant_param());
+        let tenant_guc = self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
         let Some(a) = self.server.as_mut() else {
             return Ok(());
         };
         a.route = route;
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
-        if let Some(sql) = sync_sql(
-            &a.conn.settings,
-            &self.settings,
-            a.conn.tenant,
-            route.tenant,
-            tenant_guc,
-        ) {
+        if let Some(sql) = sync_sql(&a.conn.settings, &self.settings, a.conn.tenant, route.tenant, tenant_guc)
+        {
             protocol::query(&mut a.conn.io.wbuf, &sql);
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Query,
@@ -111,17 +93,9 @@ impl Session {
             return Ok(());
         };
         Router::pick_tenant(self.tenant, Some(named))?;
-        let shard = self
-            .shared
-            .router
-            .resolve(named)
-            .map_err(|e| FrontendError::Route(e.into()))?;
+        let shard = self.shared.router.resolve(named).map_err(|e| FrontendError::Route(e.into()))?;
         if shard != a.route.shard {
-            return Err(FrontendError::CrossShard {
-                current: a.route.shard,
-                tenant: named,
-                other: shard,
-            });
+            return Err(FrontendError::CrossShard { current: a.route.shard, tenant: named, other: shard });
         }
         Ok(())
     }
@@ -143,17 +117,14 @@ impl Session {
                         a.conn.set_param(name, value);
                     }
                 }
-                b'C' if !self.tx_setting_changes.is_empty() => {
-                    if protocol::command_tag(frame.body()) == b"COMMIT" {
-                        a.saw_commit = true;
-                    }
+                b'C' if !self.tx_setting_changes.is_empty()
+                    && protocol::command_tag(frame.body()) == b"COMMIT" =>
+                {
+                    a.saw_commit = true;
                 }
                 _ => {}
             }
-            let fx = a
-                .conn
-                .queue
-                .on_server_message(&frame, &mut self.client.wbuf);
+            let fx = a.conn.queue.on_server_message(&frame, &mut self.client.wbuf);
             tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), ?fx, "server message");
             for id in &fx.unprepared {
                 a.conn.prepared.remove(id);
@@ -189,11 +160,7 @@ impl Session {
             }
         }
         if status == TxStatus::Idle {
-            let committed = self
-                .server
-                .as_mut()
-                .map(|a| std::mem::take(&mut a.saw_commit))
-                .unwrap_or(false);
+            let committed = self.server.as_mut().map(|a| std::mem::take(&mut a.saw_commit)).unwrap_or(false);
             let changes = std::mem::take(&mut self.tx_setting_changes);
             if committed {
                 for change in changes {
@@ -215,15 +182,11 @@ impl Session {
             }
             SettingChange::Reset { name } => {
                 // On a server, RESET goes back to the startup value; here that value is re-applied.
-                self.settings = match self
-                    .startup_settings
-                    .list
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case(&name))
-                {
-                    Some((n, v)) => self.settings.with(n, v.clone()),
-                    None => self.settings.without(&name),
-                };
+                self.settings =
+                    match self.startup_settings.list.iter().find(|(n, _)| n.eq_ignore_ascii_case(&name)) {
+                        Some((n, v)) => self.settings.with(n, v.clone()),
+                        None => self.settings.without(&name),
+                    };
                 a.conn.settings = a.conn.settings.without(&name);
             }
             SettingChange::ResetAll => {

@@ -33,10 +33,7 @@ impl Session {
             self.reply_error(&err, true);
             return Ok(());
         }
-        let ends_tx = matches!(
-            analysis.kind,
-            StatementKind::Commit | StatementKind::Rollback
-        );
+        let ends_tx = matches!(analysis.kind, StatementKind::Commit | StatementKind::Rollback);
         match &self.tx {
             ClientTx::Failed if ends_tx => {
                 self.tx = ClientTx::Idle;
@@ -50,11 +47,7 @@ impl Session {
             ClientTx::DeferredBegin(_) if ends_tx && self.server.is_none() => {
                 // An empty transaction: nothing ever reached a server.
                 self.tx = ClientTx::Idle;
-                let tag = if analysis.kind == StatementKind::Commit {
-                    "COMMIT"
-                } else {
-                    "ROLLBACK"
-                };
+                let tag = if analysis.kind == StatementKind::Commit { "COMMIT" } else { "ROLLBACK" };
                 self.reply_done(tag);
                 return Ok(());
             }
@@ -90,14 +83,11 @@ impl Session {
             None
         } else {
             match &analysis.kind {
-                StatementKind::Set { name, value } => Some(SettingChange::Set {
-                    name: name.clone(),
-                    value: value.clone(),
-                }),
-                StatementKind::Reset { name } => Some(SettingChange::Reset { name: name.clone() }),
-                StatementKind::ResetAll | StatementKind::DiscardAll => {
-                    Some(SettingChange::ResetAll)
+                StatementKind::Set { name, value } => {
+                    Some(SettingChange::Set { name: name.clone(), value: value.clone() })
                 }
+                StatementKind::Reset { name } => Some(SettingChange::Reset { name: name.clone() }),
+                StatementKind::ResetAll | StatementKind::DiscardAll => Some(SettingChange::ResetAll),
                 _ => None,
             }
         };
@@ -111,11 +101,7 @@ impl Session {
             a.conn.prepared.clear();
             self.statements.clear();
         }
-        a.conn.queue.push(Pending::Client {
-            reply: Reply::Query,
-            prepares: None,
-            tracked: change.is_some(),
-        });
+        a.conn.queue.push(Pending::Client { reply: Reply::Query, prepares: None, tracked: change.is_some() });
         a.conn.io.wbuf.extend_from_slice(&frame.raw);
         self.setting_changes.extend(change);
         Ok(())
@@ -142,21 +128,13 @@ impl Session {
     }
 
     /// `SET`/`RESET` of the tenant parameter, answered by pgtenant between transactions.
-    async fn set_tenant(
-        &mut self,
-        tenant: Option<TenantId>,
-        tag: &str,
-    ) -> Result<(), FrontendError> {
+    async fn set_tenant(&mut self, tenant: Option<TenantId>, tag: &str) -> Result<(), FrontendError> {
         self.settle().await;
         let in_tx = self.client_status() != TxStatus::Idle
-            || self
-                .server
-                .as_ref()
-                .is_some_and(|a| !a.conn.queue.is_empty());
+            || self.server.as_ref().is_some_and(|a| !a.conn.queue.is_empty());
         if in_tx {
-            let err = FrontendError::TenantChangeInTransaction {
-                param: self.shared.router.tenant_param().into(),
-            };
+            let err =
+                FrontendError::TenantChangeInTransaction { param: self.shared.router.tenant_param().into() };
             self.reply_error(&err, true);
             return Ok(());
         }

@@ -21,11 +21,7 @@ static BASE: OnceLock<PathBuf> = OnceLock::new();
 
 /// A loopback port nobody listens on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn base_dir() -> &'static Path {
@@ -40,6 +36,10 @@ fn base_dir() -> &'static Path {
 }
 
 /// Stops every cluster under `dir` and removes it once this process is gone.
+#[allow(
+    clippy::zombie_processes,
+    reason = "the watchdog must outlive the test process, which never waits for it"
+)]
 fn spawn_watchdog(dir: &Path) {
     let script = format!(
         "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
@@ -83,11 +83,7 @@ pub fn shards() -> &'static Shards {
         let clusters = vec![create_cluster("shard1", 1), create_cluster("shard2", 2)];
         let tls_dir = base_dir().join("tls");
         demo::ensure_certificate(&tls_dir).expect("certificate");
-        Shards {
-            ports: [clusters[0].port, clusters[1].port],
-            _clusters: clusters,
-            tls_dir,
-        }
+        Shards { ports: [clusters[0].port, clusters[1].port], _clusters: clusters, tls_dir }
     })
 }
 

@@ -27,14 +27,8 @@ pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
     let s = shards();
     let mut config = demo::demo_config("127.0.0.1:0".parse().unwrap(), s.ports, Some(&s.tls_dir));
     tweak(&mut config);
-    let running = pgtenant::server::start(config.clone())
-        .await
-        .expect("proxy starts");
-    Proxy {
-        addr: running.addr,
-        config,
-        _running: running,
-    }
+    let running = pgtenant::server::start(config.clone()).await.expect("proxy starts");
+    Proxy { addr: running.addr, config, _running: running }
 }
 
 impl Proxy {
@@ -48,31 +42,23 @@ impl Proxy {
 
     /// A tokio-postgres client, with a session tenant when given.
     pub async fn connect(&self, tenant: Option<i64>) -> tokio_postgres::Client {
-        self.try_connect(tenant)
-            .await
-            .expect("connect through the proxy")
+        self.try_connect(tenant).await.expect("connect through the proxy")
     }
 
     pub async fn try_connect(
         &self,
         tenant: Option<i64>,
     ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let options = tenant
-            .map(|t| format!("options='-c pgtenant.tenant_id={t}'"))
-            .unwrap_or_default();
+        let options = tenant.map(|t| format!("options='-c pgtenant.tenant_id={t}'")).unwrap_or_default();
         connect(&self.conninfo(&options)).await
     }
 
     /// Runs psql with `args` against the proxy, feeding `stdin`.
     pub fn psql(&self, tenant: Option<i64>, args: &[&str], stdin: &str) -> Output {
-        let options = tenant
-            .map(|t| format!("options='-c pgtenant.tenant_id={t}'"))
-            .unwrap_or_default();
+        let options = tenant.map(|t| format!("options='-c pgtenant.tenant_id={t}'")).unwrap_or_default();
         let conninfo = self.conninfo(&options);
         run_with_stdin(
-            Command::new("psql")
-                .args(["-X", "-q", "-v", "ON_ERROR_STOP=0", "-d", &conninfo])
-                .args(args),
+            Command::new("psql").args(["-X", "-q", "-v", "ON_ERROR_STOP=0", "-d", &conninfo]).args(args),
             stdin,
         )
     }
@@ -90,18 +76,9 @@ pub async fn connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio_pos
 pub fn run_with_stdin(cmd: &mut Command, stdin: &str) -> Output {
     use std::io::Write;
     use std::process::Stdio;
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin.as_bytes())
-        .expect("write stdin");
+    let mut child =
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
     child.wait_with_output().expect("wait")
 }
 
@@ -115,16 +92,10 @@ pub fn stderr(o: &Output) -> String {
 
 /// Which shard answered, asked of the server itself.
 pub async fn shard_of(client: &tokio_postgres::Client) -> i32 {
-    client
-        .query_one("SELECT shard_id FROM pgtenant_shard", &[])
-        .await
-        .expect("pgtenant_shard")
-        .get(0)
+    client.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.expect("pgtenant_shard").get(0)
 }
 
 /// The SQLSTATE of an error from tokio-postgres.
 pub fn sqlstate(e: &tokio_postgres::Error) -> String {
-    e.code()
-        .map(|c| c.code().to_string())
-        .unwrap_or_else(|| format!("no SQLSTATE: {e}"))
+    e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {e}"))
 }

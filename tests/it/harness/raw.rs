@@ -23,19 +23,13 @@ impl Msg {
     /// The SQLSTATE of an ErrorResponse.
     pub fn sqlstate(&self) -> Option<String> {
         let mut fields = self.body.split(|b| *b == 0);
-        fields.find_map(|f| {
-            f.strip_prefix(b"C")
-                .map(|c| String::from_utf8_lossy(c).into_owned())
-        })
+        fields.find_map(|f| f.strip_prefix(b"C").map(|c| String::from_utf8_lossy(c).into_owned()))
     }
 }
 
 impl RawClient {
     pub async fn connect(addr: std::net::SocketAddr) -> RawClient {
-        RawClient {
-            stream: TcpStream::connect(addr).await.unwrap(),
-            buf: BytesMut::new(),
-        }
+        RawClient { stream: TcpStream::connect(addr).await.unwrap(), buf: BytesMut::new() }
     }
 
     /// Connects and logs in as app/app with the given startup parameters.
@@ -54,12 +48,9 @@ impl RawClient {
                     let code = i32::from_be_bytes(m.body[..4].try_into().unwrap());
                     let mut out = BytesMut::new();
                     match code {
-                        10 => frontend::sasl_initial_response(
-                            SCRAM_SHA_256,
-                            scram.message(),
-                            &mut out,
-                        )
-                        .unwrap(),
+                        10 => {
+                            frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut out).unwrap()
+                        }
                         11 => {
                             scram.update(&m.body[4..]).unwrap();
                             frontend::sasl_response(scram.message(), &mut out).unwrap();
@@ -89,20 +80,14 @@ impl RawClient {
                 let len = u32::from_be_bytes(self.buf[1..5].try_into().unwrap()) as usize;
                 if self.buf.len() > len {
                     let raw = self.buf.split_to(len + 1);
-                    return Some(Msg {
-                        tag: raw[0],
-                        body: raw[5..].to_vec(),
-                    });
+                    return Some(Msg { tag: raw[0], body: raw[5..].to_vec() });
                 }
             }
             let mut chunk = [0u8; 8192];
-            let n = tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                self.stream.read(&mut chunk),
-            )
-            .await
-            .ok()?
-            .ok()?;
+            let n = tokio::time::timeout(std::time::Duration::from_secs(10), self.stream.read(&mut chunk))
+                .await
+                .ok()?
+                .ok()?;
             if n == 0 {
                 return None;
             }
