@@ -35,13 +35,20 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             })
         }
-        Command::Dev { dir, port, shard_port } => run(0, pgtenant::dev::run(dir, port, shard_port)),
+        Command::Dev { dir, port, shard_port, workers } => {
+            run(workers, pgtenant::dev::run(dir, port, shard_port))
+        }
     }
 }
 
 fn run(workers: usize, job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if workers > 0 {
+    // One worker: a single-threaded runtime, which avoids cross-thread wake-ups.
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if workers > 1 {
         builder.worker_threads(workers);
     }
     let runtime = builder.enable_all().build().expect("tokio runtime");

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, Object, Pool, PoolError, RecycleError, RecycleResult, Timeouts};
 
@@ -74,12 +75,20 @@ impl Pools {
         database: &str,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = self.pool(shard, user, database)?;
-        let timeouts = Timeouts {
-            wait: Some(self.config.proxy.checkout_timeout()),
+        // Fast path without timers: an idle connection or a free slot, right now.
+        let immediate = Timeouts {
+            wait: Some(Duration::ZERO),
             create: Some(self.config.proxy.connect_timeout()),
-            recycle: Some(self.config.proxy.connect_timeout()),
+            recycle: None,
         };
-        pool.timeout_get(&timeouts).await.map_err(|e| match e {
+        let result = match pool.timeout_get(&immediate).await {
+            Err(PoolError::Timeout(managed::TimeoutType::Wait)) => {
+                let patient = Timeouts { wait: Some(self.config.proxy.checkout_timeout()), ..immediate };
+                pool.timeout_get(&patient).await
+            }
+            other => other,
+        };
+        result.map_err(|e| match e {
             PoolError::Timeout(managed::TimeoutType::Wait) => CheckoutError::Exhausted {
                 shard,
                 size: user.pool_size,

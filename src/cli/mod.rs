@@ -29,6 +29,9 @@ pub enum Command {
         /// First port of the shard clusters (shard 1, then shard 2).
         #[arg(long, default_value_t = 6442)]
         shard_port: u16,
+        /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
+        #[arg(long, default_value_t = 0)]
+        workers: usize,
     },
     /// Validate a configuration file and list every problem.
     CheckConfig { file: PathBuf },

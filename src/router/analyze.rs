@@ -293,6 +293,11 @@ fn needs_tenant(sql: &str, kind: &StatementKind) -> bool {
     ) {
         return false;
     }
+    super::cache::touches_tables(sql, parse_touches_tables)
+}
+
+/// Parses `sql`; statements sqlparser cannot parse count as touching tables.
+fn parse_touches_tables(sql: &str) -> bool {
     let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
         return true;
     };

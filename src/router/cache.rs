@@ -1,29 +1,20 @@
-//! The parse cache: query text -> shared `Analysis`, so a hot statement is
-//! analyzed once. Bounded by entry count.
+//! The parse cache: statement text -> whether sqlparser found tables outside the
+//! system catalogs. Parsing costs 5-20 µs; the answer depends only on the text, so a
+//! hot statement is parsed once. Bounded by entry count. The cheap lexical analysis
+//! is not cached: with unique texts (literals inlined) a cache would only churn.
 
-use std::sync::Arc;
+use std::sync::LazyLock;
 
-use bytes::Bytes;
 use moka::sync::Cache;
 
-use super::analyze::{Analysis, analyze};
+static TOUCHES_TABLES: LazyLock<Cache<Box<str>, bool>> = LazyLock::new(|| Cache::new(10_000));
 
-pub struct AnalysisCache {
-    cache: Cache<Bytes, Arc<Analysis>>,
-}
-
-impl AnalysisCache {
-    pub fn new(capacity: u64) -> Self {
-        Self { cache: Cache::new(capacity) }
+/// Whether `sql` reads or writes tables outside the system catalogs, cached by text.
+pub fn touches_tables(sql: &str, parse: impl FnOnce(&str) -> bool) -> bool {
+    if let Some(hit) = TOUCHES_TABLES.get(sql) {
+        return hit;
     }
-
-    pub fn get_or_analyze(&self, sql: &[u8], tenant_param: &str) -> Arc<Analysis> {
-        if let Some(hit) = self.cache.get(sql) {
-            return hit;
-        }
-        let analysis = Arc::new(analyze(sql, tenant_param));
-        // Copy the key so the cache does not keep a whole client buffer alive.
-        self.cache.insert(Bytes::copy_from_slice(sql), analysis.clone());
-        analysis
-    }
+    let answer = parse(sql);
+    TOUCHES_TABLES.insert(sql.into(), answer);
+    answer
 }

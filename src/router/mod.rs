@@ -8,7 +8,6 @@ mod lexer;
 use std::sync::Arc;
 
 pub use analyze::{Analysis, PinReason, StatementKind};
-pub use cache::AnalysisCache;
 
 use crate::config::{Config, NoTenantPolicy};
 use crate::directory::{Directory, DirectoryError, ShardId, TenantId};
@@ -33,7 +32,6 @@ pub enum RouteError {
 /// Decides routes; shared by all sessions.
 pub struct Router {
     directory: Arc<dyn Directory>,
-    cache: AnalysisCache,
     tenant_param: String,
     default_shard: ShardId,
     no_tenant_policy: NoTenantPolicy,
@@ -43,7 +41,6 @@ impl Router {
     pub fn new(config: &Config, directory: Arc<dyn Directory>) -> Self {
         Self {
             directory,
-            cache: AnalysisCache::new(10_000),
             tenant_param: config.proxy.tenant_parameter.clone(),
             default_shard: config.default_shard(),
             no_tenant_policy: config.proxy.no_tenant_policy,
@@ -58,9 +55,9 @@ impl Router {
         self.default_shard
     }
 
-    /// The (cached) analysis of a query string.
+    /// The analysis of a query string.
     pub fn analyze(&self, sql: &[u8]) -> Arc<Analysis> {
-        self.cache.get_or_analyze(sql, &self.tenant_param)
+        Arc::new(analyze::analyze(sql, &self.tenant_param))
     }
 
     /// Routes a transaction whose first statement is `analysis`.
