@@ -12,7 +12,7 @@ mod tls;
 
 pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerConn, send_cancel};
 pub use error::{BackendError, CheckoutError};
-pub use pool::{PooledConn, Pools};
+pub use pool::{PooledConn, Pools, ServerPool};
 pub use prepared::{PreparedStatement, StatementRegistry};
 pub use settings::{SettingValue, Settings, quote_literal, sync_sql};
 pub use state::{Effects, OnError, Pending, Reply, ResponseQueue};

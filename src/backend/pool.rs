@@ -48,6 +48,9 @@ impl managed::Manager for ServerManager {
 /// A checked-out server connection; dropping it returns it to its pool.
 pub type PooledConn = Object<ServerManager>;
 
+/// A pool of server connections to one node for one user and database.
+pub type ServerPool = Pool<ServerManager>;
+
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     shard: ShardId,
@@ -75,6 +78,15 @@ impl Pools {
         database: &str,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = self.pool(shard, user, database)?;
+        self.checkout_from(&pool, shard).await
+    }
+
+    /// Checks out a connection from a pool handle kept by the caller (see `pool`).
+    pub async fn checkout_from(
+        &self,
+        pool: &ServerPool,
+        shard: ShardId,
+    ) -> Result<PooledConn, CheckoutError> {
         // Fast path without timers: an idle connection or a free slot, right now.
         let immediate = Timeouts {
             wait: Some(Duration::ZERO),
@@ -91,7 +103,7 @@ impl Pools {
         result.map_err(|e| match e {
             PoolError::Timeout(managed::TimeoutType::Wait) => CheckoutError::Exhausted {
                 shard,
-                size: user.pool_size,
+                size: pool.status().max_size,
                 waited_ms: self.config.proxy.checkout_timeout_ms,
             },
             PoolError::Timeout(_) => CheckoutError::Unreachable {
@@ -105,12 +117,14 @@ impl Pools {
         })
     }
 
-    fn pool(
+    /// The pool of (`shard`'s primary, `user`, `database`), created on first use. The
+    /// handle is cheap to clone; sessions keep theirs to skip this lookup per checkout.
+    pub fn pool(
         &self,
         shard: ShardId,
         user: &UserConfig,
         database: &str,
-    ) -> Result<Pool<ServerManager>, CheckoutError> {
+    ) -> Result<ServerPool, CheckoutError> {
         let key = PoolKey { shard, user: user.name.clone(), database: database.to_string() };
         if let Some(p) = self.pools.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(p.clone());

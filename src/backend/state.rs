@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use super::prepared::PreparedStatement;
-use crate::protocol::{Frame, TxStatus};
+use crate::protocol::TxStatus;
 
 /// The message whose responses an entry waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,25 +128,26 @@ impl ResponseQueue {
         }
     }
 
-    /// Handles one server message: appends what the client should see to `out`.
-    pub fn on_server_message(&mut self, frame: &Frame, out: &mut BytesMut) -> Effects {
+    /// Handles one server message (`raw`: tag, length and body): appends what the
+    /// client should see to `out`.
+    pub fn on_server_message(&mut self, tag: u8, raw: &[u8], out: &mut BytesMut) -> Effects {
         let mut fx = Effects::default();
         let forward_front = !matches!(self.pending.front(), Some(Pending::Injected { .. }));
-        match frame.tag {
+        match tag {
             // Asynchronous messages may come at any time.
-            b'A' => out.extend_from_slice(&frame.raw),
+            b'A' => out.extend_from_slice(raw),
             b'N' | b'S' => {
                 if forward_front {
-                    out.extend_from_slice(&frame.raw);
+                    out.extend_from_slice(raw);
                 }
             }
-            b'E' => self.on_error(frame, out, &mut fx),
+            b'E' => self.on_error(raw, out, &mut fx),
             b'Z' => {
-                let status = frame.body().first().copied().and_then(TxStatus::from_byte);
+                let status = raw.get(5).copied().and_then(TxStatus::from_byte);
                 fx.status = status;
                 match self.pending.pop_front() {
                     Some(Pending::Client { reply: Reply::Sync | Reply::Query, tracked, .. }) => {
-                        out.extend_from_slice(&frame.raw);
+                        out.extend_from_slice(raw);
                         fx.ready = status;
                         fx.tracked_done = tracked;
                     }
@@ -160,7 +161,7 @@ impl ResponseQueue {
             tag => {
                 let Some(front) = self.pending.front() else {
                     fx.desync = true;
-                    out.extend_from_slice(&frame.raw);
+                    out.extend_from_slice(raw);
                     return fx;
                 };
                 let (reply, forward) = match front {
@@ -172,7 +173,7 @@ impl ResponseQueue {
                     }
                 };
                 if forward {
-                    out.extend_from_slice(&frame.raw);
+                    out.extend_from_slice(raw);
                 }
                 if tag == b'G' && reply == Reply::Execute {
                     self.on_copy_in();
@@ -191,7 +192,7 @@ impl ResponseQueue {
         fx
     }
 
-    fn on_error(&mut self, frame: &Frame, out: &mut BytesMut, fx: &mut Effects) {
+    fn on_error(&mut self, raw: &[u8], out: &mut BytesMut, fx: &mut Effects) {
         let front = match self.pending.front() {
             Some(Pending::Client { reply, .. }) => Some((*reply, OnError::Forward)),
             Some(Pending::Injected { reply, on_error, .. }) => Some((*reply, *on_error)),
@@ -207,7 +208,7 @@ impl ResponseQueue {
             _ => true,
         };
         if forward {
-            out.extend_from_slice(&frame.raw);
+            out.extend_from_slice(raw);
             fx.client_error = true;
         }
         let Some((reply, _)) = front else { return };
@@ -248,10 +249,16 @@ mod tests {
     use super::*;
     use crate::protocol::{self, try_parse_frame};
 
-    fn msg(tag: u8, body: &[u8]) -> Frame {
+    fn msg(tag: u8, body: &[u8]) -> (u8, Vec<u8>) {
         let mut b = BytesMut::new();
         protocol::put_message(&mut b, tag, |x| x.extend_from_slice(body));
-        try_parse_frame(&mut b, 1 << 20).unwrap().unwrap()
+        (tag, b.to_vec())
+    }
+
+    impl ResponseQueue {
+        fn on(&mut self, m: (u8, Vec<u8>), out: &mut BytesMut) -> Effects {
+            self.on_server_message(m.0, &m.1, out)
+        }
     }
 
     fn client(reply: Reply) -> Pending {
@@ -281,10 +288,10 @@ mod tests {
         for (tag, body) in
             [(b'C', &b"SET\0"[..]), (b'Z', b"I"), (b'2', b""), (b'D', b"\0\0"), (b'C', b"SELECT 1\0")]
         {
-            let fx = q.on_server_message(&msg(tag, body), &mut out);
+            let fx = q.on(msg(tag, body), &mut out);
             assert!(fx.ready.is_none() && !fx.desync);
         }
-        let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
+        let fx = q.on(msg(b'Z', b"I"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Idle));
         assert_eq!(tags(&out), b"12DCZ");
         assert!(q.is_empty());
@@ -299,10 +306,10 @@ mod tests {
         q.push(client(Reply::Bind));
         q.push(synthetic(protocol::close_complete));
         q.push(client(Reply::Sync));
-        let fx = q.on_server_message(&msg(b'E', b"SERROR\0C42601\0Mbad\0\0"), &mut out);
+        let fx = q.on(msg(b'E', b"SERROR\0C42601\0Mbad\0\0"), &mut out);
         assert_eq!(fx.unprepared, vec![stmt.id]);
         assert!(!stmt.is_validated());
-        let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
+        let fx = q.on(msg(b'Z', b"I"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Idle));
         assert_eq!(tags(&out), b"EZ");
         assert!(q.is_empty());
@@ -313,9 +320,9 @@ mod tests {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
         q.push(client(Reply::Query));
-        q.on_server_message(&msg(b'E', b"SERROR\0\0"), &mut out);
+        q.on(msg(b'E', b"SERROR\0\0"), &mut out);
         assert!(!q.is_empty());
-        let fx = q.on_server_message(&msg(b'Z', b"E"), &mut out);
+        let fx = q.on(msg(b'Z', b"E"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Failed));
         assert!(q.is_empty());
     }
@@ -330,9 +337,9 @@ mod tests {
         q.push(Pending::CopyEnd);
         q.push(client(Reply::Sync));
         for (tag, body) in [(b'2', &b""[..]), (b'G', b"\0\0\0"), (b'C', b"COPY 1\0")] {
-            q.on_server_message(&msg(tag, body), &mut out);
+            q.on(msg(tag, body), &mut out);
         }
-        let fx = q.on_server_message(&msg(b'Z', b"I"), &mut out);
+        let fx = q.on(msg(b'Z', b"I"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Idle));
         assert!(q.is_empty(), "{q:?}");
         assert_eq!(tags(&out), b"2GCZ");
@@ -348,7 +355,7 @@ mod tests {
             on_error: OnError::Forward,
             prepares: Some(stmt.clone()),
         });
-        q.on_server_message(&msg(b'1', b""), &mut out);
+        q.on(msg(b'1', b""), &mut out);
         assert!(stmt.is_validated());
         assert!(out.is_empty(), "an injected ParseComplete is swallowed");
     }
@@ -357,6 +364,6 @@ mod tests {
     fn unexpected_message_is_a_desync() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        assert!(q.on_server_message(&msg(b'D', b""), &mut out).desync);
+        assert!(q.on(msg(b'D', b""), &mut out).desync);
     }
 }

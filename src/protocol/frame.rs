@@ -30,11 +30,11 @@ pub enum FrameError {
     TooLarge(usize, usize),
 }
 
-/// Splits one complete message off the front of `buf`.
+/// Reads the header of the message at the front of `buf`: its tag and total length
+/// (tag byte included). `Ok(None)` when the whole message is not buffered yet.
 ///
-/// Returns `Ok(None)` when more bytes are needed. Never allocates more than the
-/// bytes already buffered: a declared length above `max_len` is an error at once.
-pub fn try_parse_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, FrameError> {
+/// Never trusts a length beyond `max_len`: an oversized declaration is an error at once.
+pub fn frame_header(buf: &[u8], max_len: usize) -> Result<Option<(u8, usize)>, FrameError> {
     if buf.len() < 5 {
         return Ok(None);
     }
@@ -46,12 +46,24 @@ pub fn try_parse_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Fram
     if total > max_len {
         return Err(FrameError::TooLarge(total, max_len));
     }
-    if buf.len() < total {
-        buf.reserve(total - buf.len());
-        return Ok(None);
+    Ok((buf.len() >= total).then_some((buf[0], total)))
+}
+
+/// Splits one complete message off the front of `buf`.
+///
+/// Returns `Ok(None)` when more bytes are needed, reserving room for the rest of a
+/// message whose header has arrived (bounded by `max_len`).
+pub fn try_parse_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, FrameError> {
+    match frame_header(buf, max_len)? {
+        Some((tag, total)) => Ok(Some(Frame { tag, raw: buf.split_to(total).freeze() })),
+        None => {
+            if buf.len() >= 5 {
+                let total = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize + 1;
+                buf.reserve(total - buf.len());
+            }
+            Ok(None)
+        }
     }
-    let raw = buf.split_to(total).freeze();
-    Ok(Some(Frame { tag: raw[0], raw }))
 }
 
 /// The first packet of a connection.

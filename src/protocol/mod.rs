@@ -11,5 +11,5 @@ mod messages;
 pub mod sqlstate;
 
 pub use build::*;
-pub use frame::{Frame, FrameError, StartupPacket, read_startup_frame, try_parse_frame};
+pub use frame::{Frame, FrameError, StartupPacket, frame_header, read_startup_frame, try_parse_frame};
 pub use messages::*;

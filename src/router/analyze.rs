@@ -86,6 +86,17 @@ impl Analysis {
 
 /// Analyzes a query string; `tenant_param` is the configured parameter name.
 pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
+    if is_plain_dml(sql) {
+        return Analysis {
+            kind: StatementKind::Other,
+            hint: None,
+            pin: None,
+            is_multi: false,
+            bad_tenant_value: None,
+            sql: String::from_utf8_lossy(sql).into(),
+            needs_tenant: OnceLock::new(),
+        };
+    }
     let text = String::from_utf8_lossy(sql);
     let tokens = tokenize(sql);
     let hint = tokens
@@ -111,6 +122,28 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         sql: text.into(),
         needs_tenant: OnceLock::new(),
     }
+}
+
+/// One DML statement with no comment, no second statement and nothing that could
+/// pin a connection: the common case, recognised without tokenizing.
+fn is_plain_dml(sql: &[u8]) -> bool {
+    const DML: [&[u8]; 6] = [b"select", b"insert", b"update", b"delete", b"with", b"values"];
+    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
+    let rest = &sql[start..];
+    let word_len = rest.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(rest.len());
+    if !DML.iter().any(|w| rest[..word_len].eq_ignore_ascii_case(w)) {
+        return false;
+    }
+    let body = rest.trim_ascii_end();
+    let body = body.strip_suffix(b";").unwrap_or(body);
+    let suspicious = |w: &[u8]| body.windows(w.len()).any(|x| x.eq_ignore_ascii_case(w));
+    // `$1` is a parameter; `$$` or `$tag$` would start a dollar-quoted string.
+    let dollar_quote = body.windows(2).any(|w| w[0] == b'$' && !w[1].is_ascii_digit());
+    !dollar_quote
+        && !body.iter().any(|b| matches!(b, b';' | b'\\'))
+        && !body.windows(2).any(|w| w == b"/*" || w == b"--")
+        && !suspicious(b"advisory")
+        && !suspicious(b"temp")
 }
 
 struct Words<'a> {
@@ -371,6 +404,24 @@ mod tests {
         assert_eq!(analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P).pin, Some(PinReason::HoldCursor));
         assert!(analyze(b"SELECT 1; SELECT 2;", P).is_multi);
         assert!(!analyze(b"SELECT ';' ; ", P).is_multi);
+    }
+
+    #[test]
+    fn plain_dml_takes_the_fast_path_and_anything_unusual_does_not() {
+        assert!(is_plain_dml(b"SELECT abalance FROM pgbench_accounts WHERE aid = $1"));
+        assert!(!is_plain_dml(b"select $$;$$"));
+        assert!(is_plain_dml(b" select * from t where id = 5;"));
+        assert!(is_plain_dml(b"UPDATE t SET v = v + 1 WHERE id = 2"));
+        assert!(!is_plain_dml(b"select 1; select 2"));
+        assert!(!is_plain_dml(b"select 1 /* pgtenant.tenant_id=4 */"));
+        assert!(!is_plain_dml(b"select pg_advisory_lock(1)"));
+        assert!(!is_plain_dml(b"select * into temp t from x"));
+        assert!(!is_plain_dml(b"SET x = 1"));
+        // Both paths agree on what they share.
+        for sql in ["select * from t where id = 5", "insert into t values (1)"] {
+            let a = analyze(sql.as_bytes(), P);
+            assert_eq!((a.kind, a.hint, a.pin, a.is_multi), (StatementKind::Other, None, None, false));
+        }
     }
 
     #[test]

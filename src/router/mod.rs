@@ -4,10 +4,12 @@
 mod analyze;
 mod cache;
 mod lexer;
+mod recent;
 
 use std::sync::Arc;
 
 pub use analyze::{Analysis, PinReason, StatementKind};
+pub use recent::RecentAnalyses;
 
 use crate::config::{Config, NoTenantPolicy};
 use crate::directory::{Directory, DirectoryError, ShardId, TenantId};

@@ -54,12 +54,17 @@ impl Session {
             }
             return Ok(());
         }
-        for frame in batch {
+        let mut batch = batch;
+        for frame in batch.drain(..) {
             if self.skip_until_sync {
                 Box::pin(self.on_extended(frame)).await?;
             } else {
                 self.forward_extended(frame)?;
             }
+        }
+        // Keep the allocation for the next request.
+        if self.batch.is_empty() {
+            self.batch = batch;
         }
         Ok(())
     }
@@ -81,7 +86,8 @@ impl Session {
                     if !stmt.is_validated() {
                         return Ok(false);
                     }
-                    parsed.push((Bytes::copy_from_slice(p.name), stmt, self.shared.router.analyze(p.query)));
+                    let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+                    parsed.push((Bytes::copy_from_slice(p.name), stmt, analysis));
                 }
                 b'C' => match protocol::target_view(frame.body()) {
                     Some((b'S', name)) if !name.is_empty() => {}
@@ -118,8 +124,8 @@ impl Session {
     /// Routes a held request by its statements and attaches a server for it.
     async fn route_batch(&mut self) -> Result<(), FrontendError> {
         let mut analyses = Vec::new();
-        for frame in &self.batch {
-            if let Some(a) = self.statement_of(frame)? {
+        for i in 0..self.batch.len() {
+            if let Some(a) = self.statement_of(i)? {
                 analyses.push(a);
             }
         }
@@ -135,12 +141,13 @@ impl Session {
         self.begin_on(route).await
     }
 
-    /// The analysis of the statement a Parse or Bind refers to.
-    fn statement_of(&self, frame: &Frame) -> Result<Option<Arc<Analysis>>, FrontendError> {
+    /// The analysis of the statement the held Parse or Bind number `i` refers to.
+    fn statement_of(&mut self, i: usize) -> Result<Option<Arc<Analysis>>, FrontendError> {
+        let frame = &self.batch[i];
         match frame.tag {
             b'P' => {
                 let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
-                Ok(Some(self.shared.router.analyze(p.query)))
+                Ok(Some(self.recent.get_or_analyze(&self.shared.router, p.query)))
             }
             b'B' => {
                 let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
@@ -224,7 +231,7 @@ impl Session {
 
     fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
         let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
-        let analysis = self.shared.router.analyze(p.query);
+        let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
         if let Some(pin) = analysis.pin
             && let Some(a) = self.server.as_mut()
         {

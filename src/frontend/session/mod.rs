@@ -25,12 +25,12 @@ use super::Shared;
 use super::cancel::CancelKey;
 use super::error::FrontendError;
 use super::error_response::write_error;
-use crate::backend::{Pending, PooledConn, PreparedStatement, Settings};
+use crate::backend::{Pending, PooledConn, PreparedStatement, ServerPool, Settings};
 use crate::config::{PoolMode, UserConfig};
-use crate::directory::TenantId;
+use crate::directory::{ShardId, TenantId};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::{Analysis, PinReason, Route};
+use crate::router::{Analysis, PinReason, RecentAnalyses, Route};
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER: usize = 1 << 20;
@@ -84,9 +84,13 @@ pub struct Session {
     startup_settings: Arc<Settings>,
     settings: Arc<Settings>,
     statements: HashMap<Bytes, ClientStatement>,
+    /// Analyses of the statement texts this session sent last.
+    recent: RecentAnalyses,
     /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
     unnamed: Option<Arc<Analysis>>,
     server: Option<Attached>,
+    /// Pool handles of the shards this session used, so a checkout skips the pool lookup.
+    pools: Vec<(ShardId, ServerPool)>,
     tx: ClientTx,
     /// Extended-protocol messages held until Sync/Flush while no server is attached.
     batch: Vec<Frame>,
@@ -130,8 +134,10 @@ impl Session {
             startup_settings: start.settings.clone(),
             settings: start.settings,
             statements: HashMap::new(),
+            recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
+            pools: Vec::new(),
             tx: ClientTx::Idle,
             batch: Vec::new(),
             skip_until_sync: false,
@@ -157,6 +163,10 @@ impl Session {
 
     async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), FrontendError> {
         let mut stopping = *shutdown.borrow();
+        // One shutdown future for the whole session: re-creating it per event would
+        // register and unregister a waiter every time.
+        let stop_signal = shutdown.changed();
+        tokio::pin!(stop_signal);
         loop {
             if stopping && self.is_idle() {
                 return Err(FrontendError::ShuttingDown);
@@ -171,7 +181,7 @@ impl Session {
                     None => Poll::Pending,
                 }) => Event::Server(r),
                 r = poll_fn(|cx| client.poll_io(cx, client_read)) => Event::Client(r),
-                _ = shutdown.changed(), if !stopping => Event::Shutdown,
+                _ = &mut stop_signal, if !stopping => Event::Shutdown,
             };
             match event {
                 Event::Client(Ok(IoEvent::Read)) => {

@@ -1,11 +1,13 @@
 //! The attached server: checkout and settings synchronisation at the start of a
 //! transaction, relaying its responses, and giving it back (or closing it).
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use deadpool::managed::Object;
 
 use super::{Attached, ClientTx, Session, SettingChange};
-use crate::backend::{MAX_SERVER_MESSAGE, OnError, Pending, Reply, SettingValue, Settings, sync_sql};
+use crate::backend::{
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, SettingValue, Settings, sync_sql,
+};
 use crate::config::PoolMode;
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
@@ -38,7 +40,15 @@ impl Session {
             self.release_server();
         }
         if self.server.is_none() {
-            let conn = self.shared.pools.checkout(route.shard, &self.user, &self.database).await?;
+            let pool = match self.pools.iter().find(|(shard, _)| *shard == route.shard) {
+                Some((_, pool)) => pool.clone(),
+                None => {
+                    let pool = self.shared.pools.pool(route.shard, &self.user, &self.database)?;
+                    self.pools.push((route.shard, pool.clone()));
+                    pool
+                }
+            };
+            let conn = self.shared.pools.checkout_from(&pool, route.shard).await?;
             self.cancel.set_target(Some(conn.cancel));
             self.server = Some(Attached {
                 conn,
@@ -103,44 +113,12 @@ impl Session {
     /// Relays every complete server message and acts on ReadyForQuery.
     pub(super) fn on_server_bytes(&mut self) {
         loop {
-            let Some(a) = self.server.as_mut() else {
-                return;
-            };
-            let frame = match a.conn.io.next_frame(MAX_SERVER_MESSAGE) {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => return self.on_server_lost(format!("bad message from server: {e}")),
-            };
-            match frame.tag {
-                b'S' => {
-                    if let Some((name, value)) = protocol::parameter_status(frame.body()) {
-                        a.conn.set_param(name, value);
-                    }
-                }
-                b'C' if !self.tx_setting_changes.is_empty()
-                    && protocol::command_tag(frame.body()) == b"COMMIT" =>
-                {
-                    a.saw_commit = true;
-                }
-                _ => {}
-            }
-            let fx = a.conn.queue.on_server_message(&frame, &mut self.client.wbuf);
-            tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), ?fx, "server message");
-            for id in &fx.unprepared {
-                a.conn.prepared.remove(id);
-            }
-            if fx.client_error {
-                a.request_failed = true;
-            }
-            if let Some(status) = fx.status {
-                a.conn.status = status;
-            }
-            if fx.desync {
-                tracing::warn!(shard = a.route.shard, tag = %(frame.tag as char), "unexpected server message; the connection will be closed");
-                a.conn.broken = true;
-            }
-            if let Some(status) = fx.ready {
-                self.on_ready(status, fx.tracked_done);
+            let Some(a) = self.server.as_mut() else { return };
+            let track_commit = !self.tx_setting_changes.is_empty();
+            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid) {
+                Relay::NeedMore => break,
+                Relay::Ready { status, tracked } => self.on_ready(status, tracked),
+                Relay::Lost(reason) => return self.on_server_lost(reason),
             }
         }
         self.release_if_done();
@@ -278,4 +256,62 @@ impl Session {
             }
         });
     }
+}
+
+/// What relaying stopped at.
+enum Relay {
+    /// The read buffer holds no further complete message.
+    NeedMore,
+    /// A ReadyForQuery ended a client request.
+    Ready {
+        status: TxStatus,
+        tracked: bool,
+    },
+    Lost(String),
+}
+
+/// Relays complete messages from the server's read buffer in place (no per-message
+/// allocation), up to the first that ends a client request.
+fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) -> Relay {
+    let conn: &mut ServerConn = &mut a.conn;
+    let mut at = 0;
+    let result = loop {
+        let (tag, total) = match protocol::frame_header(&conn.io.rbuf[at..], MAX_SERVER_MESSAGE) {
+            Ok(Some(header)) => header,
+            Ok(None) => break Relay::NeedMore,
+            Err(e) => break Relay::Lost(format!("bad message from server: {e}")),
+        };
+        let raw = &conn.io.rbuf[at..at + total];
+        at += total;
+        match tag {
+            b'S' => {
+                if let Some((name, value)) = protocol::parameter_status(&raw[5..]) {
+                    conn.params.retain(|(n, _)| *n != name);
+                    conn.params.push((name, value));
+                }
+            }
+            b'C' if track_commit && protocol::command_tag(&raw[5..]) == b"COMMIT" => a.saw_commit = true,
+            _ => {}
+        }
+        let fx = conn.queue.on_server_message(tag, raw, out);
+        tracing::trace!(client, tag = %(tag as char), ?fx, "server message");
+        for id in &fx.unprepared {
+            conn.prepared.remove(id);
+        }
+        if fx.client_error {
+            a.request_failed = true;
+        }
+        if let Some(status) = fx.status {
+            conn.status = status;
+        }
+        if fx.desync {
+            tracing::warn!(shard = a.route.shard, tag = %(tag as char), "unexpected server message; the connection will be closed");
+            conn.broken = true;
+        }
+        if let Some(status) = fx.ready {
+            break Relay::Ready { status, tracked: fx.tracked_done };
+        }
+    };
+    conn.io.rbuf.advance(at);
+    result
 }

@@ -14,7 +14,7 @@ impl Session {
         let sql_len = protocol::query_text(&body)
             .ok_or_else(|| FrontendError::Protocol("Query without terminator".into()))?
             .len();
-        let analysis = self.shared.router.analyze(&body[..sql_len]);
+        let analysis = self.recent.get_or_analyze(&self.shared.router, &body[..sql_len]);
 
         if !analysis.is_multi {
             match analysis.kind {
