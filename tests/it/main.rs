@@ -3,6 +3,7 @@
 mod harness;
 
 mod clients;
+mod drivers;
 mod failures;
 mod routing;
 mod startup;

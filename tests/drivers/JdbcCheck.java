@@ -1,0 +1,55 @@
+// pgJDBC through pgtenant: exits non-zero on the first mismatch.
+// usage: java -cp postgresql.jar JdbcCheck.java PORT
+import java.sql.*;
+import java.util.Properties;
+
+public class JdbcCheck {
+  static void check(boolean ok, String what) {
+    if (!ok) throw new AssertionError(what);
+  }
+
+  public static void main(String[] args) throws Exception {
+    String url = "jdbc:postgresql://127.0.0.1:" + args[0] + "/app";
+    Properties p = new Properties();
+    p.setProperty("user", "app");
+    p.setProperty("password", "app");
+    p.setProperty("sslmode", "disable");
+    p.setProperty("options", "-c pgtenant.tenant_id=1500");
+    p.setProperty("prepareThreshold", "2");
+    try (Connection c = DriverManager.getConnection(url, p)) {
+      try (Statement s = c.createStatement(); ResultSet r = s.executeQuery("select shard_id from pgtenant_shard")) {
+        r.next();
+        check(r.getInt(1) == 2, "tenant 1500 is on shard 2");
+      }
+      try (PreparedStatement ps = c.prepareStatement("select ?::int * 2")) {
+        for (int i = 0; i < 6; i++) { // server-side prepared from the second execution
+          ps.setInt(1, i);
+          try (ResultSet r = ps.executeQuery()) { r.next(); check(r.getInt(1) == i * 2, "prepared result"); }
+        }
+      }
+      try (Statement s = c.createStatement()) { s.execute("create table if not exists jdbc_t (tenant_id bigint, v text)"); }
+      c.setAutoCommit(false);
+      try (Statement s = c.createStatement()) {
+        s.execute("insert into jdbc_t values (1500, 'rolled back')");
+        c.rollback();
+        try (ResultSet r = s.executeQuery("select count(*) from jdbc_t where v = 'rolled back'")) {
+          r.next();
+          check(r.getInt(1) == 0, "rollback");
+        }
+        c.commit();
+      }
+      c.setAutoCommit(true);
+      try (Statement s = c.createStatement()) {
+        s.execute("set application_name = 'jdbc-check'");
+        try (ResultSet r = s.executeQuery("show application_name")) { r.next(); check(r.getString(1).equals("jdbc-check"), "SET"); }
+      }
+    }
+    try {
+      DriverManager.getConnection(url + "?user=app&password=bad&sslmode=disable");
+      throw new AssertionError("bad password accepted");
+    } catch (SQLException e) {
+      check("28P01".equals(e.getSQLState()), "28P01, got " + e.getSQLState());
+    }
+    System.out.println("pgjdbc ok");
+  }
+}

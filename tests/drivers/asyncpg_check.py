@@ -1,0 +1,62 @@
+"""asyncpg through pgtenant: asserts, exits non-zero on the first mismatch.
+
+usage: asyncpg_check.py PORT
+"""
+import asyncio
+import sys
+
+import asyncpg
+
+PORT = int(sys.argv[1])
+
+
+def connect(tenant=None, **kw):
+    settings = {"pgtenant.tenant_id": str(tenant)} if tenant else {}
+    kw.setdefault("ssl", False)
+    kw.setdefault("password", "app")
+    return asyncpg.connect(host="127.0.0.1", port=PORT, user="app", database="app", server_settings=settings, **kw)
+
+
+async def main():
+    c = await connect(1500)
+    assert await c.fetchval("select shard_id from pgtenant_shard") == 2
+    row = await c.fetchrow("select $1::int + 1 as a, $2::text as b", 41, "x")
+    assert (row["a"], row["b"]) == (42, "x")
+    stmt = await c.prepare("select $1::bigint * 3")
+    assert [await stmt.fetchval(i) for i in range(3)] == [0, 3, 6]
+    await c.execute("create table if not exists apg_t (tenant_id bigint, v text); delete from apg_t")
+    await c.copy_records_to_table("apg_t", records=[(1500, f"v{i}") for i in range(50)])
+    assert await c.fetchval("select count(*) from apg_t") == 50
+    async with c.transaction():
+        cur = await c.cursor("select generate_series(1, 100)")
+        assert len(await cur.fetch(40)) == 40
+    await c.execute("set application_name = 'asyncpg-check'")
+    assert await c.fetchval("select current_setting('application_name')") == "asyncpg-check"
+
+    got = asyncio.get_running_loop().create_future()
+    listener = await connect(1500)
+    await listener.add_listener("ch", lambda *args: got.set_result(args[3]))
+    await c.execute("notify ch, 'hi'")
+    assert await asyncio.wait_for(got, 5) == "hi"
+
+    task = asyncio.create_task(c.fetchval("select pg_sleep(10)"))
+    await asyncio.sleep(0.5)
+    task.cancel()
+    try:
+        await task
+        raise AssertionError("not cancelled")
+    except asyncio.CancelledError:
+        pass
+    assert await c.fetchval("select 7") == 7
+
+    try:
+        await connect(password="nope")
+        raise AssertionError("bad password accepted")
+    except asyncpg.InvalidPasswordError as e:
+        assert e.sqlstate == "28P01"
+    tls = await connect(7, ssl="require")
+    assert await tls.fetchval("select shard_id from pgtenant_shard") == 1
+    print("asyncpg ok")
+
+
+asyncio.run(main())

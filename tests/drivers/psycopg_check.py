@@ -1,0 +1,73 @@
+"""psycopg 3 through pgtenant: asserts, exits non-zero on the first mismatch.
+
+usage: psycopg_check.py PORT
+"""
+import sys
+import threading
+import time
+
+import psycopg
+
+PORT = sys.argv[1]
+BASE = f"host=127.0.0.1 port={PORT} user=app password=app dbname=app sslmode=disable"
+conn = psycopg.connect(f"{BASE} options='-c pgtenant.tenant_id=42'")
+cur = conn.cursor()
+cur.execute("select shard_id from pgtenant_shard")
+assert cur.fetchone() == (2,), "tenant 42 is on shard 2"
+cur.execute("select %s::int + 1, %s::text, %s::numeric", (41, "héllo", 1.5))
+assert cur.fetchone()[:2] == (42, "héllo")
+for i in range(10):  # psycopg prepares on the server after 5 executions
+    cur.execute("select %s::bigint * 2", (i,))
+    assert cur.fetchone() == (i * 2,)
+cur.execute("create table if not exists py_t (tenant_id bigint, v text)")
+cur.execute("delete from py_t")
+conn.commit()
+with cur.copy("copy py_t from stdin") as cp:
+    for i in range(100):
+        cp.write_row((42, f"r{i}"))
+conn.commit()
+cur.execute("select count(*) from py_t")
+assert cur.fetchone() == (100,)
+with cur.copy("copy (select v from py_t order by v limit 2) to stdout") as cp:
+    assert [r for r in cp.rows()] == [("r0",), ("r1",)]
+with conn.transaction():
+    with conn.cursor(name="server_side") as sc:
+        sc.execute("select generate_series(1, 1000)")
+        assert len(sc.fetchmany(300)) == 300
+with conn.pipeline():
+    c1 = conn.execute("select 1")
+    c2 = conn.execute("select 2")
+assert (c1.fetchone(), c2.fetchone()) == ((1,), (2,))
+conn.commit()
+
+
+def cancel():
+    time.sleep(0.5)
+    conn.cancel()
+
+
+threading.Thread(target=cancel).start()
+try:
+    conn.execute("select pg_sleep(10)")
+    raise AssertionError("pg_sleep was not cancelled")
+except psycopg.errors.QueryCanceled:
+    pass
+conn.rollback()
+
+listener = psycopg.connect(f"{BASE} options='-c pgtenant.tenant_id=42'", autocommit=True)
+listener.execute("listen chan")
+conn.execute("notify chan, 'hello'")
+conn.commit()
+payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+assert payloads == ["hello"], payloads
+
+try:
+    psycopg.connect(f"host=127.0.0.1 port={PORT} user=app password=bad dbname=app sslmode=disable")
+    raise AssertionError("bad password accepted")
+except psycopg.OperationalError as e:
+    assert "password authentication failed" in str(e), e
+
+tls = psycopg.connect(f"host=127.0.0.1 port={PORT} user=app password=app dbname=app sslmode=require options='-c pgtenant.tenant_id=7'")
+assert tls.info.pgconn.ssl_in_use
+assert tls.execute("select shard_id from pgtenant_shard").fetchone() == (1,)
+print("psycopg ok")

@@ -1,0 +1,86 @@
+//! Stock drivers other than the Rust ones: psycopg 3, asyncpg, node-postgres and
+//! pgJDBC, each running an asserting script (tests/drivers/) through the proxy.
+//! `.ci/run` installs them; elsewhere a missing driver skips its test with a message,
+//! but under CI (`CI` set) a missing driver fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::harness::{start_proxy, stderr, stdout};
+
+fn scripts() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/drivers")
+}
+
+/// Whether `probe` succeeds; panics under CI when it does not.
+fn available(what: &str, probe: &mut Command) -> bool {
+    let ok = probe.output().is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "{what} is not installed (.ci/run installs it)");
+        eprintln!("skipped: {what} is not installed");
+    }
+    ok
+}
+
+async fn run_check(mut cmd: Command, expected: &str) {
+    let proxy = start_proxy(|_| {}).await;
+    let port = proxy.addr.port().to_string();
+    let out = tokio::task::spawn_blocking(move || cmd.arg(port).output().expect("driver check runs"))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains(expected), "{}", stdout(&out));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn psycopg3() {
+    if !available("psycopg 3", Command::new("python3").args(["-c", "import psycopg"])) {
+        return;
+    }
+    let mut cmd = Command::new("python3");
+    cmd.arg(scripts().join("psycopg_check.py"));
+    run_check(cmd, "psycopg ok").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn asyncpg() {
+    if !available("asyncpg", Command::new("python3").args(["-c", "import asyncpg"])) {
+        return;
+    }
+    let mut cmd = Command::new("python3");
+    cmd.arg(scripts().join("asyncpg_check.py"));
+    run_check(cmd, "asyncpg ok").await;
+}
+
+fn node_path() -> String {
+    std::env::var("PGTENANT_NODE_PATH").unwrap_or_else(|_| {
+        format!("{}/.cache/pgtenant-node/node_modules", std::env::var("HOME").unwrap_or_default())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_postgres() {
+    if !available(
+        "node-postgres",
+        Command::new("node").env("NODE_PATH", node_path()).args(["-e", "require('pg')"]),
+    ) {
+        return;
+    }
+    let mut cmd = Command::new("node");
+    cmd.env("NODE_PATH", node_path()).arg(scripts().join("node_pg_check.js"));
+    run_check(cmd, "node-postgres ok").await;
+}
+
+const JDBC_JAR: &str = "/usr/share/java/postgresql.jar";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pgjdbc() {
+    if !available("java", Command::new("java").arg("-version"))
+        || !available("pgJDBC", Command::new("test").args(["-f", JDBC_JAR]))
+    {
+        return;
+    }
+    let mut cmd = Command::new("java");
+    cmd.args(["-cp", JDBC_JAR]).arg(scripts().join("JdbcCheck.java"));
+    run_check(cmd, "pgjdbc ok").await;
+}
