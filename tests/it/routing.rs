@@ -141,3 +141,23 @@ async fn default_policy_sends_tenantless_work_to_the_default_shard() {
     let client = proxy.connect(None).await;
     assert_eq!(shard_of(&client).await, 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenant_set_through_the_extended_protocol() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(Some(7)).await;
+    // tokio-postgres sends these as Parse/Describe/Sync, then Bind/Execute/Sync.
+    client.execute("SET pgtenant.tenant_id = 42", &[]).await.unwrap();
+    assert_eq!(shard_of(&client).await, 2);
+    client.execute("RESET pgtenant.tenant_id", &[]).await.unwrap();
+    assert_eq!(shard_of(&client).await, 1);
+    let err = client.execute("SET pgtenant.tenant_id = 99999", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42704");
+    client.batch_execute("BEGIN").await.unwrap();
+    let err = client.execute("SET pgtenant.tenant_id = 42", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25001");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let guc: String =
+        client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "7", "the server never saw the refused SET");
+}

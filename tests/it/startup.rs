@@ -173,3 +173,41 @@ async fn cancel_stops_a_running_query() {
     let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
     assert_eq!(one, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn too_many_clients_get_53300() {
+    let proxy = start_proxy(|c| c.proxy.max_clients = 1).await;
+    let first = proxy.connect(Some(7)).await;
+    let err = proxy.try_connect(Some(7)).await.expect_err("second client refused");
+    assert_eq!(sqlstate(&err), "53300", "{err}");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.connect(Some(7)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_tells_idle_clients_57p01() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut idle = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let started = Instant::now();
+    proxy.shutdown().await;
+    assert!(started.elapsed() < Duration::from_secs(5), "idle sessions do not hold up shutdown");
+    let msg = idle.recv().await.expect("a FATAL before the close");
+    assert_eq!(msg.sqlstate().as_deref(), Some("57P01"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_pooling_keeps_one_server_connection() {
+    let proxy = start_proxy(|c| c.proxy.pool_mode = pgtenant::config::PoolMode::Session).await;
+    let client = proxy.connect(Some(7)).await;
+    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    client.batch_execute("SET work_mem = '7MB'").await.unwrap();
+    let other = proxy.connect(Some(7)).await;
+    other.batch_execute("SELECT 1").await.unwrap();
+    for _ in 0..3 {
+        let row =
+            client.query_one("SELECT pg_backend_pid(), current_setting('work_mem')", &[]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), pid);
+        assert_eq!(row.get::<_, String>(1), "7MB");
+    }
+}

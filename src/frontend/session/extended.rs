@@ -43,6 +43,9 @@ impl Session {
         if self.server.is_none() && self.answer_without_server()? {
             return Ok(());
         }
+        if self.answer_tenant_set().await? {
+            return Ok(());
+        }
         let route = self.route_batch().await;
         let batch = std::mem::take(&mut self.batch);
         if let Err(err) = route {
@@ -113,6 +116,65 @@ impl Session {
                     }
                     protocol::close_complete(&mut reply);
                 }
+                b'S' => protocol::ready_for_query(&mut reply, self.client_status()),
+                _ => {}
+            }
+        }
+        self.reply(reply);
+        Ok(true)
+    }
+
+    /// Answers a held request that sets or resets the tenant parameter (drivers such as
+    /// psycopg 3 and pgJDBC send SET through the extended protocol), as a server would.
+    async fn answer_tenant_set(&mut self) -> Result<bool, FrontendError> {
+        let mut change = None;
+        for i in 0..self.batch.len() {
+            let Some(analysis) = self.statement_of(i)? else { continue };
+            let wanted = match analysis.kind {
+                StatementKind::SetTenant(t) => (Some(t), "SET"),
+                StatementKind::ResetTenant => (self.startup_tenant, "RESET"),
+                _ if change.is_some() => {
+                    return Err(FrontendError::ExtendedTenantSet {
+                        param: self.shared.router.tenant_param().into(),
+                    });
+                }
+                _ => return Ok(false),
+            };
+            change = Some(wanted);
+        }
+        let Some((tenant, tag)) = change else { return Ok(false) };
+        let mut reply = BytesMut::new();
+        let mut failed = false;
+        for frame in std::mem::take(&mut self.batch) {
+            if failed && frame.tag != b'S' {
+                continue;
+            }
+            match frame.tag {
+                b'P' => {
+                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    if !p.name.is_empty() {
+                        let stmt = self.shared.statements.intern(p.query, p.param_types);
+                        let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+                        self.statements
+                            .insert(Bytes::copy_from_slice(p.name), ClientStatement { stmt, analysis });
+                    }
+                    protocol::parse_complete(&mut reply);
+                }
+                b'B' => protocol::put_message(&mut reply, b'2', |_| {}),
+                b'D' => {
+                    if frame.body().first() == Some(&b'S') {
+                        protocol::put_message(&mut reply, b't', |b| b.extend_from_slice(&0i16.to_be_bytes()));
+                    }
+                    protocol::put_message(&mut reply, b'n', |_| {});
+                }
+                b'E' => match self.change_tenant(tenant).await {
+                    Ok(()) => protocol::command_complete(&mut reply, tag),
+                    Err(err) => {
+                        crate::frontend::error_response::write_error(&mut reply, &err);
+                        failed = true;
+                    }
+                },
+                b'C' => protocol::close_complete(&mut reply),
                 b'S' => protocol::ready_for_query(&mut reply, self.client_status()),
                 _ => {}
             }
@@ -232,6 +294,14 @@ impl Session {
     fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
         let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
         let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+        if matches!(analysis.kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant) {
+            // Inside a transaction: the server must never see a change of the tenant GUC.
+            let err =
+                FrontendError::TenantChangeInTransaction { param: self.shared.router.tenant_param().into() };
+            self.reply_error(&err, false);
+            self.skip_until_sync = true;
+            return Ok(());
+        }
         if let Some(pin) = analysis.pin
             && let Some(a) = self.server.as_mut()
         {

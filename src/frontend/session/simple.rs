@@ -129,24 +129,28 @@ impl Session {
 
     /// `SET`/`RESET` of the tenant parameter, answered by pgtenant between transactions.
     async fn set_tenant(&mut self, tenant: Option<TenantId>, tag: &str) -> Result<(), FrontendError> {
+        match self.change_tenant(tenant).await {
+            Ok(()) => self.reply_done(tag),
+            Err(err) => self.reply_error(&err, true),
+        }
+        Ok(())
+    }
+
+    /// Changes the session tenant; refused inside a transaction and for an unplaced tenant.
+    pub(super) async fn change_tenant(&mut self, tenant: Option<TenantId>) -> Result<(), FrontendError> {
         self.settle().await;
         let in_tx = self.client_status() != TxStatus::Idle
             || self.server.as_ref().is_some_and(|a| !a.conn.queue.is_empty());
         if in_tx {
-            let err =
-                FrontendError::TenantChangeInTransaction { param: self.shared.router.tenant_param().into() };
-            self.reply_error(&err, true);
-            return Ok(());
+            return Err(FrontendError::TenantChangeInTransaction {
+                param: self.shared.router.tenant_param().into(),
+            });
         }
-        if let Some(t) = tenant
-            && let Err(e) = self.shared.router.resolve(t)
-        {
-            self.reply_error(&FrontendError::Route(e.into()), true);
-            return Ok(());
+        if let Some(t) = tenant {
+            self.shared.router.resolve(t).map_err(|e| FrontendError::Route(e.into()))?;
         }
         tracing::debug!(?tenant, "session tenant set");
         self.tenant = tenant;
-        self.reply_done(tag);
         Ok(())
     }
 }

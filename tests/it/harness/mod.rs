@@ -32,6 +32,11 @@ pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
 }
 
 impl Proxy {
+    /// Stops the proxy: idle sessions are told 57P01, busy ones finish first.
+    pub async fn shutdown(self) {
+        self._running.shutdown().await;
+    }
+
     /// A libpq connection string; `extra` is appended.
     pub fn conninfo(&self, extra: &str) -> String {
         format!(
