@@ -1,6 +1,6 @@
 use clap::Parser;
 use pgtenant::cli::{Cli, Command};
-use pgtenant::config::{Config, ConfigError};
+use pgtenant::config::Config;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
@@ -19,19 +19,14 @@ fn main() -> std::process::ExitCode {
         Command::Serve { config } => {
             let config = match Config::load(&config) {
                 Ok(c) => c,
-                Err(e @ (ConfigError::Invalid(_) | ConfigError::Parse { .. } | ConfigError::Read { .. })) => {
+                Err(e) => {
                     eprintln!("{e}");
                     return std::process::ExitCode::FAILURE;
                 }
             };
             run(config.proxy.workers, async move {
                 let proxy = pgtenant::server::start(config).await.map_err(|e| e.to_string())?;
-                let stop = proxy.shutdown_handle();
-                tokio::spawn(async move {
-                    pgtenant::server::termination_signal().await;
-                    let _ = stop.send(true);
-                });
-                proxy.wait().await;
+                proxy.serve_until_signal().await;
                 Ok(())
             })
         }

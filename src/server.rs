@@ -44,9 +44,14 @@ impl RunningProxy {
         let _ = self.task.await;
     }
 
-    /// A handle that triggers shutdown.
-    pub fn shutdown_handle(&self) -> watch::Sender<bool> {
-        self.shutdown.clone()
+    /// Serves until SIGINT or SIGTERM, then shuts down (draining busy sessions).
+    pub async fn serve_until_signal(self) {
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            termination_signal().await;
+            let _ = stop.send(true);
+        });
+        self.wait().await;
     }
 }
 

@@ -151,10 +151,7 @@ impl ServerConn {
     }
 
     pub fn set_param(&mut self, name: String, value: String) {
-        match self.params.iter_mut().find(|(n, _)| *n == name) {
-            Some(p) => p.1 = value,
-            None => self.params.push((name, value)),
-        }
+        record_param(&mut self.params, name, value);
     }
 }
 
@@ -275,6 +272,14 @@ async fn login(
         broken: false,
         needs_reset: false,
     })
+}
+
+/// Records a ParameterStatus value, replacing an earlier one of the same name.
+pub fn record_param(params: &mut Vec<(String, String)>, name: String, value: String) {
+    match params.iter_mut().find(|(n, _)| *n == name) {
+        Some(p) => p.1 = value,
+        None => params.push((name, value)),
+    }
 }
 
 /// Sends a CancelRequest for `target` on a fresh connection.

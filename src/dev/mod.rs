@@ -53,12 +53,7 @@ async fn serve(config: crate::config::Config) -> Result<(), String> {
         proxy.addr.port()
     );
     println!("  TLS: add sslmode=require. Stop with Ctrl-C.");
-    let stop = proxy.shutdown_handle();
-    tokio::spawn(async move {
-        crate::server::termination_signal().await;
-        let _ = stop.send(true);
-    });
-    proxy.wait().await;
+    proxy.serve_until_signal().await;
     Ok(())
 }
 

@@ -6,13 +6,13 @@ use deadpool::managed::Object;
 
 use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, SettingValue, Settings, sync_sql,
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, SettingValue, Settings, record_param, sync_sql,
 };
 use crate::config::PoolMode;
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, TxStatus};
-use crate::router::{Route, Router};
+use crate::router::{Route, RouteError, Router};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -92,6 +92,22 @@ impl Session {
             });
         }
         Ok(())
+    }
+
+    /// Starts a simple-protocol request's transaction on `route`; when routing or
+    /// checkout fails, answers the error with its ReadyForQuery and returns false.
+    pub(super) async fn begin_or_reply(&mut self, route: Result<Route, RouteError>) -> bool {
+        let attached = match route {
+            Ok(route) => self.begin_on(route).await,
+            Err(e) => Err(e.into()),
+        };
+        match attached {
+            Ok(()) => true,
+            Err(err) => {
+                self.reply_error(&err, true);
+                false
+            }
+        }
     }
 
     /// Inside a transaction, a statement naming a tenant must belong on the same shard.
@@ -286,8 +302,7 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
         match tag {
             b'S' => {
                 if let Some((name, value)) = protocol::parameter_status(&raw[5..]) {
-                    conn.params.retain(|(n, _)| *n != name);
-                    conn.params.push((name, value));
+                    record_param(&mut conn.params, name, value);
                 }
             }
             b'C' if track_commit && protocol::command_tag(&raw[5..]) == b"COMMIT" => a.saw_commit = true,

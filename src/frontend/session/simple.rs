@@ -66,12 +66,7 @@ impl Session {
                 return Ok(());
             }
             let route = self.shared.router.route(self.tenant, &analysis);
-            let attached = match route {
-                Ok(route) => self.begin_on(route).await,
-                Err(e) => Err(e.into()),
-            };
-            if let Err(err) = attached {
-                self.reply_error(&err, true);
+            if !self.begin_or_reply(route).await {
                 return Ok(());
             }
         } else if let Err(err) = self.check_fits_transaction(analysis.hint) {
@@ -111,12 +106,7 @@ impl Session {
     pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
         if self.at_transaction_start() {
             let route = self.shared.router.route_tenant(self.tenant, || true);
-            let attached = match route {
-                Ok(route) => self.begin_on(route).await,
-                Err(e) => Err(e.into()),
-            };
-            if let Err(err) = attached {
-                self.reply_error(&err, true);
+            if !self.begin_or_reply(route).await {
                 return Ok(());
             }
         }

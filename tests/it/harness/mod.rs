@@ -18,7 +18,7 @@ pub use clusters::{private_cluster, shards};
 pub struct Proxy {
     pub addr: SocketAddr,
     pub config: Config,
-    _running: RunningProxy,
+    running: RunningProxy,
 }
 
 /// Starts a proxy over the shared demo shards; `tweak` may change its configuration.
@@ -28,13 +28,13 @@ pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
     let mut config = demo::demo_config("127.0.0.1:0".parse().unwrap(), s.ports, Some(&s.tls_dir));
     tweak(&mut config);
     let running = pgtenant::server::start(config.clone()).await.expect("proxy starts");
-    Proxy { addr: running.addr, config, _running: running }
+    Proxy { addr: running.addr, config, running }
 }
 
 impl Proxy {
     /// Stops the proxy: idle sessions are told 57P01, busy ones finish first.
     pub async fn shutdown(self) {
-        self._running.shutdown().await;
+        self.running.shutdown().await;
     }
 
     /// A libpq connection string; `extra` is appended.
