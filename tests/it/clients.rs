@@ -2,6 +2,7 @@
 //! transaction pooling with small pools so that server connections change hands.
 
 use std::process::Command;
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt, pin_mut};
 use tokio_postgres::binary_copy::{BinaryCopyInWriter, BinaryCopyOutStream};
@@ -261,4 +262,73 @@ async fn listen_and_temp_tables_pin_the_server_connection() {
     }
     let n: i64 = client.query_one("SELECT count(*) FROM scratch", &[]).await.unwrap().get(0);
     assert_eq!(n, 5);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn flush_without_sync_gets_answers() {
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let mut c =
+        crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    // Parse + Describe + Flush: the answers must come without a Sync.
+    let mut out = BytesMut::new();
+    frontend::parse("flushed", "SELECT $1::int + 1", [23u32], &mut out).unwrap();
+    frontend::describe(b'S', "flushed", &mut out).unwrap();
+    frontend::flush(&mut out);
+    c.send(&out).await;
+    let tags: Vec<u8> = [c.recv().await.unwrap(), c.recv().await.unwrap(), c.recv().await.unwrap()]
+        .iter()
+        .map(|m| m.tag)
+        .collect();
+    assert_eq!(tags, b"1tT");
+    // Then Bind/Execute/Sync on the same statement.
+    let mut out = BytesMut::new();
+    frontend::bind(
+        "",
+        "flushed",
+        [0i16],
+        [Some(&b"41"[..])],
+        |v: Option<&[u8]>, buf: &mut BytesMut| {
+            buf.extend_from_slice(v.unwrap());
+            Ok::<_, Box<dyn std::error::Error + Sync + Send>>(postgres_protocol::IsNull::No)
+        },
+        [0i16],
+        &mut out,
+    )
+    .map_err(|_| "bind")
+    .unwrap();
+    frontend::execute("", 0, &mut out).unwrap();
+    frontend::sync(&mut out);
+    c.send(&out).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(crate::harness::raw::first_column(&msgs), vec!["42"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn advisory_locks_pin_until_the_session_ends() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;
+    let holder = proxy.connect(Some(7)).await;
+    let pid: i32 =
+        holder.query_one("SELECT pg_backend_pid() FROM pg_advisory_lock(4242)", &[]).await.unwrap().get(0);
+    let other = proxy.connect(Some(7)).await;
+    for _ in 0..3 {
+        other.batch_execute("SELECT 1").await.unwrap();
+        let same: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        assert_eq!(same, pid, "the lock holder keeps its server connection");
+    }
+    let got: bool = other.query_one("SELECT pg_try_advisory_lock(4242)", &[]).await.unwrap().get(0);
+    assert!(!got, "the lock is still held by the pinned session");
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // DISCARD ALL on reuse releases the lock of the departed session.
+    let fresh = proxy.connect(Some(7)).await;
+    let mut free = false;
+    for _ in 0..3 {
+        free = fresh.query_one("SELECT pg_try_advisory_lock(4242)", &[]).await.unwrap().get(0);
+        if free {
+            break;
+        }
+    }
+    assert!(free, "the lock was released with the session");
 }

@@ -211,3 +211,33 @@ async fn session_pooling_keeps_one_server_connection() {
         assert_eq!(row.get::<_, String>(1), "7MB");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn md5_and_cleartext_logins() {
+    use pgtenant::config::AuthMethod;
+    let proxy = start_proxy(|c| {
+        for (name, auth) in [("md5user", AuthMethod::Md5), ("plainuser", AuthMethod::Cleartext)] {
+            let mut u = c.users[0].clone();
+            u.name = name.into();
+            u.auth = auth;
+            u.server_user = Some("app".into());
+            c.users.push(u);
+        }
+    })
+    .await;
+    let port = proxy.addr.port();
+    for user in ["md5user", "plainuser"] {
+        let ok = harness::connect(&format!(
+            "host=127.0.0.1 port={port} user={user} password=app dbname=app options='-c pgtenant.tenant_id=42'"
+        ))
+        .await
+        .unwrap();
+        let shard: i32 = ok.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0);
+        assert_eq!(shard, 2);
+        let err =
+            harness::connect(&format!("host=127.0.0.1 port={port} user={user} password=wrong dbname=app"))
+                .await
+                .expect_err("wrong password");
+        assert_eq!(sqlstate(&err), "28P01", "{user}: {err}");
+    }
+}
