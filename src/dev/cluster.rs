@@ -148,6 +148,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// Turns on TLS with the given PEM certificate and key (copied into the data
+    /// directory, owned by the server's user); takes effect at the next start.
+    pub fn enable_ssl(&self, cert: &Path, key: &Path) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt;
+        for (from, name) in [(cert, "server.crt"), (key, "server.key")] {
+            let to = self.data_dir.join(name);
+            std::fs::copy(from, &to).map_err(|e| format!("{}: {e}", from.display()))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| e.to_string())?;
+            if let Some(r) = self.run_as {
+                r.chown_tree(&to).map_err(|e| e.to_string())?;
+            }
+        }
+        append(&self.data_dir.join("postgresql.conf"), "\nssl = on\n")
+    }
+
     /// Starts the cluster (a no-op when it already runs) and waits until it accepts connections.
     pub fn start(&self) -> Result<(), String> {
         if self.is_running() {

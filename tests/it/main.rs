@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod cli;
 mod clients;
 mod drivers;
 mod failures;

@@ -241,3 +241,33 @@ async fn md5_and_cleartext_logins() {
         assert_eq!(sqlstate(&err), "28P01", "{user}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_to_servers_with_and_without_verification() {
+    use pgtenant::config::ServerTlsMode;
+    let secure = harness::private_tls_cluster("tls-shard", 2);
+    let port = secure.port;
+    let ca = harness::shards().tls_dir.join("server.crt");
+    for verify in [false, true] {
+        let ca = ca.clone();
+        let proxy = start_proxy(move |c| {
+            c.shards[1].nodes[0].port = port;
+            c.server_tls.mode = ServerTlsMode::Require;
+            c.server_tls.ca = verify.then_some(ca);
+        })
+        .await;
+        let client = proxy.connect(Some(1500)).await;
+        let ssl: bool = client
+            .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(ssl, "server connection is encrypted (verify: {verify})");
+    }
+    // A server without TLS (shard 1 here) is refused when TLS is required.
+    let proxy = start_proxy(|c| c.server_tls.mode = ServerTlsMode::Require).await;
+    let err = proxy.try_connect(Some(7)).await.expect_err("shard 1 offers no TLS");
+    assert_eq!(sqlstate(&err), "08001", "{err}");
+    assert!(err.as_db_error().unwrap().message().contains("does not offer TLS"), "{err}");
+    let _ = tokio::task::spawn_blocking(move || secure.stop()).await;
+}

@@ -24,7 +24,8 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn base_dir() -> &'static Path {
+/// The directory of this test binary's clusters and files, removed after it exits.
+pub fn base_dir() -> &'static Path {
     BASE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("pgtenant-it-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -43,7 +44,7 @@ fn base_dir() -> &'static Path {
 fn spawn_watchdog(dir: &Path) {
     let script = format!(
         "while kill -0 {pid} 2>/dev/null; do sleep 1; done; \
-         for f in {dir}/*/postmaster.pid; do [ -f \"$f\" ] && kill -INT $(head -1 \"$f\"); done; \
+         for f in {dir}/*/postmaster.pid {dir}/*/*/postmaster.pid; do [ -f \"$f\" ] && kill -INT $(head -1 \"$f\"); done; \
          sleep 3; rm -rf {dir}",
         pid = std::process::id(),
         dir = dir.display()
@@ -58,12 +59,17 @@ fn spawn_watchdog(dir: &Path) {
 }
 
 /// Creates, starts and fills a cluster in its own thread (setup is async; tests already run inside a runtime).
-fn create_cluster(name: &str, shard_id: u16) -> Cluster {
+fn create_cluster(name: &str, shard_id: u16, tls: bool) -> Cluster {
     let bin = find_bin_dir().expect("PostgreSQL binaries");
     let cluster = Cluster::new(&bin, &base_dir().join(name), free_port());
     let c = cluster.clone();
+    let tls_dir = base_dir().join("tls");
     std::thread::spawn(move || {
         c.init().expect("initdb");
+        if tls {
+            demo::ensure_certificate(&tls_dir).expect("certificate");
+            c.enable_ssl(&tls_dir.join("server.crt"), &tls_dir.join("server.key")).expect("ssl on");
+        }
         c.start().expect("pg_ctl start");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -80,7 +86,7 @@ fn create_cluster(name: &str, shard_id: u16) -> Cluster {
 /// The two demo shards shared by all tests.
 pub fn shards() -> &'static Shards {
     SHARDS.get_or_init(|| {
-        let clusters = vec![create_cluster("shard1", 1), create_cluster("shard2", 2)];
+        let clusters = vec![create_cluster("shard1", 1, false), create_cluster("shard2", 2, false)];
         let tls_dir = base_dir().join("tls");
         demo::ensure_certificate(&tls_dir).expect("certificate");
         Shards { ports: [clusters[0].port, clusters[1].port], _clusters: clusters, tls_dir }
@@ -89,5 +95,10 @@ pub fn shards() -> &'static Shards {
 
 /// A cluster of a test's own (for tests that stop or kill it), set up as shard `shard_id`.
 pub fn private_cluster(name: &str, shard_id: u16) -> Cluster {
-    create_cluster(name, shard_id)
+    create_cluster(name, shard_id, false)
+}
+
+/// A private cluster that offers TLS with the harness certificate.
+pub fn private_tls_cluster(name: &str, shard_id: u16) -> Cluster {
+    create_cluster(name, shard_id, true)
 }
