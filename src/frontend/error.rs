@@ -48,8 +48,8 @@ pub enum FrontendError {
         "this transaction runs on shard {current}; tenant {tenant} lives on shard {other} (no cross-shard transactions)"
     )]
     CrossShard { current: ShardId, tenant: TenantId, other: ShardId },
-    #[error("the session is pinned to shard {shard} by {reason}; tenant {tenant} lives on shard {other}")]
-    PinnedElsewhere { shard: ShardId, reason: &'static str, tenant: TenantId, other: ShardId },
+    #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]
+    PinnedElsewhere { shard: ShardId, reason: &'static str, other: ShardId },
     #[error("{param} must be set with a simple-protocol SET statement, not a prepared one")]
     ExtendedTenantSet { param: String },
 }

@@ -9,7 +9,6 @@ use crate::backend::{
     MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, SettingValue, Settings, record_param, sync_sql,
 };
 use crate::config::PoolMode;
-use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, TxStatus};
 use crate::router::{Route, RouteError, Router};
@@ -33,7 +32,6 @@ impl Session {
                 return Err(FrontendError::PinnedElsewhere {
                     shard: a.route.shard,
                     reason: pin.describe(),
-                    tenant: route.tenant.unwrap_or(TenantId(0)),
                     other: route.shard,
                 });
             }
@@ -77,13 +75,10 @@ impl Session {
             a.conn.tenant = route.tenant;
         }
         if let ClientTx::DeferredBegin(begin) = std::mem::replace(&mut self.tx, ClientTx::Idle) {
-            a.conn.io.wbuf.extend_from_slice(&{
-                let mut b = BytesMut::new();
-                protocol::put_message(&mut b, b'Q', |b| {
-                    b.extend_from_slice(&begin);
-                    b.extend_from_slice(b"\0");
-                });
-                b
+            // The client's own BEGIN text (isolation level and all), now that the shard is known.
+            protocol::put_message(&mut a.conn.io.wbuf, b'Q', |b| {
+                b.extend_from_slice(&begin);
+                b.extend_from_slice(b"\0");
             });
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Query,
