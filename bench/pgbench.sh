@@ -6,7 +6,10 @@
 # several rounds. Prints median TPS, latency, the ratio to direct, and the proxies'
 # CPU time per transaction.
 #
-#   [WORKERS=1] [PGBOUNCER=0] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+# With UNIX=1, a second pgtenant ("pgtenant-unix") reaches the same cluster through its
+# Unix socket instead of TCP, as a proxy on the database host would.
+#
+#   [WORKERS=1] [PGBOUNCER=0] [UNIX=1] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -15,6 +18,7 @@ SCALE=${3:-10}
 PROXY_PORT=${PROXY_PORT:-6532}
 SHARD_PORT=${SHARD_PORT:-6542}
 BOUNCER_PORT=${BOUNCER_PORT:-6552}
+UNIX_PROXY_PORT=${UNIX_PROXY_PORT:-6562}
 
 cargo build --release --quiet
 BIN=target/release/pgtenant
@@ -23,8 +27,10 @@ chmod 755 "$STATE"
 "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "${WORKERS:-1}" >"$STATE/proxy.log" 2>&1 &
 PROXY_PID=$!
 BOUNCER_PID=""
+UNIX_PID=""
 cleanup() {
   if [ -n "$BOUNCER_PID" ]; then kill "$BOUNCER_PID" 2>/dev/null || true; fi
+  if [ -n "$UNIX_PID" ]; then kill -INT "$UNIX_PID" 2>/dev/null || true; fi
   kill -INT "$PROXY_PID" 2>/dev/null || true
   wait "$PROXY_PID" 2>/dev/null || true
   rm -rf "$STATE"
@@ -66,6 +72,24 @@ INI
   TARGETS="$TARGETS pgbouncer"
 fi
 
+if [ "${UNIX:-0}" = 1 ]; then
+  # The configuration dev wrote, with the shards reached through their socket directories.
+  python3 - "$STATE" "$UNIX_PROXY_PORT" "${WORKERS:-1}" <<'PY'
+import re, sys
+state, port, workers = sys.argv[1:]
+text = open(f"{state}/pgtenant.toml").read()
+text = re.sub(r'listen = ".*"', f'listen = "127.0.0.1:{port}"', text, count=1)
+text = re.sub(r"workers = \d+", f"workers = {workers}", text, count=1)
+shard = iter(range(1, 3))
+text = re.sub(r'host = "127.0.0.1"', lambda m: f'host = "{state}/shard{next(shard)}"', text)
+open(f"{state}/unix.toml", "w").write(text)
+PY
+  "$BIN" serve --config "$STATE/unix.toml" >"$STATE/unix.log" 2>&1 &
+  UNIX_PID=$!
+  for _ in $(seq 50); do psql -p "$UNIX_PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
+  TARGETS="$TARGETS pgtenant-unix"
+fi
+
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICKS=$(getconf CLK_TCK)
 RESULTS="$STATE/results"
@@ -76,6 +100,7 @@ run() { # target mode clients
   case $1 in
     pgtenant) port=$PROXY_PORT; opts="-c pgtenant.tenant_id=7" ;;
     pgbouncer) port=$BOUNCER_PORT; pid=$BOUNCER_PID ;;
+    pgtenant-unix) port=$UNIX_PROXY_PORT; pid=$UNIX_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
   local jobs=$(( $3 < 2 ? 1 : 2 ))
   local before after out

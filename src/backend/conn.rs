@@ -3,13 +3,14 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
 use postgres_protocol::message::frontend;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use super::error::BackendError;
 use super::settings::Settings;
@@ -36,10 +37,18 @@ impl ConnectTarget {
     }
 }
 
+/// Where a server listens: TCP, or a Unix socket when the configured host is a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServerAddr {
+    Tcp(SocketAddr),
+    /// The socket file, `<dir>/.s.PGSQL.<port>`.
+    Unix(Arc<Path>),
+}
+
 /// What a CancelRequest for this connection needs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CancelTarget {
-    pub addr: SocketAddr,
+    pub addr: ServerAddr,
     pub pid: u32,
     pub key: u32,
 }
@@ -72,19 +81,9 @@ impl ServerConn {
         tls: Option<&ServerTls>,
     ) -> Result<ServerConn, BackendError> {
         let addr = target.addr();
-        let tcp = tokio::time::timeout(
-            target.connect_timeout,
-            TcpStream::connect((target.host.as_str(), target.port)),
-        )
-        .await
-        .map_err(|_| BackendError::ConnectTimeout { addr: addr.clone() })?
-        .map_err(|source| BackendError::Connect { addr: addr.clone(), source })?;
-        let _ = tcp.set_nodelay(true);
-        let peer = tcp.peer_addr().map_err(|source| BackendError::Io { addr: addr.clone(), source })?;
-        let stream = match tls {
-            Some(tls) => tls.negotiate(tcp, &target.host, &addr).await?,
-            None => Stream::Plain(tcp),
-        };
+        let (stream, peer) = tokio::time::timeout(target.connect_timeout, open(target, tls, &addr))
+            .await
+            .map_err(|_| BackendError::ConnectTimeout { addr: addr.clone() })??;
         let mut io = Duplex::new(stream);
         let io_err = |source| BackendError::Io { addr: addr.clone(), source };
         frontend::startup_message(
@@ -155,11 +154,34 @@ impl ServerConn {
     }
 }
 
+/// Opens the socket: a Unix socket for a host that is a directory (as libpq does; no
+/// TLS there), TCP with optional TLS otherwise.
+async fn open(
+    target: &ConnectTarget,
+    tls: Option<&ServerTls>,
+    addr: &str,
+) -> Result<(Stream, ServerAddr), BackendError> {
+    let connect_err = |source| BackendError::Connect { addr: addr.to_string(), source };
+    if target.host.starts_with('/') {
+        let path: Arc<Path> = Path::new(&target.host).join(format!(".s.PGSQL.{}", target.port)).into();
+        let unix = UnixStream::connect(&path).await.map_err(connect_err)?;
+        return Ok((Stream::Unix(unix), ServerAddr::Unix(path)));
+    }
+    let tcp = TcpStream::connect((target.host.as_str(), target.port)).await.map_err(connect_err)?;
+    let _ = tcp.set_nodelay(true);
+    let peer = tcp.peer_addr().map_err(|source| BackendError::Io { addr: addr.to_string(), source })?;
+    let stream = match tls {
+        Some(tls) => tls.negotiate(tcp, &target.host, addr).await?,
+        None => Stream::Plain(tcp),
+    };
+    Ok((stream, ServerAddr::Tcp(peer)))
+}
+
 async fn login(
     mut io: Duplex,
     target: &ConnectTarget,
     addr: &str,
-    peer: SocketAddr,
+    peer: ServerAddr,
 ) -> Result<ServerConn, BackendError> {
     let io_err = |source| BackendError::Io { addr: addr.to_string(), source };
     let protocol_err =
@@ -285,9 +307,10 @@ pub fn record_param(params: &mut Vec<(String, String)>, name: String, value: Str
 /// Sends a CancelRequest for `target` on a fresh connection.
 pub async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let mut tcp = TcpStream::connect(target.addr).await?;
     let mut buf = BytesMut::new();
     frontend::cancel_request(target.pid as i32, target.key as i32, &mut buf);
-    tcp.write_all(&buf).await?;
-    tcp.flush().await
+    match &target.addr {
+        ServerAddr::Tcp(addr) => TcpStream::connect(addr).await?.write_all(&buf).await,
+        ServerAddr::Unix(path) => UnixStream::connect(path).await?.write_all(&buf).await,
+    }
 }

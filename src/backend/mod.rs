@@ -10,7 +10,7 @@ mod settings;
 mod state;
 mod tls;
 
-pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerConn, record_param, send_cancel};
+pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel};
 pub use error::{BackendError, CheckoutError};
 pub use pool::{PooledConn, Pools, ServerPool};
 pub use prepared::{PreparedStatement, StatementRegistry};

@@ -45,7 +45,7 @@ impl CancelRegistry {
         if *expected != key {
             return None;
         }
-        *slot.lock().unwrap_or_else(|e| e.into_inner())
+        slot.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -64,13 +64,15 @@ impl Drop for CancelKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::ServerAddr;
 
     #[test]
     fn lookup_needs_the_right_key_and_a_target() {
         let reg = Arc::new(CancelRegistry::default());
         let k = reg.register();
         assert!(reg.lookup(k.pid, k.key).is_none());
-        let target = CancelTarget { addr: "127.0.0.1:5432".parse().unwrap(), pid: 5, key: 6 };
+        let target =
+            CancelTarget { addr: ServerAddr::Tcp("127.0.0.1:5432".parse().unwrap()), pid: 5, key: 6 };
         k.set_target(Some(target));
         assert_eq!(reg.lookup(k.pid, k.key).map(|t| t.pid), Some(5));
         assert!(reg.lookup(k.pid, k.key.wrapping_add(1)).is_none());

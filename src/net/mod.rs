@@ -9,13 +9,14 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::protocol::{Frame, FrameError, try_parse_frame};
 
-/// A connection that may have been upgraded to TLS.
+/// A connection that may have been upgraded to TLS, or a Unix socket to a local server.
 pub enum Stream {
     Plain(TcpStream),
+    Unix(UnixStream),
     TlsServer(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
@@ -24,6 +25,7 @@ impl AsyncRead for Stream {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
@@ -34,6 +36,7 @@ impl AsyncWrite for Stream {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
             Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
@@ -41,6 +44,7 @@ impl AsyncWrite for Stream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
             Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
@@ -48,6 +52,7 @@ impl AsyncWrite for Stream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
             Stream::TlsServer(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
             Stream::TlsClient(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
@@ -56,7 +61,7 @@ impl AsyncWrite for Stream {
 
 impl Stream {
     fn is_tls(&self) -> bool {
-        !matches!(self, Stream::Plain(_))
+        matches!(self, Stream::TlsServer(_) | Stream::TlsClient(_))
     }
 }
 

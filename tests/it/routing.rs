@@ -161,3 +161,22 @@ async fn tenant_set_through_the_extended_protocol() {
         client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
     assert_eq!(guc, "7", "the server never saw the refused SET");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn servers_behind_unix_sockets() {
+    let dir = crate::harness::shards().dirs[0].display().to_string();
+    let proxy = start_proxy(move |c| c.shards[0].nodes[0].host = dir).await;
+    let client = proxy.connect(Some(7)).await;
+    assert_eq!(shard_of(&client).await, 1);
+    let local: bool = client.query_one("SELECT inet_server_addr() IS NULL", &[]).await.unwrap().get(0);
+    assert!(local, "the server connection is a Unix socket");
+    // Cancel goes to the Unix socket too.
+    let token = client.cancel_token();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        token.cancel_query(tokio_postgres::NoTls).await
+    });
+    let err = client.simple_query("SELECT pg_sleep(20)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "57014");
+    canceller.await.unwrap().unwrap();
+}

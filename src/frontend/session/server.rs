@@ -47,7 +47,7 @@ impl Session {
                 }
             };
             let conn = self.shared.pools.checkout_from(&pool, route.shard).await?;
-            self.cancel.set_target(Some(conn.cancel));
+            self.cancel.set_target(Some(conn.cancel.clone()));
             self.server = Some(Attached {
                 conn,
                 route,

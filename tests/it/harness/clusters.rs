@@ -11,6 +11,8 @@ use pgtenant::dev::demo;
 
 pub struct Shards {
     pub ports: [u16; 2],
+    /// Data directories, which are also the clusters' Unix socket directories.
+    pub dirs: [PathBuf; 2],
     /// Kept so the shards live as long as the test binary.
     _clusters: Vec<Cluster>,
     pub tls_dir: PathBuf,
@@ -89,7 +91,12 @@ pub fn shards() -> &'static Shards {
         let clusters = vec![create_cluster("shard1", 1, false), create_cluster("shard2", 2, false)];
         let tls_dir = base_dir().join("tls");
         demo::ensure_certificate(&tls_dir).expect("certificate");
-        Shards { ports: [clusters[0].port, clusters[1].port], _clusters: clusters, tls_dir }
+        Shards {
+            ports: [clusters[0].port, clusters[1].port],
+            dirs: [clusters[0].data_dir.clone(), clusters[1].data_dir.clone()],
+            _clusters: clusters,
+            tls_dir,
+        }
     })
 }
 
