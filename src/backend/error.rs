@@ -1,5 +1,5 @@
-//! Errors of the server side. Each says whether nothing reached the server yet
-//! (so the work may be retried elsewhere).
+//! Errors of the server side: connecting and logging in to a server, and checking
+//! a connection out of a pool. All happen before any client byte reached a server.
 
 use crate::directory::ShardId;
 use crate::protocol::ErrorFields;
@@ -36,11 +36,4 @@ pub enum CheckoutError {
     UnknownShard { shard: ShardId },
     #[error("the pool of shard {shard} is closed")]
     Closed { shard: ShardId },
-}
-
-impl CheckoutError {
-    /// Nothing was sent to any server, so the request may be retried elsewhere.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unreachable { .. } | Self::Exhausted { .. })
-    }
 }

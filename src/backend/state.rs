@@ -90,10 +90,6 @@ impl ResponseQueue {
         self.pending.is_empty()
     }
 
-    pub fn clear(&mut self) {
-        self.pending.clear();
-    }
-
     /// Whether a ReadyForQuery is owed to the client.
     pub fn owes_ready(&self) -> bool {
         self.pending.iter().any(|p| matches!(p, Pending::Client { reply: Reply::Sync | Reply::Query, .. }))

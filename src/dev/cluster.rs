@@ -212,11 +212,6 @@ impl Cluster {
             .output()
             .is_ok_and(|o| o.status.success())
     }
-
-    /// A superuser connection string for setup work.
-    pub fn admin_conninfo(&self, dbname: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", self.port)
-    }
 }
 
 fn append(path: &Path, text: &str) -> Result<(), String> {

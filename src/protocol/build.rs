@@ -51,17 +51,6 @@ pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, messag
     });
 }
 
-/// NoticeResponse (B) with severity WARNING.
-pub fn warning_notice(buf: &mut BytesMut, message: &str) {
-    put_message(buf, b'N', |b| {
-        for (k, v) in [(b'S', "WARNING"), (b'V', "WARNING"), (b'C', "01000"), (b'M', message)] {
-            b.put_u8(k);
-            put_cstr(b, v.as_bytes());
-        }
-        b.put_u8(0);
-    });
-}
-
 /// ReadyForQuery (B).
 pub fn ready_for_query(buf: &mut BytesMut, status: TxStatus) {
     put_message(buf, b'Z', |b| b.put_u8(status.as_byte()));

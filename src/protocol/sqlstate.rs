@@ -2,11 +2,8 @@
 
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const CONNECTION_FAILURE: &str = "08006";
-pub const CONNECTION_EXCEPTION: &str = "08000";
 pub const UNABLE_TO_CONNECT: &str = "08001";
 pub const INVALID_PASSWORD: &str = "28P01";
-pub const INVALID_AUTHORIZATION: &str = "28000";
-pub const INVALID_CATALOG_NAME: &str = "3D000";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const CANNOT_CONNECT_NOW: &str = "57P03";
@@ -16,5 +13,3 @@ pub const UNDEFINED_OBJECT: &str = "42704";
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 pub const ACTIVE_SQL_TRANSACTION: &str = "25001";
 pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
-pub const QUERY_CANCELED: &str = "57014";
-pub const INTERNAL_ERROR: &str = "XX000";
