@@ -98,7 +98,8 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         };
     }
     let text = String::from_utf8_lossy(sql);
-    let tokens = tokenize(sql);
+    // Token offsets index `text`: lossy decoding can change lengths (invalid bytes).
+    let tokens = tokenize(text.as_bytes());
     let hint = tokens
         .iter()
         .filter(|t| t.kind == TokenKind::BlockComment)
@@ -421,6 +422,17 @@ mod tests {
         for sql in ["select * from t where id = 5", "insert into t values (1)"] {
             let a = analyze(sql.as_bytes(), P);
             assert_eq!((a.kind, a.hint, a.pin, a.is_multi), (StatementKind::Other, None, None, false));
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_and_multibyte_text_never_panic() {
+        let a = analyze(b"SELECT \xff\xfe /* pgtenant.tenant_id=5 */ FROM t", P);
+        assert_eq!(a.hint, Some(TenantId(5)));
+        let a = analyze("SELECT 'é' /* café=1 */ , \"ü\" FROM t; SET é = ü".as_bytes(), P);
+        assert!(a.is_multi);
+        for junk in [&b"\xc3"[..], b"E'\\\xc3", b"/*\xe2\x82", b"$\xf0$ x", b"SET \xff = 1"] {
+            let _ = analyze(junk, P);
         }
     }
 
