@@ -26,3 +26,6 @@ pub mod observe;
 pub mod protocol;
 pub mod router;
 pub mod server;
+
+#[cfg(test)]
+mod fuzz_tests;

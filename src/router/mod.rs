@@ -11,6 +11,12 @@ use std::sync::Arc;
 pub use analyze::{Analysis, PinReason, StatementKind};
 pub use recent::RecentAnalyses;
 
+/// The analysis with the default tenant parameter, for tests outside this layer.
+#[cfg(test)]
+pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
+    analyze::analyze(sql, "pgtenant.tenant_id")
+}
+
 use crate::config::{Config, NoTenantPolicy};
 use crate::directory::{Directory, DirectoryError, ShardId, TenantId};
 
