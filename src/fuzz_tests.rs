@@ -24,7 +24,7 @@ impl Rng {
         (0..len)
             .map(|_| {
                 let r = self.next();
-                if r % 4 == 0 { (r >> 8) as u8 } else { SPECIAL[(r >> 8) as usize % SPECIAL.len()] }
+                if r.is_multiple_of(4) { (r >> 8) as u8 } else { SPECIAL[(r >> 8) as usize % SPECIAL.len()] }
             })
             .collect()
     }
