@@ -50,8 +50,10 @@ pub enum FrontendError {
     CrossShard { current: ShardId, tenant: TenantId, other: ShardId },
     #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]
     PinnedElsewhere { shard: ShardId, reason: &'static str, other: ShardId },
-    #[error("{param} must be set with a simple-protocol SET statement, not a prepared one")]
+    #[error("{param} must be set in a request of its own, not together with other statements")]
     ExtendedTenantSet { param: String },
+    #[error("SET/RESET {param} must be sent as a statement of its own, not in a multi-statement string")]
+    TenantSetAmongMany { param: String },
 }
 
 impl FrontendError {

@@ -18,7 +18,8 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Unsupported(_)
         | E::CrossShard { .. }
         | E::PinnedElsewhere { .. }
-        | E::ExtendedTenantSet { .. } => sqlstate::FEATURE_NOT_SUPPORTED,
+        | E::ExtendedTenantSet { .. }
+        | E::TenantSetAmongMany { .. } => sqlstate::FEATURE_NOT_SUPPORTED,
         E::BadStartupParameter(_) | E::BadTenantValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
         E::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
         E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),

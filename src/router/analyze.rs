@@ -70,6 +70,8 @@ pub struct Analysis {
     pub pin: Option<PinReason>,
     /// More than one statement in the string.
     pub is_multi: bool,
+    /// A statement of a multi-statement string sets or resets the tenant parameter.
+    pub sets_tenant_among_many: bool,
     /// The tenant value of a SET of the tenant parameter that is not a number.
     pub bad_tenant_value: Option<String>,
     sql: Box<str>,
@@ -92,6 +94,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
             hint: None,
             pin: None,
             is_multi: false,
+            sets_tenant_among_many: false,
             bad_tenant_value: None,
             sql: String::from_utf8_lossy(sql).into(),
             needs_tenant: OnceLock::new(),
@@ -111,6 +114,11 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
     let words = Words { sql: &text, tokens: first };
     let mut bad_tenant_value = None;
     let kind = classify(&words, tenant_param, &mut bad_tenant_value);
+    let sets_tenant_among_many = statements > 1
+        && code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
+            let kind = classify(&Words { sql: &text, tokens: stmt }, tenant_param, &mut None);
+            matches!(kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant)
+        });
     let pin = code
         .split(|t| t.kind == TokenKind::Semicolon)
         .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }));
@@ -119,6 +127,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         hint,
         pin,
         is_multi: statements > 1,
+        sets_tenant_among_many,
         bad_tenant_value,
         sql: text.into(),
         needs_tenant: OnceLock::new(),
@@ -404,6 +413,9 @@ mod tests {
         assert_eq!(analyze(b"CREATE TEMP TABLE t (a int)", P).pin, Some(PinReason::TempTable));
         assert_eq!(analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P).pin, Some(PinReason::HoldCursor));
         assert!(analyze(b"SELECT 1; SELECT 2;", P).is_multi);
+        assert!(analyze(b"SELECT 1; SET pgtenant.tenant_id = 5", P).sets_tenant_among_many);
+        assert!(analyze(b"RESET pgtenant.tenant_id; SELECT 1", P).sets_tenant_among_many);
+        assert!(!analyze(b"SET pgtenant.tenant_id = 5", P).sets_tenant_among_many);
         assert!(!analyze(b"SELECT ';' ; ", P).is_multi);
     }
 

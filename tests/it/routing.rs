@@ -180,3 +180,17 @@ async fn servers_behind_unix_sockets() {
     assert_eq!(sqlstate(&err), "57014");
     canceller.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tenant_set_inside_a_multi_statement_string_is_refused() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(Some(7)).await;
+    for sql in ["SET pgtenant.tenant_id = 42; SELECT 1", "SELECT 1; RESET pgtenant.tenant_id"] {
+        let err = client.batch_execute(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&err), "0A000", "{sql}: {err}");
+    }
+    let guc: String =
+        client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "7", "nothing of the refused strings ran");
+    assert_eq!(shard_of(&client).await, 1);
+}

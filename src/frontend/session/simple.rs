@@ -25,6 +25,12 @@ impl Session {
                 _ => {}
             }
         }
+        if analysis.sets_tenant_among_many {
+            // The server must never change the tenant GUC behind pgtenant's back.
+            let err = FrontendError::TenantSetAmongMany { param: self.shared.router.tenant_param().into() };
+            self.reply_error(&err, true);
+            return Ok(());
+        }
         if let Some(value) = &analysis.bad_tenant_value {
             let err = FrontendError::BadTenantValue {
                 param: self.shared.router.tenant_param().into(),
