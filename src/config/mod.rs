@@ -75,6 +75,9 @@ pub struct ProxyConfig {
     pub set_tenant_guc: bool,
     /// Tokio worker threads; 0 means one per core.
     pub workers: usize,
+    /// A client idle inside a transaction this long is disconnected (25P03) and its
+    /// transaction rolled back, so it cannot hold a server connection forever; 0 = never.
+    pub idle_transaction_timeout_ms: u64,
 }
 
 impl Default for ProxyConfig {
@@ -92,6 +95,7 @@ impl Default for ProxyConfig {
             default_shard: None,
             set_tenant_guc: true,
             workers: 0,
+            idle_transaction_timeout_ms: 0,
         }
     }
 }

@@ -25,6 +25,8 @@ pub enum FrontendError {
     BadStartupParameter(String),
     #[error("pgtenant is shutting down")]
     ShuttingDown,
+    #[error("terminating connection: idle in transaction for more than {ms} ms")]
+    IdleInTransaction { ms: u64 },
     /// The server refused the login made for this client; its fields go to the client.
     #[error("{}", .0.message)]
     ServerRefused(ErrorFields),
@@ -69,6 +71,7 @@ impl FrontendError {
                 | Self::Unsupported(_)
                 | Self::BadStartupParameter(_)
                 | Self::ShuttingDown
+                | Self::IdleInTransaction { .. }
                 | Self::ServerRefused(_)
                 | Self::Io(_)
         )

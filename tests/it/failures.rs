@@ -131,3 +131,31 @@ async fn a_client_leaving_mid_transaction_commits_nothing() {
         .get(0);
     assert_eq!(idle_in_tx, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_idle_in_transaction_is_cut_off_and_frees_the_server() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.idle_transaction_timeout_ms = 300;
+        c.proxy.checkout_timeout_ms = 3000;
+    })
+    .await;
+    let setup = proxy.connect(Some(7)).await;
+    setup
+        .batch_execute("CREATE TABLE IF NOT EXISTS idle_tx (tenant_id bigint); DELETE FROM idle_tx")
+        .await
+        .unwrap();
+    drop(setup);
+    let mut idle = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    idle.query("BEGIN").await;
+    idle.query("INSERT INTO idle_tx VALUES (7)").await;
+    // The only server connection is held; the timeout must give it back.
+    let started = Instant::now();
+    let other = proxy.connect(Some(7)).await;
+    let n: i64 = other.query_one("SELECT count(*) FROM idle_tx", &[]).await.unwrap().get(0);
+    assert_eq!(n, 0, "the idle transaction was rolled back");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    let fatal = idle.recv().await.expect("a FATAL for the idle client");
+    assert_eq!(fatal.sqlstate().as_deref(), Some("25P03"));
+    assert!(idle.recv().await.is_none(), "and the connection is closed");
+}

@@ -14,12 +14,15 @@ mod server;
 mod simple;
 
 use std::collections::{HashMap, VecDeque};
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
+use tokio::time::Sleep;
 
 use super::Shared;
 use super::cancel::CancelKey;
@@ -102,6 +105,8 @@ pub struct Session {
     tx_setting_changes: Vec<SettingChange>,
     cancel: CancelKey,
     max_message: usize,
+    /// Armed while the client sits idle inside a transaction (idle_transaction_timeout).
+    idle_deadline: Option<Pin<Box<Sleep>>>,
 }
 
 /// Everything a session starts with, from the login.
@@ -117,6 +122,7 @@ enum Event {
     Client(std::io::Result<IoEvent>),
     Server(std::io::Result<IoEvent>),
     Shutdown,
+    IdleInTransaction,
 }
 
 impl Session {
@@ -145,6 +151,7 @@ impl Session {
             tx_setting_changes: Vec::new(),
             cancel: start.cancel,
             max_message,
+            idle_deadline: None,
         }
     }
 
@@ -171,10 +178,12 @@ impl Session {
             if stopping && self.is_idle() {
                 return Err(FrontendError::ShuttingDown);
             }
+            self.arm_idle_deadline();
             let server_read = self.client.wbuf.len() < HIGH_WATER;
             let client_read = self.server.as_ref().is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
             let client = &mut self.client;
             let server = &mut self.server;
+            let idle_deadline = &mut self.idle_deadline;
             let event = tokio::select! {
                 r = poll_fn(|cx| match server.as_mut() {
                     Some(a) => a.conn.io.poll_io(cx, server_read),
@@ -182,6 +191,10 @@ impl Session {
                 }) => Event::Server(r),
                 r = poll_fn(|cx| client.poll_io(cx, client_read)) => Event::Client(r),
                 _ = &mut stop_signal, if !stopping => Event::Shutdown,
+                _ = poll_fn(|cx| match idle_deadline.as_mut() {
+                    Some(deadline) => deadline.as_mut().poll(cx),
+                    None => Poll::Pending,
+                }) => Event::IdleInTransaction,
             };
             match event {
                 Event::Client(Ok(IoEvent::Read)) => {
@@ -197,7 +210,29 @@ impl Session {
                 }
                 Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
                 Event::Shutdown => stopping = true,
+                Event::IdleInTransaction => {
+                    let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
+                    return Err(FrontendError::IdleInTransaction { ms });
+                }
             }
+        }
+    }
+
+    /// Starts the idle-in-transaction clock when the client went quiet inside a
+    /// transaction that holds a server, and stops it as soon as anything moves.
+    fn arm_idle_deadline(&mut self) {
+        let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
+        let idle_in_tx = ms > 0
+            && self.batch.is_empty()
+            && self.server.as_ref().is_some_and(|a| {
+                a.conn.status != TxStatus::Idle && a.conn.queue.is_empty() && !a.open_request
+            });
+        match (idle_in_tx, self.idle_deadline.is_some()) {
+            (true, false) => {
+                self.idle_deadline = Some(Box::pin(tokio::time::sleep(Duration::from_millis(ms))))
+            }
+            (false, true) => self.idle_deadline = None,
+            _ => {}
         }
     }
 
