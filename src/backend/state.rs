@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use super::prepared::PreparedStatement;
-use crate::protocol::TxStatus;
+use crate::protocol::{self, TxStatus};
 
 /// The message whose responses an entry waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -195,7 +195,12 @@ impl ResponseQueue {
             Some(Pending::Synthetic(_) | Pending::CopyEnd) | None => None,
         };
         let forward = match front {
-            Some((_, OnError::Swallow)) => false,
+            Some((_, OnError::Swallow)) => {
+                // The client did not send it, so it must not see the error; an operator should.
+                let fields = protocol::error_fields(raw.get(5..).unwrap_or_default());
+                tracing::warn!(code = %fields.code, message = %fields.message, "a statement pgtenant added failed");
+                false
+            }
             None => {
                 // A FATAL from an idle server (e.g. it shuts down): the client should see it.
                 fx.desync = true;
@@ -243,7 +248,7 @@ fn completes(reply: Reply, tag: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{self, try_parse_frame};
+    use crate::protocol::try_parse_frame;
 
     fn msg(tag: u8, body: &[u8]) -> (u8, Vec<u8>) {
         let mut b = BytesMut::new();
