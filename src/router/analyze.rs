@@ -79,6 +79,21 @@ pub struct Analysis {
 }
 
 impl Analysis {
+    /// A `SET`/`RESET` of the tenant parameter, which only pgtenant may carry out.
+    pub fn sets_tenant(&self) -> bool {
+        is_tenant_set(&self.kind)
+    }
+
+    /// What executing this statement through the extended protocol pins: its own
+    /// reason, or a session setting change, which is only tracked for simple queries.
+    pub fn extended_pin(&self) -> Option<PinReason> {
+        let untracked_set = matches!(
+            self.kind,
+            StatementKind::Set { .. } | StatementKind::Reset { .. } | StatementKind::ResetAll
+        );
+        self.pin.or(untracked_set.then_some(PinReason::UntrackedSet))
+    }
+
     /// Whether the statement reads or writes tables outside the system catalogs.
     /// Statements sqlparser cannot parse count as needing one.
     pub fn needs_tenant(&self) -> bool {
@@ -116,8 +131,9 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
     let kind = classify(&words, tenant_param, &mut bad_tenant_value);
     let sets_tenant_among_many = statements > 1
         && code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
-            let kind = classify(&Words { sql: &text, tokens: stmt }, tenant_param, &mut None);
-            matches!(kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant)
+            let mut bad_value = None;
+            let kind = classify(&Words { sql: &text, tokens: stmt }, tenant_param, &mut bad_value);
+            is_tenant_set(&kind) || bad_value.is_some()
         });
     let pin = code
         .split(|t| t.kind == TokenKind::Semicolon)
@@ -154,6 +170,10 @@ fn is_plain_dml(sql: &[u8]) -> bool {
         && !body.windows(2).any(|w| w == b"/*" || w == b"--")
         && !suspicious(b"advisory")
         && !suspicious(b"temp")
+}
+
+fn is_tenant_set(kind: &StatementKind) -> bool {
+    matches!(kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant)
 }
 
 struct Words<'a> {
@@ -416,6 +436,7 @@ mod tests {
         assert!(analyze(b"SELECT 1; SET pgtenant.tenant_id = 5", P).sets_tenant_among_many);
         assert!(analyze(b"RESET pgtenant.tenant_id; SELECT 1", P).sets_tenant_among_many);
         assert!(!analyze(b"SET pgtenant.tenant_id = 5", P).sets_tenant_among_many);
+        assert!(analyze(b"SELECT 1; SET pgtenant.tenant_id = abc", P).sets_tenant_among_many);
         assert!(!analyze(b"SELECT ';' ; ", P).is_multi);
     }
 

@@ -153,13 +153,18 @@ async fn tenant_set_through_the_extended_protocol() {
     assert_eq!(shard_of(&client).await, 1);
     let err = client.execute("SET pgtenant.tenant_id = 99999", &[]).await.unwrap_err();
     assert_eq!(sqlstate(&err), "42704");
+    // Prepared outside a transaction, executed inside one: refused at execution too.
+    let prepared_set = client.prepare("SET pgtenant.tenant_id = 42").await.unwrap();
     client.batch_execute("BEGIN").await.unwrap();
     let err = client.execute("SET pgtenant.tenant_id = 42", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25001");
+    client.batch_execute("ROLLBACK; BEGIN").await.unwrap();
+    let err = client.execute(&prepared_set, &[]).await.unwrap_err();
     assert_eq!(sqlstate(&err), "25001");
     client.batch_execute("ROLLBACK").await.unwrap();
     let guc: String =
         client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
-    assert_eq!(guc, "7", "the server never saw the refused SET");
+    assert_eq!(guc, "7", "the server never saw the refused SETs");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -185,7 +190,11 @@ async fn servers_behind_unix_sockets() {
 async fn tenant_set_inside_a_multi_statement_string_is_refused() {
     let proxy = start_proxy(|_| {}).await;
     let client = proxy.connect(Some(7)).await;
-    for sql in ["SET pgtenant.tenant_id = 42; SELECT 1", "SELECT 1; RESET pgtenant.tenant_id"] {
+    for sql in [
+        "SET pgtenant.tenant_id = 42; SELECT 1",
+        "SELECT 1; RESET pgtenant.tenant_id",
+        "SELECT 1; SET pgtenant.tenant_id = x",
+    ] {
         let err = client.batch_execute(sql).await.unwrap_err();
         assert_eq!(sqlstate(&err), "0A000", "{sql}: {err}");
     }

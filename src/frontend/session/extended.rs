@@ -43,10 +43,11 @@ impl Session {
         if self.server.is_none() && self.answer_without_server()? {
             return Ok(());
         }
-        if self.answer_tenant_set().await? {
+        let analyses = self.batch_analyses()?;
+        if self.answer_tenant_set(&analyses).await? {
             return Ok(());
         }
-        let route = self.route_batch().await;
+        let route = self.route_batch(&analyses).await;
         let batch = std::mem::take(&mut self.batch);
         if let Err(err) = route {
             self.reply_error(&err, false);
@@ -126,23 +127,16 @@ impl Session {
 
     /// Answers a held request that sets or resets the tenant parameter (drivers such as
     /// psycopg 3 and pgJDBC send SET through the extended protocol), as a server would.
-    async fn answer_tenant_set(&mut self) -> Result<bool, FrontendError> {
-        let mut change = None;
-        for i in 0..self.batch.len() {
-            let Some(analysis) = self.statement_of(i)? else { continue };
-            let wanted = match analysis.kind {
-                StatementKind::SetTenant(t) => (Some(t), "SET"),
-                StatementKind::ResetTenant => (self.startup_tenant, "RESET"),
-                _ if change.is_some() => {
-                    return Err(FrontendError::ExtendedTenantSet {
-                        param: self.shared.router.tenant_param().into(),
-                    });
-                }
-                _ => return Ok(false),
-            };
-            change = Some(wanted);
+    /// Such a SET mixed with other statements in one request is refused.
+    async fn answer_tenant_set(&mut self, analyses: &[Arc<Analysis>]) -> Result<bool, FrontendError> {
+        let Some(last_set) = analyses.iter().rev().find(|a| a.sets_tenant()) else { return Ok(false) };
+        if !analyses.iter().all(|a| a.sets_tenant()) {
+            return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
-        let Some((tenant, tag)) = change else { return Ok(false) };
+        let (tenant, tag) = match last_set.kind {
+            StatementKind::SetTenant(t) => (Some(t), "SET"),
+            _ => (self.startup_tenant, "RESET"),
+        };
         let mut reply = BytesMut::new();
         let mut failed = false;
         for frame in std::mem::take(&mut self.batch) {
@@ -153,10 +147,7 @@ impl Session {
                 b'P' => {
                     let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
                     if !p.name.is_empty() {
-                        let stmt = self.shared.statements.intern(p.query, p.param_types);
-                        let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
-                        self.statements
-                            .insert(Bytes::copy_from_slice(p.name), ClientStatement { stmt, analysis });
+                        self.register_statement(p.name, p.query, p.param_types);
                     }
                     protocol::parse_complete(&mut reply);
                 }
@@ -183,19 +174,17 @@ impl Session {
         Ok(true)
     }
 
-    /// Routes a held request by its statements and attaches a server for it.
-    async fn route_batch(&mut self) -> Result<(), FrontendError> {
+    /// The analyses of the statements the held Parse and Bind messages refer to.
+    fn batch_analyses(&mut self) -> Result<Vec<Arc<Analysis>>, FrontendError> {
         let mut analyses = Vec::new();
         for i in 0..self.batch.len() {
-            if let Some(a) = self.statement_of(i)? {
-                analyses.push(a);
-            }
+            analyses.extend(self.statement_of(i)?);
         }
-        let param = self.shared.router.tenant_param();
-        if analyses.iter().any(|a| matches!(a.kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant))
-        {
-            return Err(FrontendError::ExtendedTenantSet { param: param.into() });
-        }
+        Ok(analyses)
+    }
+
+    /// Routes a held request by its statements and attaches a server for it.
+    async fn route_batch(&mut self, analyses: &[Arc<Analysis>]) -> Result<(), FrontendError> {
         let named = analyses.iter().find_map(|a| a.hint);
         let tenant = crate::router::Router::pick_tenant(self.tenant, named)?;
         let route: Route =
@@ -213,14 +202,33 @@ impl Session {
             }
             b'B' => {
                 let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
-                if b.statement.is_empty() {
-                    Ok(self.unnamed.clone())
-                } else {
-                    Ok(self.statements.get(b.statement).map(|s| s.analysis.clone()))
-                }
+                Ok(self.bound_analysis(b.statement))
             }
             _ => Ok(None),
         }
+    }
+
+    /// The analysis of the statement a Bind names (`""` is the last unnamed Parse).
+    fn bound_analysis(&self, name: &[u8]) -> Option<Arc<Analysis>> {
+        if name.is_empty() {
+            self.unnamed.clone()
+        } else {
+            self.statements.get(name).map(|s| s.analysis.clone())
+        }
+    }
+
+    /// Remembers a client's named statement under its shared server-side identity.
+    fn register_statement(
+        &mut self,
+        name: &[u8],
+        query: &[u8],
+        param_types: &[u8],
+    ) -> Arc<PreparedStatement> {
+        let stmt = self.shared.statements.intern(query, param_types);
+        let analysis = self.recent.get_or_analyze(&self.shared.router, query);
+        self.statements
+            .insert(Bytes::copy_from_slice(name), ClientStatement { stmt: stmt.clone(), analysis });
+        stmt
     }
 
     /// Sends one extended-protocol message to the attached server, translated.
@@ -233,8 +241,19 @@ impl Session {
             b'P' => self.forward_parse(&frame)?,
             b'B' => {
                 let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
-                let pin = self.statements.get(b.statement).and_then(|s| s.analysis.pin);
-                if let (Some(pin), Some(a)) = (pin, self.server.as_mut()) {
+                // What a statement does is decided where it runs: here, not at Parse.
+                let analysis = self.bound_analysis(b.statement);
+                if analysis.as_ref().is_some_and(|a| a.sets_tenant()) {
+                    // Inside a transaction: the server must never see a change of the tenant GUC.
+                    let err = FrontendError::TenantChangeInTransaction {
+                        param: self.shared.router.tenant_param().into(),
+                    };
+                    self.reply_error(&err, false);
+                    self.skip_until_sync = true;
+                    return Ok(());
+                }
+                if let (Some(pin), Some(a)) = (analysis.and_then(|a| a.extended_pin()), self.server.as_mut())
+                {
                     a.pin.get_or_insert(pin);
                 }
                 let stmt = self.server_statement(b.statement);
@@ -293,38 +312,14 @@ impl Session {
 
     fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
         let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
-        let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
-        if matches!(analysis.kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant) {
-            // Inside a transaction: the server must never see a change of the tenant GUC.
-            let err =
-                FrontendError::TenantChangeInTransaction { param: self.shared.router.tenant_param().into() };
-            self.reply_error(&err, false);
-            self.skip_until_sync = true;
-            return Ok(());
-        }
-        if let Some(pin) = analysis.pin
-            && let Some(a) = self.server.as_mut()
-        {
-            a.pin.get_or_insert(pin);
-        }
-        // A SET through the extended protocol is not re-applied elsewhere: keep this server.
-        if matches!(
-            analysis.kind,
-            StatementKind::Set { .. } | StatementKind::Reset { .. } | StatementKind::ResetAll
-        ) && let Some(a) = self.server.as_mut()
-        {
-            a.pin.get_or_insert(crate::router::PinReason::UntrackedSet);
-        }
         if p.name.is_empty() {
-            self.unnamed = Some(analysis);
+            self.unnamed = Some(self.recent.get_or_analyze(&self.shared.router, p.query));
             let a = self.server.as_mut().ok_or_else(no_server)?;
             a.conn.io.wbuf.extend_from_slice(&frame.raw);
             a.conn.queue.push(Pending::client(Reply::Parse));
             return Ok(());
         }
-        let stmt = self.shared.statements.intern(p.query, p.param_types);
-        self.statements
-            .insert(Bytes::copy_from_slice(p.name), ClientStatement { stmt: stmt.clone(), analysis });
+        let stmt = self.register_statement(p.name, p.query, p.param_types);
         let a = self.server.as_mut().ok_or_else(no_server)?;
         if a.conn.prepared.contains(&stmt.id) {
             let mut b = BytesMut::new();
