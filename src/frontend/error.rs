@@ -1,7 +1,7 @@
 //! Errors of the client side. `is_fatal` says whether the client connection ends;
 //! every other error is answered with an ErrorResponse and the session goes on.
 
-use crate::backend::{BackendError, CheckoutError};
+use crate::backend::CheckoutError;
 use crate::directory::{ShardId, TenantId};
 use crate::protocol::{ErrorFields, FrameError};
 use crate::router::RouteError;
@@ -75,14 +75,5 @@ impl FrontendError {
                 | Self::ServerRefused(_)
                 | Self::Io(_)
         )
-    }
-}
-
-impl From<BackendError> for FrontendError {
-    fn from(e: BackendError) -> Self {
-        match e {
-            BackendError::Refused { fields, .. } => Self::ServerRefused(fields),
-            other => Self::Checkout(CheckoutError::Unreachable { shard: 0, source: other }),
-        }
     }
 }

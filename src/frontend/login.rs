@@ -86,13 +86,7 @@ async fn login(
         negotiate_protocol_version(&mut client.wbuf, &params.protocol_options);
     }
     let user = config.user(&params.user).cloned().map(Arc::new);
-    authenticate(
-        client,
-        &params.user,
-        user.as_ref().and_then(|_| shared.auth.get(&params.user)),
-        config.proxy.max_message_size,
-    )
-    .await?;
+    authenticate(client, &params.user, shared.auth.get(&params.user), config.proxy.max_message_size).await?;
     let user = user.ok_or_else(|| FrontendError::AuthFailed { user: params.user.clone() })?;
     let permit = slots
         .try_acquire_owned()
@@ -163,7 +157,9 @@ async fn first_login(
     })?;
     let guc = config.proxy.set_tenant_guc.then_some(config.proxy.tenant_parameter.as_str());
     if let Some(sql) = sync_sql(&conn.settings, settings, conn.tenant, tenant, guc) {
-        if let Some(fields) = conn.run_sql(&sql).await? {
+        let applied = conn.run_sql(&sql).await;
+        let refused = applied.map_err(|e| FrontendError::ServerLost { shard, reason: e.to_string() })?;
+        if let Some(fields) = refused {
             return Err(FrontendError::ServerRefused(fields));
         }
         conn.settings = settings.clone();
