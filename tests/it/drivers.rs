@@ -32,24 +32,24 @@ async fn run_check(mut cmd: Command, expected: &str) {
     assert!(stdout(&out).contains(expected), "{}", stdout(&out));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn psycopg3() {
-    if !available("psycopg 3", Command::new("python3").args(["-c", "import psycopg"])) {
+/// Runs a Python driver's check script when the driver module imports.
+async fn python_check(module: &str, script: &str, expected: &str) {
+    if !available(module, Command::new("python3").args(["-c", &format!("import {module}")])) {
         return;
     }
     let mut cmd = Command::new("python3");
-    cmd.arg(scripts().join("psycopg_check.py"));
-    run_check(cmd, "psycopg ok").await;
+    cmd.arg(scripts().join(script));
+    run_check(cmd, expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn psycopg3() {
+    python_check("psycopg", "psycopg_check.py", "psycopg ok").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn asyncpg() {
-    if !available("asyncpg", Command::new("python3").args(["-c", "import asyncpg"])) {
-        return;
-    }
-    let mut cmd = Command::new("python3");
-    cmd.arg(scripts().join("asyncpg_check.py"));
-    run_check(cmd, "asyncpg ok").await;
+    python_check("asyncpg", "asyncpg_check.py", "asyncpg ok").await;
 }
 
 fn node_path() -> String {
