@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use crate::backend::{Pools, ServerTls};
 use crate::config::{self, Config};
-use crate::directory::StaticDirectory;
+use crate::directory::{CatalogDirectory, CatalogError, Directory, StaticDirectory};
 use crate::frontend::{self, Shared};
 use crate::router::Router;
 
@@ -23,6 +23,8 @@ pub enum StartError {
     Tls(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
 }
 
 /// A proxy serving in the background.
@@ -67,7 +69,10 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         None => None,
     };
     let server_tls = ServerTls::from_config(&config.server_tls).map_err(StartError::Tls)?;
-    let directory = Arc::new(StaticDirectory::from_config(&config));
+    let directory: Arc<dyn Directory> = match &config.catalog {
+        Some(catalog) => Arc::new(CatalogDirectory::connect(catalog).await?),
+        None => Arc::new(StaticDirectory::from_config(&config).map_err(|e| StartError::Invalid(vec![e]))?),
+    };
     let router = Router::new(&config, directory);
     let pools = Pools::new(config.clone(), server_tls);
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls));

@@ -66,6 +66,8 @@ pub struct ServerConn {
     pub prepared: HashSet<u64>,
     pub settings: Arc<Settings>,
     pub tenant: Option<TenantId>,
+    /// `default_transaction_read_only` was turned on for a tenant that may not write.
+    pub read_only: bool,
     pub status: TxStatus,
     pub queue: ResponseQueue,
     /// Left in a state that cannot be trusted; closed instead of reused.
@@ -145,6 +147,7 @@ impl ServerConn {
         self.prepared.clear();
         self.settings = Settings::empty();
         self.tenant = None;
+        self.read_only = false;
         self.needs_reset = false;
         Ok(())
     }
@@ -289,6 +292,7 @@ async fn login(
         prepared: HashSet::new(),
         settings: Settings::empty(),
         tenant: None,
+        read_only: false,
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,

@@ -11,7 +11,7 @@ use deadpool::managed::{self, Metrics, Object, Pool, PoolError, RecycleError, Re
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
 use super::tls::ServerTls;
-use crate::config::{Config, UserConfig};
+use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::ShardId;
 
 pub struct ServerManager {
@@ -26,7 +26,8 @@ impl managed::Manager for ServerManager {
     type Error = BackendError;
 
     async fn create(&self) -> Result<ServerConn, BackendError> {
-        let conn = ServerConn::connect(&self.target, self.tls.as_deref()).await?;
+        // Boxed: the login future is large, and every checkout future would carry its size.
+        let conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
         let _ = self.startup_params.set(Arc::new(conn.params.clone()));
         Ok(conn)
     }
@@ -39,7 +40,7 @@ impl managed::Manager for ServerManager {
             return Err(RecycleError::message("server closed the idle connection"));
         }
         if conn.needs_reset {
-            conn.reset().await.map_err(RecycleError::Backend)?;
+            Box::pin(conn.reset()).await.map_err(RecycleError::Backend)?;
         }
         Ok(())
     }
@@ -54,6 +55,9 @@ pub type ServerPool = Pool<ServerManager>;
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     shard: ShardId,
+    host: String,
+    port: u16,
+    node_dbname: Option<String>,
     user: String,
     database: String,
 }
@@ -70,14 +74,15 @@ impl Pools {
         Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()) }
     }
 
-    /// Checks out a connection to the primary of `shard` for `user` and `database`.
+    /// Checks out a connection to `node` of `shard` for `user` and `database`.
     pub async fn checkout(
         &self,
         shard: ShardId,
+        node: &NodeConfig,
         user: &UserConfig,
         database: &str,
     ) -> Result<PooledConn, CheckoutError> {
-        let pool = self.pool(shard, user, database)?;
+        let pool = self.pool(shard, node, user, database);
         self.checkout_from(&pool, shard).await
     }
 
@@ -117,21 +122,20 @@ impl Pools {
         })
     }
 
-    /// The pool of (`shard`'s primary, `user`, `database`), created on first use. The
+    /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The
     /// handle is cheap to clone; sessions keep theirs to skip this lookup per checkout.
-    pub fn pool(
-        &self,
-        shard: ShardId,
-        user: &UserConfig,
-        database: &str,
-    ) -> Result<ServerPool, CheckoutError> {
-        let key = PoolKey { shard, user: user.name.clone(), database: database.to_string() };
+    pub fn pool(&self, shard: ShardId, node: &NodeConfig, user: &UserConfig, database: &str) -> ServerPool {
+        let key = PoolKey {
+            shard,
+            host: node.host.clone(),
+            port: node.port,
+            node_dbname: node.dbname.clone(),
+            user: user.name.clone(),
+            database: database.to_string(),
+        };
         if let Some(p) = self.pools.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(p.clone());
+            return p.clone();
         }
-        let shard_config =
-            self.config.shards.iter().find(|s| s.id == shard).ok_or(CheckoutError::UnknownShard { shard })?;
-        let node = shard_config.primary().ok_or(CheckoutError::UnknownShard { shard })?;
         let target = ConnectTarget {
             host: node.host.clone(),
             port: node.port,
@@ -143,21 +147,25 @@ impl Pools {
         let manager = ServerManager { target, tls: self.tls.clone(), startup_params: OnceLock::new() };
         let pool = Pool::builder(manager)
             .max_size(user.pool_size)
+            // The most recently used server first, as PgBouncer does: its backend process
+            // is warm in the CPU caches and the scheduler's view.
+            .queue_mode(deadpool::managed::QueueMode::Lifo)
             .runtime(deadpool::Runtime::Tokio1)
             .build()
-            .map_err(|_| CheckoutError::Closed { shard })?;
+            .expect("a runtime is given, and no hooks can fail the build");
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
-        Ok(pools.entry(key).or_insert(pool).clone())
+        pools.entry(key).or_insert(pool).clone()
     }
 
     /// The server's own parameters (as reported at login) for this pool, once known.
     pub fn server_params(
         &self,
         shard: ShardId,
+        node: &NodeConfig,
         user: &UserConfig,
         database: &str,
     ) -> Option<Arc<Vec<(String, String)>>> {
-        self.pool(shard, user, database).ok()?.manager().startup_params.get().cloned()
+        self.pool(shard, node, user, database).manager().startup_params.get().cloned()
     }
 
     /// Closes every pool (shutdown).

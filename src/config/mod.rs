@@ -34,6 +34,81 @@ pub struct Config {
     /// Explicit tenant placements; they win over ranges.
     #[serde(default)]
     pub tenant_map: Vec<TenantMapping>,
+    /// A catalog database that holds shards and placements instead of this file.
+    #[serde(default)]
+    pub catalog: Option<CatalogConfig>,
+}
+
+/// The catalog database (schema in `sql/catalog.sql`) and its tenant cache.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogConfig {
+    /// A host name or address, or a Unix socket directory (starting with `/`).
+    pub host: String,
+    #[serde(default = "default_pg_port")]
+    pub port: u16,
+    pub user: String,
+    pub password: Option<String>,
+    pub dbname: String,
+    /// Tenants kept in the cache at most.
+    #[serde(default = "default_cache_capacity")]
+    pub cache_capacity: u64,
+    /// How long a cached placement is trusted without a NOTIFY.
+    #[serde(default = "default_cache_ttl_ms")]
+    pub cache_ttl_ms: u64,
+    /// How long "not placed" is remembered.
+    #[serde(default = "default_miss_ttl_ms")]
+    pub miss_ttl_ms: u64,
+    /// Connections for cache-miss lookups.
+    #[serde(default = "default_lookup_connections")]
+    pub lookup_connections: usize,
+    #[serde(default = "default_catalog_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+fn default_pg_port() -> u16 {
+    5432
+}
+fn default_cache_capacity() -> u64 {
+    1_000_000
+}
+fn default_cache_ttl_ms() -> u64 {
+    300_000
+}
+fn default_miss_ttl_ms() -> u64 {
+    1_000
+}
+fn default_lookup_connections() -> usize {
+    4
+}
+fn default_catalog_connect_timeout_ms() -> u64 {
+    3_000
+}
+
+impl CatalogConfig {
+    pub fn addr(&self) -> String {
+        format!("{}:{}/{}", self.host, self.port, self.dbname)
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn pg_config(&self) -> tokio_postgres::Config {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .dbname(&self.dbname)
+            .application_name("pgtenant-catalog")
+            .connect_timeout(self.connect_timeout())
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10));
+        if let Some(password) = &self.password {
+            pg.password(password);
+        }
+        pg
+    }
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -262,8 +337,9 @@ impl Config {
         self.users.iter().find(|u| u.name == name)
     }
 
-    /// The shard for statements that need no tenant.
-    pub fn default_shard(&self) -> u16 {
-        self.proxy.default_shard.unwrap_or_else(|| self.shards.iter().map(|s| s.id).min().unwrap_or(0))
+    /// The shard for statements that need no tenant, when the configuration names
+    /// one (or its lowest shard); a catalog's lowest shard otherwise.
+    pub fn default_shard(&self) -> Option<u16> {
+        self.proxy.default_shard.or_else(|| self.shards.iter().map(|s| s.id).min())
     }
 }

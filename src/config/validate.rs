@@ -12,7 +12,20 @@ pub const MAX_SHARD_ID: u16 = 1023;
 pub fn validate(config: &Config) -> Vec<String> {
     let mut problems = Vec::new();
     let mut shard_ids = HashSet::new();
-    if config.shards.is_empty() {
+    if let Some(catalog) = &config.catalog {
+        if !(config.shards.is_empty() && config.ranges.is_empty() && config.tenant_map.is_empty()) {
+            problems.push(
+                "[catalog] holds shards, ranges and placements: remove [[shards]], [[ranges]] and [[tenant_map]]"
+                    .to_string(),
+            );
+        }
+        if catalog.host.is_empty() || catalog.user.is_empty() || catalog.dbname.is_empty() {
+            problems.push("[catalog] needs host, user and dbname".to_string());
+        }
+        if catalog.cache_capacity == 0 || catalog.lookup_connections == 0 {
+            problems.push("[catalog] cache_capacity and lookup_connections must be above 0".to_string());
+        }
+    } else if config.shards.is_empty() {
         problems.push("no shards are configured".to_string());
     }
     for shard in &config.shards {
@@ -68,6 +81,7 @@ pub fn validate(config: &Config) -> Vec<String> {
     }
 
     if let Some(default) = config.proxy.default_shard
+        && config.catalog.is_none()
         && !shard_ids.contains(&default)
     {
         problems.push(format!("default_shard {default} is not a configured shard"));

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use crate::config::{
-    AuthMethod, Config, NodeConfig, NodeRole, ProxyConfig, RangeConfig, ServerTlsConfig, ShardConfig,
-    TenantMapping, TlsConfig, UserConfig,
+    AuthMethod, CatalogConfig, Config, NodeConfig, NodeRole, ProxyConfig, RangeConfig, ServerTlsConfig,
+    ShardConfig, TenantMapping, TlsConfig, UserConfig,
 };
 
 pub const DEMO_USER: &str = "app";
@@ -50,7 +50,68 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
             RangeConfig { min: 1001, max: 2000, shard: 2 },
         ],
         tenant_map: vec![TenantMapping { tenant: 42, shard: 2 }],
+        catalog: None,
     }
+}
+
+/// The catalog schema, as in `sql/catalog.sql`.
+pub const CATALOG_SQL: &str = include_str!("../../sql/catalog.sql");
+
+/// The demo configuration with its layout in a catalog database instead of the file.
+pub fn demo_catalog_config(listen: SocketAddr, catalog: CatalogConfig, tls_dir: Option<&Path>) -> Config {
+    let mut config = demo_config(listen, [0, 0], tls_dir);
+    config.shards.clear();
+    config.ranges.clear();
+    config.tenant_map.clear();
+    config.catalog = Some(catalog);
+    config
+}
+
+/// A catalog connection as the local superuser `postgres` (trusted on loopback).
+pub fn local_catalog(port: u16, dbname: &str) -> CatalogConfig {
+    CatalogConfig {
+        host: "127.0.0.1".into(),
+        port,
+        user: "postgres".into(),
+        password: None,
+        dbname: dbname.into(),
+        cache_capacity: 1_000_000,
+        cache_ttl_ms: 300_000,
+        miss_ttl_ms: 1_000,
+        lookup_connections: 4,
+        connect_timeout_ms: 3_000,
+    }
+}
+
+/// Creates the catalog database (on the cluster at `port`), loads the schema and the
+/// demo layout with the shards at `shard_ports`; safe to run again.
+pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: [u16; 2]) -> Result<(), String> {
+    let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")).await?;
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some();
+    if !exists {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {dbname}"))
+            .await
+            .map_err(|e| format!("create {dbname}: {e}"))?;
+    }
+    let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}")).await?;
+    db.batch_execute(CATALOG_SQL).await.map_err(|e| format!("catalog schema: {e}"))?;
+    let [p1, p2] = shard_ports;
+    // Rows are only written when they differ, so a restart bumps no routing version.
+    let layout = format!(
+        "INSERT INTO pgtenant.shard_config (shard_id, region_code, datacenter, min_tenant_id, max_tenant_id)
+         VALUES (1, 'USA', 'local-1', 1, 1000), (2, 'USA', 'local-2', 1001, 2000) ON CONFLICT DO NOTHING;
+         INSERT INTO pgtenant.shard_node AS n (shard_id, name, host, port, role)
+         VALUES (1, 'shard1-primary', '127.0.0.1', {p1}, 'primary'), (2, 'shard2-primary', '127.0.0.1', {p2}, 'primary')
+         ON CONFLICT (shard_id, name) DO UPDATE SET port = EXCLUDED.port WHERE n.port <> EXCLUDED.port;
+         INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id, region_code) VALUES (42, 2, 'USA')
+         ON CONFLICT DO NOTHING;"
+    );
+    db.batch_execute(&layout).await.map_err(|e| format!("catalog layout: {e}"))
 }
 
 /// Creates the demo role, database and tables on one shard; safe to run again.

@@ -1,6 +1,6 @@
-//! `pgtenant dev`: starts two local shard clusters (reusing the state directory),
-//! loads the demo layout, writes the configuration it serves, and runs the proxy
-//! until Ctrl-C, then stops the clusters.
+//! `pgtenant dev`: starts two local shard clusters and a catalog cluster (reusing
+//! the state directory), loads the demo layout into the catalog, writes the
+//! configuration it serves, and runs the proxy until Ctrl-C, then stops the clusters.
 
 pub mod cluster;
 pub mod demo;
@@ -9,13 +9,18 @@ use std::path::{Path, PathBuf};
 
 use cluster::{Cluster, find_bin_dir};
 
+/// The catalog database `dev` creates.
+pub const CATALOG_DATABASE: &str = "pgtenant_catalog";
+
 pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
     let shard_ports = [shard_port, shard_port + 1];
-    let clusters: Vec<Cluster> =
+    let catalog_port = shard_port + 2;
+    let mut clusters: Vec<Cluster> =
         (0..2).map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i])).collect();
+    clusters.push(Cluster::new(&bin, &dir.join("catalog"), catalog_port));
     let blocking = clusters.clone();
     tokio::task::spawn_blocking(move || {
         for c in &blocking {
@@ -26,13 +31,15 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
     })
     .await
     .map_err(|e| e.to_string())??;
-    for (i, c) in clusters.iter().enumerate() {
-        demo::setup_shard(c.port, i as u16 + 1).await?;
+    for (i, port) in shard_ports.iter().enumerate() {
+        demo::setup_shard(*port, i as u16 + 1).await?;
     }
+    demo::setup_catalog(catalog_port, CATALOG_DATABASE, shard_ports).await?;
     let tls_dir = dir.join("tls");
     demo::ensure_certificate(&tls_dir)?;
     let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
-    let config = demo::demo_config(listen, shard_ports, Some(&tls_dir));
+    let catalog = demo::local_catalog(catalog_port, CATALOG_DATABASE);
+    let config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
     write_config(&dir, &config)?;
     let served = serve(config).await;
     let stopping = clusters.clone();
@@ -43,11 +50,15 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
 }
 
 async fn serve(config: crate::config::Config) -> Result<(), String> {
+    let config_catalog = config.catalog.clone();
     let proxy = crate::server::start(config).await.map_err(|e| e.to_string())?;
     println!(
         "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
         proxy.addr
     );
+    if let Some(c) = &config_catalog {
+        println!("  catalog: psql \"host={} port={} user={} dbname={}\"", c.host, c.port, c.user, c.dbname);
+    }
     println!(
         "  psql \"host=127.0.0.1 port={} user=app password=app dbname=app options='-c pgtenant.tenant_id=42'\"",
         proxy.addr.port()

@@ -1,11 +1,21 @@
-//! Tenant -> shard resolution. The `Directory` trait is what routing asks; the
-//! static implementation answers from the configuration (explicit map, then ranges).
-//! A catalog-backed directory implements the same trait.
+//! Tenant -> shard resolution. The `Directory` trait is what routing asks: an
+//! explicit placement first, then the topology's rules (ranges, hash groups).
+//! `StaticDirectory` answers from the configuration file; `CatalogDirectory` from a
+//! PostgreSQL catalog shared by many proxies, through a cache that the catalog's
+//! NOTIFY messages keep exact.
 
-use std::collections::HashMap;
+mod catalog;
+mod static_dir;
+mod topology;
+
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
-use crate::config::Config;
+pub use catalog::{CatalogDirectory, CatalogError};
+pub use static_dir::StaticDirectory;
+pub use topology::{Shard, ShardStatus, Topology, hash_group};
 
 /// A tenant key (bigint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,79 +39,79 @@ impl TenantId {
 /// A shard id (0..=1023).
 pub type ShardId = u16;
 
+/// What a tenant may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TenantState {
+    #[default]
+    Active,
+    /// Reads are served, writes refused.
+    ReadOnly,
+    /// Being moved to another shard: reads are served, writes refused.
+    Moving,
+}
+
+impl TenantState {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "active" => Some(Self::Active),
+            "read_only" => Some(Self::ReadOnly),
+            "moving" => Some(Self::Moving),
+            _ => None,
+        }
+    }
+
+    pub fn allows_writes(self) -> bool {
+        self == Self::Active
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::ReadOnly => "read_only",
+            Self::Moving => "moving",
+        }
+    }
+}
+
+/// Where a tenant lives and what it may do there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub shard: ShardId,
+    pub state: TenantState,
+}
+
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum DirectoryError {
     #[error("tenant {0} is not placed on any shard")]
     NotPlaced(TenantId),
+    #[error("shard {shard}{} is disabled", for_tenant(*.tenant))]
+    ShardDisabled { tenant: Option<TenantId>, shard: ShardId },
+    #[error("shard {shard}{} is not in the directory", for_tenant(*.tenant))]
+    UnknownShard { tenant: Option<TenantId>, shard: ShardId },
+    #[error(
+        "cannot look up tenant {tenant}: the catalog is unreachable ({reason}); cached tenants still route"
+    )]
+    CatalogUnavailable { tenant: TenantId, reason: String },
 }
 
-/// Answers which shard holds a tenant.
+fn for_tenant(tenant: Option<TenantId>) -> String {
+    tenant.map(|t| format!(" (tenant {t})")).unwrap_or_default()
+}
+
+/// A lookup that has to ask the source.
+pub type Lookup<'a> = Pin<Box<dyn Future<Output = Result<Placement, DirectoryError>> + Send + 'a>>;
+
+/// Answers where tenants live.
 pub trait Directory: Send + Sync {
-    fn resolve(&self, tenant: TenantId) -> Result<ShardId, DirectoryError>;
-}
+    /// The placement when it is known without asking the source (`None`: call `lookup`).
+    fn cached(&self, tenant: TenantId) -> Option<Result<Placement, DirectoryError>>;
 
-/// The directory from the configuration file.
-pub struct StaticDirectory {
-    explicit: HashMap<TenantId, ShardId>,
-    /// Sorted by `min`, non-overlapping (validated).
-    ranges: Vec<(i64, i64, ShardId)>,
-}
+    /// Asks the source and remembers the answer.
+    fn lookup(&self, tenant: TenantId) -> Lookup<'_>;
 
-impl StaticDirectory {
-    pub fn from_config(config: &Config) -> Self {
-        let explicit = config.tenant_map.iter().map(|m| (TenantId(m.tenant), m.shard)).collect();
-        let mut ranges: Vec<_> = config.ranges.iter().map(|r| (r.min, r.max, r.shard)).collect();
-        ranges.sort_by_key(|r| r.0);
-        Self { explicit, ranges }
-    }
-}
+    /// The shards and placement rules in force.
+    fn topology(&self) -> Arc<Topology>;
 
-impl Directory for StaticDirectory {
-    fn resolve(&self, tenant: TenantId) -> Result<ShardId, DirectoryError> {
-        if let Some(shard) = self.explicit.get(&tenant) {
-            return Ok(*shard);
-        }
-        let idx = self.ranges.partition_point(|r| r.0 <= tenant.0);
-        match idx.checked_sub(1).map(|i| self.ranges[i]) {
-            Some((_, max, shard)) if tenant.0 <= max => Ok(shard),
-            _ => Err(DirectoryError::NotPlaced(tenant)),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::Path;
-
-    #[test]
-    fn explicit_beats_range_and_ranges_are_inclusive() {
-        let config = Config::from_toml(
-            r#"
-            [[ranges]]
-            min = 1
-            max = 1000
-            shard = 1
-            [[ranges]]
-            min = 1001
-            max = 2000
-            shard = 2
-            [[tenant_map]]
-            tenant = 42
-            shard = 2
-            "#,
-            Path::new("t"),
-        )
-        .unwrap();
-        let d = StaticDirectory::from_config(&config);
-        assert_eq!(d.resolve(TenantId(42)), Ok(2));
-        assert_eq!(d.resolve(TenantId(7)), Ok(1));
-        assert_eq!(d.resolve(TenantId(1000)), Ok(1));
-        assert_eq!(d.resolve(TenantId(1001)), Ok(2));
-        assert_eq!(d.resolve(TenantId(2000)), Ok(2));
-        assert_eq!(d.resolve(TenantId(2001)), Err(DirectoryError::NotPlaced(TenantId(2001))));
-        assert_eq!(d.resolve(TenantId(0)), Err(DirectoryError::NotPlaced(TenantId(0))));
-        assert_eq!(TenantId::parse(" '15' "), Some(TenantId(15)));
-        assert_eq!(TenantId::parse("x"), None);
-    }
+    /// The routing version served: it changes with every change of the source.
+    fn version(&self) -> i64;
 }

@@ -50,6 +50,8 @@ pub enum FrontendError {
         "this transaction runs on shard {current}; tenant {tenant} lives on shard {other} (no cross-shard transactions)"
     )]
     CrossShard { current: ShardId, tenant: TenantId, other: ShardId },
+    #[error("tenant {tenant} is {state} on shard {shard}: writes are refused, reads are served")]
+    TenantReadOnly { tenant: TenantId, shard: ShardId, state: &'static str },
     #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]
     PinnedElsewhere { shard: ShardId, reason: &'static str, other: ShardId },
     #[error("{param} must be set in a request of its own, not together with other statements")]

@@ -5,6 +5,7 @@ use bytes::BytesMut;
 
 use super::error::FrontendError;
 use crate::backend::CheckoutError;
+use crate::directory::DirectoryError;
 use crate::protocol::{self, Severity, sqlstate};
 use crate::router::RouteError;
 
@@ -26,7 +27,15 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),
         E::Io(_) => sqlstate::CONNECTION_FAILURE,
         E::Route(RouteError::NoTenant { .. }) => sqlstate::INVALID_PARAMETER_VALUE,
-        E::Route(RouteError::Directory(_)) => sqlstate::UNDEFINED_OBJECT,
+        E::Route(RouteError::Directory(
+            DirectoryError::NotPlaced(_) | DirectoryError::UnknownShard { .. },
+        )) => sqlstate::UNDEFINED_OBJECT,
+        E::Route(RouteError::Directory(DirectoryError::ShardDisabled { .. })) => sqlstate::CANNOT_CONNECT_NOW,
+        E::Route(RouteError::Directory(DirectoryError::CatalogUnavailable { .. })) => {
+            sqlstate::UNABLE_TO_CONNECT
+        }
+        E::Route(RouteError::NoDefaultShard) => sqlstate::UNDEFINED_OBJECT,
+        E::TenantReadOnly { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
         E::Checkout(CheckoutError::Unreachable { .. }) => sqlstate::UNABLE_TO_CONNECT,
@@ -49,7 +58,7 @@ pub fn write_error(buf: &mut BytesMut, err: &FrontendError) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::directory::{DirectoryError, TenantId};
+    use crate::directory::TenantId;
 
     #[test]
     fn maps_to_the_documented_codes() {

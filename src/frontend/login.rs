@@ -8,13 +8,13 @@ use bytes::BytesMut;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use super::Shared;
 use super::auth::authenticate;
 use super::error::FrontendError;
 use super::error_response::write_error;
 use super::params::parse_startup;
 use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
+use super::{Shared, primary_node};
 use crate::backend::{BackendError, CheckoutError, SettingValue, Settings, send_cancel, sync_sql};
 use crate::net::Duplex;
 use crate::protocol::{self, TxStatus};
@@ -92,15 +92,23 @@ async fn login(
         .try_acquire_owned()
         .map_err(|_| FrontendError::TooManyClients { max: config.proxy.max_clients })?;
 
-    let shard = params
-        .tenant
-        .and_then(|t| shared.router.resolve(t).ok())
-        .unwrap_or_else(|| shared.router.default_shard());
+    // The tenant's shard reports the parameters; an unplaced tenant gets its error
+    // with its first statement, as a session tenant set later would.
+    let placed = match params.tenant {
+        Some(t) => shared.router.placement(t).await.ok().map(|p| p.shard),
+        None => None,
+    };
+    let shard = match placed {
+        Some(shard) => shard,
+        None => shared.router.default_shard().map_err(FrontendError::Route)?,
+    };
+    let topology = shared.router.topology();
+    let node = primary_node(&topology, shard)?;
     let settings = Settings::intern(params.settings);
-    let reported = match shared.pools.server_params(shard, &user, &params.database) {
+    let reported = match shared.pools.server_params(shard, node, &user, &params.database) {
         // Known from an earlier login: no server needed; the client's own values win.
         Some(server) => with_client_settings(&server, &settings),
-        None => first_login(shared, shard, &user, &params.database, &settings, params.tenant).await?,
+        None => first_login(shared, shard, node, &user, &params.database, &settings, params.tenant).await?,
     };
     let cancel = shared.cancels.register();
     for (name, value) in &reported {
@@ -143,13 +151,14 @@ fn with_client_settings(server: &[(String, String)], settings: &Settings) -> Vec
 async fn first_login(
     shared: &Shared,
     shard: crate::directory::ShardId,
+    node: &crate::config::NodeConfig,
     user: &crate::config::UserConfig,
     database: &str,
     settings: &std::sync::Arc<Settings>,
     tenant: Option<crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
     let config = &shared.config;
-    let mut conn = shared.pools.checkout(shard, user, database).await.map_err(|e| match e {
+    let mut conn = shared.pools.checkout(shard, node, user, database).await.map_err(|e| match e {
         CheckoutError::Unreachable { source: BackendError::Refused { fields, .. }, .. } => {
             FrontendError::ServerRefused(fields)
         }

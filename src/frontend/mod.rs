@@ -22,9 +22,15 @@ pub use listener::run_listener;
 pub use scram::ScramVerifier;
 pub use tls::acceptor as tls_acceptor;
 
-use crate::backend::{Pools, StatementRegistry};
-use crate::config::Config;
+use crate::backend::{CheckoutError, Pools, StatementRegistry};
+use crate::config::{Config, NodeConfig};
+use crate::directory::{ShardId, Topology};
 use crate::router::Router;
+
+/// The node that takes a shard's transactions.
+pub(crate) fn primary_node(topology: &Topology, shard: ShardId) -> Result<&NodeConfig, CheckoutError> {
+    topology.shard(shard).and_then(|s| s.primary()).ok_or(CheckoutError::UnknownShard { shard })
+}
 
 /// What every session shares.
 pub struct Shared {

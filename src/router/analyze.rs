@@ -32,6 +32,8 @@ pub enum StatementKind {
     ResetAll,
     /// `DISCARD ALL` or `DEALLOCATE ALL`: prepared statements are gone on the server.
     DiscardAll,
+    /// `SHOW pgtenant.routing_version`: answered by the proxy.
+    ShowRoutingVersion,
     Other,
 }
 
@@ -76,6 +78,7 @@ pub struct Analysis {
     pub bad_tenant_value: Option<String>,
     sql: Box<str>,
     needs_tenant: OnceLock<bool>,
+    may_write: OnceLock<bool>,
 }
 
 impl Analysis {
@@ -99,6 +102,11 @@ impl Analysis {
     pub fn needs_tenant(&self) -> bool {
         *self.needs_tenant.get_or_init(|| needs_tenant(&self.sql, &self.kind))
     }
+
+    /// Whether the statement may change data or schema (refused for read-only tenants).
+    pub fn may_write(&self) -> bool {
+        *self.may_write.get_or_init(|| may_write(&self.sql))
+    }
 }
 
 /// Analyzes a query string; `tenant_param` is the configured parameter name.
@@ -113,6 +121,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
             bad_tenant_value: None,
             sql: String::from_utf8_lossy(sql).into(),
             needs_tenant: OnceLock::new(),
+            may_write: OnceLock::new(),
         };
     }
     let text = String::from_utf8_lossy(sql);
@@ -147,7 +156,54 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         bad_tenant_value,
         sql: text.into(),
         needs_tenant: OnceLock::new(),
+        may_write: OnceLock::new(),
     }
+}
+
+/// The setting name under which the proxy reports the routing version it serves.
+pub const ROUTING_VERSION: &str = "pgtenant.routing_version";
+
+/// Statements that only read (or only manage the session): what a read-only tenant may run.
+const READ_ONLY_STARTS: [&str; 21] = [
+    "select",
+    "show",
+    "values",
+    "table",
+    "explain",
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "set",
+    "reset",
+    "declare",
+    "fetch",
+    "move",
+    "close",
+    "discard",
+    "deallocate",
+    "listen",
+    "unlisten",
+];
+
+/// Whether any statement of `sql` may change data or schema. Conservative: what it
+/// does not recognise as reading counts as writing.
+fn may_write(sql: &str) -> bool {
+    let tokens: Vec<Token> =
+        tokenize(sql.as_bytes()).into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
+    tokens.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).any(|stmt| {
+        let w = Words { sql, tokens: stmt };
+        if w.is(0, "with") {
+            return ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
+        }
+        let reads = READ_ONLY_STARTS.iter().any(|k| w.is(0, k));
+        let select_into = w.is(0, "select") && w.contains_word("into");
+        let explain_analyze = w.is(0, "explain") && w.contains_word("analyze");
+        let locks = w.is(0, "select") && w.contains_word("for") && w.contains_word("update");
+        !reads || select_into || explain_analyze || locks
+    })
 }
 
 /// One DML statement with no comment, no second statement and nothing that could
@@ -219,6 +275,12 @@ fn classify(w: &Words, tenant_param: &str, bad_tenant_value: &mut Option<String>
     }
     if w.is(0, "deallocate") && (w.is(1, "all") || (w.is(1, "prepare") && w.is(2, "all"))) {
         return StatementKind::DiscardAll;
+    }
+    if w.is(0, "show") {
+        let (name, next) = setting_name(w, 1);
+        if name.eq_ignore_ascii_case(ROUTING_VERSION) && next == w.tokens.len() {
+            return StatementKind::ShowRoutingVersion;
+        }
     }
     if w.is(0, "reset") {
         if w.is(1, "all") {
@@ -392,6 +454,22 @@ mod tests {
     }
 
     #[test]
+    fn tells_reads_from_writes() {
+        let writes = |sql: &str| analyze(sql.as_bytes(), P).may_write();
+        assert!(!writes("select * from accounts where tenant_id = 1"));
+        assert!(!writes("/* c */ SHOW TimeZone; BEGIN; select 1; COMMIT"));
+        assert!(!writes("with a as (select 1) select * from a"));
+        assert!(writes("insert into accounts values (1)"));
+        assert!(writes("select 1; delete from accounts"));
+        assert!(writes("with d as (delete from accounts returning *) select * from d"));
+        assert!(writes("select * into copy_of from accounts"));
+        assert!(writes("select * from accounts for update"));
+        assert!(writes("explain analyze update accounts set x = 1"));
+        assert!(writes("create table t (a int)"));
+        assert!(writes("copy accounts from stdin"));
+    }
+
+    #[test]
     fn classifies_transaction_control_and_settings() {
         assert_eq!(kind("BEGIN"), StatementKind::Begin);
         assert_eq!(kind("start transaction isolation level serializable"), StatementKind::Begin);
@@ -401,6 +479,8 @@ mod tests {
         assert_eq!(kind("SET pgtenant.tenant_id = 42"), StatementKind::SetTenant(TenantId(42)));
         assert_eq!(kind("set session pgtenant.tenant_id to '7';"), StatementKind::SetTenant(TenantId(7)));
         assert_eq!(kind("RESET pgtenant.tenant_id"), StatementKind::ResetTenant);
+        assert_eq!(kind("show pgtenant.routing_version;"), StatementKind::ShowRoutingVersion);
+        assert_eq!(kind("show pgtenant.routing_version_x"), StatementKind::Other);
         assert_eq!(kind("SET pgtenant.tenant_id TO DEFAULT"), StatementKind::ResetTenant);
         assert_eq!(
             kind("SET application_name = 'x y'"),

@@ -8,7 +8,7 @@ mod recent;
 
 use std::sync::Arc;
 
-pub use analyze::{Analysis, PinReason, StatementKind};
+pub use analyze::{Analysis, PinReason, ROUTING_VERSION, StatementKind};
 pub use recent::RecentAnalyses;
 
 /// The analysis with the default tenant parameter, for tests outside this layer.
@@ -18,13 +18,15 @@ pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
 }
 
 use crate::config::{Config, NoTenantPolicy};
-use crate::directory::{Directory, DirectoryError, ShardId, TenantId};
+use crate::directory::{Directory, DirectoryError, Placement, ShardId, TenantId, TenantState, Topology};
 
 /// Where a transaction runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Route {
     pub tenant: Option<TenantId>,
     pub shard: ShardId,
+    /// What the tenant may do (always active without a tenant).
+    pub state: TenantState,
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -35,13 +37,16 @@ pub enum RouteError {
     Directory(#[from] DirectoryError),
     #[error("session is bound to tenant {session}; the statement names tenant {named}")]
     OtherTenant { session: TenantId, named: TenantId },
+    #[error("no shard for statements without a tenant: the directory holds no shards")]
+    NoDefaultShard,
 }
 
 /// Decides routes; shared by all sessions.
 pub struct Router {
     directory: Arc<dyn Directory>,
     tenant_param: String,
-    default_shard: ShardId,
+    /// From the configuration; else the directory's lowest shard.
+    default_shard: Option<ShardId>,
     no_tenant_policy: NoTenantPolicy,
 }
 
@@ -59,8 +64,11 @@ impl Router {
         &self.tenant_param
     }
 
-    pub fn default_shard(&self) -> ShardId {
+    /// The shard for work that needs no tenant.
+    pub fn default_shard(&self) -> Result<ShardId, RouteError> {
         self.default_shard
+            .or_else(|| self.directory.topology().shard_ids().next())
+            .ok_or(RouteError::NoDefaultShard)
     }
 
     /// The analysis of a query string.
@@ -69,9 +77,13 @@ impl Router {
     }
 
     /// Routes a transaction whose first statement is `analysis`.
-    pub fn route(&self, session_tenant: Option<TenantId>, analysis: &Analysis) -> Result<Route, RouteError> {
+    pub async fn route(
+        &self,
+        session_tenant: Option<TenantId>,
+        analysis: &Analysis,
+    ) -> Result<Route, RouteError> {
         let tenant = Self::pick_tenant(session_tenant, analysis.hint)?;
-        self.route_tenant(tenant, || analysis.needs_tenant())
+        self.route_tenant(tenant, || analysis.needs_tenant()).await
     }
 
     /// The tenant of a request: the session's, else the one a statement names.
@@ -90,23 +102,36 @@ impl Router {
     }
 
     /// Routes a known tenant, or no tenant when `needs_tenant` says the work needs none.
-    pub fn route_tenant(
+    pub async fn route_tenant(
         &self,
         tenant: Option<TenantId>,
         needs_tenant: impl FnOnce() -> bool,
     ) -> Result<Route, RouteError> {
         if let Some(t) = tenant {
-            let shard = self.directory.resolve(t)?;
-            return Ok(Route { tenant: Some(t), shard });
+            let placement = self.placement(t).await?;
+            return Ok(Route { tenant: Some(t), shard: placement.shard, state: placement.state });
         }
         if !needs_tenant() || self.no_tenant_policy == NoTenantPolicy::Default {
-            return Ok(Route { tenant: None, shard: self.default_shard });
+            return Ok(Route { tenant: None, shard: self.default_shard()?, state: TenantState::Active });
         }
         Err(RouteError::NoTenant { param: self.tenant_param.clone() })
     }
 
-    /// Resolves a tenant to its shard.
-    pub fn resolve(&self, tenant: TenantId) -> Result<ShardId, DirectoryError> {
-        self.directory.resolve(tenant)
+    /// Where a tenant lives: from memory when the directory knows, else from its source.
+    pub async fn placement(&self, tenant: TenantId) -> Result<Placement, DirectoryError> {
+        match self.directory.cached(tenant) {
+            Some(answer) => answer,
+            None => self.directory.lookup(tenant).await,
+        }
+    }
+
+    /// The shards and placement rules in force.
+    pub fn topology(&self) -> Arc<Topology> {
+        self.directory.topology()
+    }
+
+    /// The routing version this proxy serves.
+    pub fn routing_version(&self) -> i64 {
+        self.directory.version()
     }
 }

@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod catalog;
 mod cli;
 mod clients;
 mod drivers;

@@ -188,7 +188,7 @@ impl Session {
         let named = analyses.iter().find_map(|a| a.hint);
         let tenant = crate::router::Router::pick_tenant(self.tenant, named)?;
         let route: Route =
-            self.shared.router.route_tenant(tenant, || analyses.iter().any(|a| a.needs_tenant()))?;
+            self.shared.router.route_tenant(tenant, || analyses.iter().any(|a| a.needs_tenant())).await?;
         self.begin_on(route).await
     }
 
@@ -248,6 +248,11 @@ impl Session {
                     let err = FrontendError::TenantChangeInTransaction {
                         param: self.shared.router.tenant_param().into(),
                     };
+                    self.reply_error(&err, false);
+                    self.skip_until_sync = true;
+                    return Ok(());
+                }
+                if let Some(Err(err)) = analysis.as_deref().map(|a| self.check_writable(a)) {
                     self.reply_error(&err, false);
                     self.skip_until_sync = true;
                     return Ok(());

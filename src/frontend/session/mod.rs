@@ -30,7 +30,7 @@ use super::error::FrontendError;
 use super::error_response::write_error;
 use crate::backend::{Pending, PooledConn, PreparedStatement, ServerPool, Settings};
 use crate::config::{PoolMode, UserConfig};
-use crate::directory::{ShardId, TenantId};
+use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, RecentAnalyses, Route};
@@ -92,8 +92,9 @@ pub struct Session {
     /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
     unnamed: Option<Arc<Analysis>>,
     server: Option<Attached>,
-    /// Pool handles of the shards this session used, so a checkout skips the pool lookup.
-    pools: Vec<(ShardId, ServerPool)>,
+    /// Pool handles of the shards this session used, so a checkout skips the pool
+    /// lookup; valid for the topology they were taken from.
+    pools: (Arc<Topology>, Vec<(ShardId, ServerPool)>),
     tx: ClientTx,
     /// Extended-protocol messages held until Sync/Flush while no server is attached.
     batch: Vec<Frame>,
@@ -129,6 +130,7 @@ impl Session {
     pub fn new(shared: Arc<Shared>, client: Duplex, start: SessionStart) -> Self {
         let pool_mode = start.user.pool_mode.unwrap_or(shared.config.proxy.pool_mode);
         let max_message = shared.config.proxy.max_message_size;
+        let topology = shared.router.topology();
         Self {
             client,
             shared,
@@ -143,7 +145,7 @@ impl Session {
             recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
-            pools: Vec::new(),
+            pools: (topology, Vec::new()),
             tx: ClientTx::Idle,
             batch: Vec::new(),
             skip_until_sync: false,

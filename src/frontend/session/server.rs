@@ -1,17 +1,22 @@
 //! The attached server: checkout and settings synchronisation at the start of a
 //! transaction, relaying its responses, and giving it back (or closing it).
 
+use std::sync::Arc;
+
 use bytes::{Buf, BytesMut};
 use deadpool::managed::Object;
 
 use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, SettingValue, Settings, record_param, sync_sql,
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings,
+    record_param, sync_sql,
 };
 use crate::config::PoolMode;
+use crate::directory::ShardId;
 use crate::frontend::error::FrontendError;
+use crate::frontend::primary_node;
 use crate::protocol::{self, TxStatus};
-use crate::router::{Route, RouteError, Router};
+use crate::router::{Analysis, Route, RouteError, Router};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -38,14 +43,7 @@ impl Session {
             self.release_server();
         }
         if self.server.is_none() {
-            let pool = match self.pools.iter().find(|(shard, _)| *shard == route.shard) {
-                Some((_, pool)) => pool.clone(),
-                None => {
-                    let pool = self.shared.pools.pool(route.shard, &self.user, &self.database)?;
-                    self.pools.push((route.shard, pool.clone()));
-                    pool
-                }
-            };
+            let pool = self.pool_of(route.shard)?;
             let conn = self.shared.pools.checkout_from(&pool, route.shard).await?;
             self.cancel.set_target(Some(conn.cancel.clone()));
             self.server = Some(Attached {
@@ -74,6 +72,23 @@ impl Session {
             a.conn.settings = self.settings.clone();
             a.conn.tenant = route.tenant;
         }
+        let read_only = !route.state.allows_writes();
+        if a.conn.read_only != read_only {
+            // The server's own wall behind pgtenant's check of each statement: it also
+            // stops writes that hide in functions.
+            let sql = if read_only {
+                "SET default_transaction_read_only = on"
+            } else {
+                "RESET default_transaction_read_only"
+            };
+            protocol::query(&mut a.conn.io.wbuf, sql);
+            a.conn.queue.push(Pending::Injected {
+                reply: Reply::Query,
+                on_error: OnError::Swallow,
+                prepares: None,
+            });
+            a.conn.read_only = read_only;
+        }
         if let ClientTx::DeferredBegin(begin) = std::mem::replace(&mut self.tx, ClientTx::Idle) {
             // The client's own BEGIN text (isolation level and all), now that the shard is known.
             protocol::put_message(&mut a.conn.io.wbuf, b'Q', |b| {
@@ -87,6 +102,22 @@ impl Session {
             });
         }
         Ok(())
+    }
+
+    /// The pool of `shard`'s primary, from this session's handles while the topology
+    /// they were taken from is still the one in force.
+    fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
+        let topology = self.shared.router.topology();
+        if !Arc::ptr_eq(&self.pools.0, &topology) {
+            self.pools = (topology, Vec::new());
+        }
+        if let Some((_, pool)) = self.pools.1.iter().find(|(s, _)| *s == shard) {
+            return Ok(pool.clone());
+        }
+        let node = primary_node(&self.pools.0, shard)?;
+        let pool = self.shared.pools.pool(shard, node, &self.user, &self.database);
+        self.pools.1.push((shard, pool.clone()));
+        Ok(pool)
     }
 
     /// Starts a simple-protocol request's transaction on `route`; when routing or
@@ -106,7 +137,7 @@ impl Session {
     }
 
     /// Inside a transaction, a statement naming a tenant must belong on the same shard.
-    pub(super) fn check_fits_transaction(
+    pub(super) async fn check_fits_transaction(
         &self,
         named: Option<crate::directory::TenantId>,
     ) -> Result<(), FrontendError> {
@@ -114,11 +145,27 @@ impl Session {
             return Ok(());
         };
         Router::pick_tenant(self.tenant, Some(named))?;
-        let shard = self.shared.router.resolve(named).map_err(|e| FrontendError::Route(e.into()))?;
-        if shard != a.route.shard {
-            return Err(FrontendError::CrossShard { current: a.route.shard, tenant: named, other: shard });
+        let current = a.route.shard;
+        let placement =
+            self.shared.router.placement(named).await.map_err(|e| FrontendError::Route(e.into()))?;
+        let shard = placement.shard;
+        if shard != current {
+            return Err(FrontendError::CrossShard { current, tenant: named, other: shard });
         }
         Ok(())
+    }
+
+    /// A tenant that may not write (read_only, moving) gets its writes refused here,
+    /// before they reach the server.
+    pub(super) fn check_writable(&self, analysis: &Analysis) -> Result<(), FrontendError> {
+        let Some(a) = &self.server else { return Ok(()) };
+        let (Some(tenant), false) = (a.route.tenant, a.route.state.allows_writes()) else {
+            return Ok(());
+        };
+        if !analysis.may_write() {
+            return Ok(());
+        }
+        Err(FrontendError::TenantReadOnly { tenant, shard: a.route.shard, state: a.route.state.describe() })
     }
 
     /// Relays every complete server message and acts on ReadyForQuery.

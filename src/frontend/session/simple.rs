@@ -1,12 +1,14 @@
 //! Simple-protocol requests: Query (F) and FunctionCall (F), with the statements
 //! pgtenant answers itself (tenant SET/RESET, a deferred BEGIN, a failed transaction).
 
+use bytes::BytesMut;
+
 use super::{ClientTx, Session, SettingChange};
 use crate::backend::{Pending, Reply};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::StatementKind;
+use crate::router::{ROUTING_VERSION, StatementKind};
 
 impl Session {
     pub(super) async fn on_query(&mut self, frame: Frame) -> Result<(), FrontendError> {
@@ -21,6 +23,15 @@ impl Session {
                 StatementKind::SetTenant(t) => return self.set_tenant(Some(t), "SET").await,
                 StatementKind::ResetTenant => {
                     return self.set_tenant(self.startup_tenant, "RESET").await;
+                }
+                StatementKind::ShowRoutingVersion => {
+                    let version = self.shared.router.routing_version().to_string();
+                    let mut b = BytesMut::new();
+                    protocol::text_row_description(&mut b, &[ROUTING_VERSION]);
+                    protocol::text_data_row(&mut b, &[&version]);
+                    self.reply(b);
+                    self.reply_done("SHOW");
+                    return Ok(());
                 }
                 _ => {}
             }
@@ -71,11 +82,16 @@ impl Session {
                 self.reply_done("BEGIN");
                 return Ok(());
             }
-            let route = self.shared.router.route(self.tenant, &analysis);
+            let route = self.shared.router.route(self.tenant, &analysis).await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
             }
-        } else if let Err(err) = self.check_fits_transaction(analysis.hint) {
+        } else if let Err(err) = self.check_fits_transaction(analysis.hint).await {
+            self.reply_error(&err, true);
+            return Ok(());
+        }
+
+        if let Err(err) = self.check_writable(&analysis) {
             self.reply_error(&err, true);
             return Ok(());
         }
@@ -111,7 +127,7 @@ impl Session {
     /// FunctionCall (F): runs on the session tenant's shard like a query.
     pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
         if self.at_transaction_start() {
-            let route = self.shared.router.route_tenant(self.tenant, || true);
+            let route = self.shared.router.route_tenant(self.tenant, || true).await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
             }
@@ -143,7 +159,7 @@ impl Session {
             });
         }
         if let Some(t) = tenant {
-            self.shared.router.resolve(t).map_err(|e| FrontendError::Route(e.into()))?;
+            self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
         }
         tracing::debug!(?tenant, "session tenant set");
         self.tenant = tenant;

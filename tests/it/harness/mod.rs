@@ -104,3 +104,58 @@ pub async fn shard_of(client: &tokio_postgres::Client) -> i32 {
 pub fn sqlstate(e: &tokio_postgres::Error) -> String {
     e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no SQLSTATE: {e}"))
 }
+
+/// A catalog database of a test's own on the first shared cluster, holding the demo
+/// layout, and a superuser client to change it.
+pub struct Catalog {
+    pub config: pgtenant::config::CatalogConfig,
+    pub admin: tokio_postgres::Client,
+}
+
+/// Creates a fresh catalog database with the demo layout.
+pub async fn new_catalog(name: &str) -> Catalog {
+    let s = shards();
+    let dbname = format!("catalog_{name}");
+    demo::setup_catalog(s.ports[0], &dbname, s.ports).await.expect("catalog setup");
+    let config = demo::local_catalog(s.ports[0], &dbname);
+    let admin = connect(&format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", s.ports[0]))
+        .await
+        .expect("catalog admin connection");
+    Catalog { config, admin }
+}
+
+impl Catalog {
+    /// The routing version in the catalog.
+    pub async fn version(&self) -> i64 {
+        self.admin.query_one("SELECT version FROM pgtenant.routing_state", &[]).await.unwrap().get(0)
+    }
+}
+
+/// Starts a proxy that serves from `catalog`; `tweak` may change its configuration.
+pub async fn start_catalog_proxy(
+    catalog: pgtenant::config::CatalogConfig,
+    tweak: impl FnOnce(&mut Config),
+) -> Proxy {
+    pgtenant::observe::init_logging("warn");
+    let s = shards();
+    let mut config = demo::demo_catalog_config("127.0.0.1:0".parse().unwrap(), catalog, Some(&s.tls_dir));
+    tweak(&mut config);
+    let running = pgtenant::server::start(config.clone()).await.expect("proxy starts");
+    Proxy { addr: running.addr, config, running }
+}
+
+/// Polls `probe` until it returns true or `within` passes; returns the time it took.
+pub async fn eventually<F, Fut>(within: std::time::Duration, mut probe: F) -> Option<std::time::Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if probe().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    None
+}

@@ -1,0 +1,142 @@
+-- pgtenant catalog: the tenant -> shard directory that every proxy instance reads.
+-- Idempotent: run it again to upgrade an existing catalog in place.
+--
+--   psql "dbname=pgtenant_catalog" -f sql/catalog.sql
+--
+-- Resolution, first match wins:
+--   1. a row of tenant_shard_map (explicit placement),
+--   2. the shard_config row whose [min_tenant_id, max_tenant_id] holds the tenant,
+--   3. hash groups: FNV-1a (32 bit) of the tenant key's text, modulo
+--      routing_state.hash_group_count, looked up in hash_group,
+--   4. otherwise the tenant is not placed.
+--
+-- Every change bumps routing_state.version in the same transaction and sends
+-- NOTIFY pgtenant_routing with a JSON payload {"version": N, "table": ..., ...};
+-- proxies apply it and report the version they serve (SHOW pgtenant.routing_version).
+
+CREATE SCHEMA IF NOT EXISTS pgtenant;
+SET search_path = pgtenant, public;
+
+CREATE TABLE IF NOT EXISTS routing_state (
+    singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    version          bigint  NOT NULL DEFAULT 1,
+    -- Groups for hash placement; 0 disables it. Changing it re-homes every hashed tenant.
+    hash_group_count integer NOT NULL DEFAULT 0 CHECK (hash_group_count >= 0)
+);
+INSERT INTO routing_state (singleton) VALUES (true) ON CONFLICT DO NOTHING;
+
+CREATE TABLE IF NOT EXISTS shard_config (
+    shard_id      smallint    PRIMARY KEY CHECK (shard_id BETWEEN 0 AND 1023),
+    region_code   char(3)     NOT NULL DEFAULT 'ZZZ',
+    datacenter    varchar(32) NOT NULL DEFAULT 'local',
+    is_active     boolean     NOT NULL DEFAULT true,
+    -- active: routed; draining: routed, but takes no new tenants; disabled: refused.
+    status        text        NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'draining', 'disabled')),
+    -- Tenants this shard is meant to hold (placement uses it; routing does not).
+    capacity      integer     NOT NULL DEFAULT 100000 CHECK (capacity >= 0),
+    -- The tenant range of this shard; both NULL for a shard reached only by map or hash.
+    min_tenant_id bigint,
+    max_tenant_id bigint,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CHECK ((min_tenant_id IS NULL) = (max_tenant_id IS NULL)),
+    CHECK (min_tenant_id IS NULL OR min_tenant_id <= max_tenant_id)
+);
+
+-- Ranges must not overlap.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'shard_config_ranges_disjoint') THEN
+        ALTER TABLE shard_config ADD CONSTRAINT shard_config_ranges_disjoint
+            EXCLUDE USING gist (int8range(min_tenant_id, max_tenant_id, '[]') WITH &&)
+            WHERE (min_tenant_id IS NOT NULL);
+    END IF;
+END $$;
+
+-- Where a shard's servers are. Credentials stay in the proxy's configuration.
+CREATE TABLE IF NOT EXISTS shard_node (
+    shard_id   smallint NOT NULL REFERENCES shard_config (shard_id) ON DELETE CASCADE,
+    name       text     NOT NULL,
+    host       text     NOT NULL,
+    port       integer  NOT NULL DEFAULT 5432 CHECK (port BETWEEN 1 AND 65535),
+    -- NULL: the database name the client asked for.
+    dbname     text,
+    role       text     NOT NULL CHECK (role IN ('primary', 'replica')),
+    -- Lower is tried first when the primary fails.
+    failover_priority integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (shard_id, name)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS shard_node_one_primary ON shard_node (shard_id) WHERE role = 'primary';
+
+CREATE TABLE IF NOT EXISTS tenant_shard_map (
+    tenant_id   bigint      PRIMARY KEY,
+    shard_id    smallint    NOT NULL REFERENCES shard_config (shard_id),
+    region_code char(3)     NOT NULL DEFAULT 'ZZZ',
+    -- active: read and write; read_only: writes refused; moving: writes refused (a move is in progress).
+    state       text        NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'read_only', 'moving')),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS hash_group (
+    group_id integer  PRIMARY KEY CHECK (group_id >= 0),
+    shard_id smallint NOT NULL REFERENCES shard_config (shard_id)
+);
+
+-- The hash group of a tenant key, as the proxy computes it: FNV-1a (32 bit) of the
+-- key's text (decimal for bigint keys), modulo the group count.
+CREATE OR REPLACE FUNCTION hash_group_of(tenant_key text, group_count integer) RETURNS integer
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    WITH RECURSIVE fnv(i, h) AS (
+        SELECT 0, 2166136261::bigint
+        UNION ALL
+        SELECT i + 1, ((h # get_byte(convert_to(tenant_key, 'UTF8'), i)::bigint) * 16777619) % 4294967296
+        FROM fnv WHERE i < octet_length(convert_to(tenant_key, 'UTF8'))
+    )
+    SELECT (h % group_count)::integer FROM fnv ORDER BY i DESC LIMIT 1
+$$;
+
+-- Bumps the routing version and tells the proxies what changed.
+CREATE OR REPLACE FUNCTION notify_routing_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v bigint;
+    payload jsonb;
+    rec record;
+BEGIN
+    UPDATE pgtenant.routing_state SET version = version + 1 RETURNING version INTO v;
+    rec := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    payload := jsonb_build_object('version', v, 'table', TG_TABLE_NAME, 'op', TG_OP);
+    IF TG_TABLE_NAME = 'tenant_shard_map' THEN
+        payload := payload || jsonb_build_object('tenant', rec.tenant_id::text);
+        IF TG_OP = 'UPDATE' AND OLD.tenant_id <> NEW.tenant_id THEN
+            payload := payload || jsonb_build_object('old_tenant', OLD.tenant_id::text);
+        END IF;
+    END IF;
+    PERFORM pg_notify('pgtenant_routing', payload::text);
+    RETURN NULL;
+END $$;
+
+-- Changes of routing_state itself (hash_group_count) notify without a second bump.
+CREATE OR REPLACE FUNCTION notify_routing_state() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.hash_group_count IS DISTINCT FROM OLD.hash_group_count THEN
+        NEW.version := OLD.version + 1;
+        PERFORM pg_notify('pgtenant_routing',
+            jsonb_build_object('version', NEW.version, 'table', 'routing_state', 'op', 'UPDATE')::text);
+    END IF;
+    RETURN NEW;
+END $$;
+
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['shard_config', 'shard_node', 'tenant_shard_map', 'hash_group'] LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify', t);
+        EXECUTE format('CREATE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE ON pgtenant.%I
+                        FOR EACH ROW EXECUTE FUNCTION pgtenant.notify_routing_change()', t || '_notify', t);
+    END LOOP;
+END $$;
+DROP TRIGGER IF EXISTS routing_state_notify ON routing_state;
+CREATE TRIGGER routing_state_notify BEFORE UPDATE ON routing_state
+    FOR EACH ROW EXECUTE FUNCTION notify_routing_state();

@@ -1,0 +1,148 @@
+//! The watcher: a dedicated connection that LISTENs for routing changes (pooled
+//! connections would drop notifications) and applies them in version order. It
+//! reconnects with backoff; after every (re)connect it reloads the topology and,
+//! when the version moved meanwhile, empties the tenant cache.
+
+use std::future::poll_fn;
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, Client, Notification};
+
+use super::Inner;
+use super::load::{self, LoadError};
+use crate::directory::TenantId;
+
+pub const CHANNEL: &str = "pgtenant_routing";
+
+/// The payload the catalog's triggers send.
+#[derive(Debug, Deserialize)]
+struct Change {
+    version: i64,
+    table: String,
+    tenant: Option<String>,
+    old_tenant: Option<String>,
+}
+
+/// Runs until the directory is dropped.
+pub async fn run(inner: Weak<Inner>, pg: tokio_postgres::Config, addr: String) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match listen(&inner, &pg).await {
+            Ok(Ended::DirectoryDropped) => return,
+            Ok(Ended::ConnectionLost) => {
+                tracing::warn!(catalog = %addr, "catalog connection lost; cached tenants keep routing");
+                backoff = Duration::from_millis(100);
+            }
+            Err(e) => tracing::warn!(catalog = %addr, error = %e, "cannot listen to the catalog"),
+        }
+        match inner.upgrade() {
+            Some(inner) => inner.listening.store(false, Ordering::Release),
+            None => return,
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+enum Ended {
+    DirectoryDropped,
+    ConnectionLost,
+}
+
+async fn listen(inner: &Weak<Inner>, pg: &tokio_postgres::Config) -> Result<Ended, LoadError> {
+    let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
+    // Bounded: the catalog cannot make this proxy hold more than this many changes.
+    let (tx, mut rx) = mpsc::channel::<Notification>(4096);
+    let driver = tokio::spawn(async move {
+        while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "catalog connection ended");
+                    return;
+                }
+            }
+        }
+    });
+    let _stop_driver = AbortOnDrop(driver);
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    // Subscribed first, then read: a change committed in between is both in the
+    // snapshot and notified, and the notification is then skipped by its version.
+    let Some(strong) = inner.upgrade() else { return Ok(Ended::DirectoryDropped) };
+    resync(&strong, &client).await?;
+    strong.listening.store(true, Ordering::Release);
+    drop(strong);
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
+        let Some(strong) = inner.upgrade() else { return Ok(Ended::DirectoryDropped) };
+        match message {
+            Ok(Some(n)) => apply(&strong, &client, n.payload()).await?,
+            Ok(None) => return Ok(Ended::ConnectionLost),
+            Err(_idle) => {}
+        }
+    }
+}
+
+/// Reloads the topology; when the version is not the one served, empties the cache too.
+async fn resync(inner: &Inner, client: &Client) -> Result<(), LoadError> {
+    let snapshot = load::snapshot(client).await?;
+    let served = inner.version.load(Ordering::Acquire);
+    if snapshot.version != served {
+        tracing::info!(from = served, to = snapshot.version, "routing resynchronised from the catalog");
+        inner.replace_all(snapshot.topology, snapshot.version);
+    } else {
+        inner.replace_topology(snapshot.topology);
+    }
+    Ok(())
+}
+
+async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), LoadError> {
+    let Ok(change) = serde_json::from_str::<Change>(payload) else {
+        tracing::warn!(payload, "unreadable routing change; resynchronising");
+        return resync(inner, client).await;
+    };
+    let served = inner.version.load(Ordering::Acquire);
+    if change.version <= served {
+        return Ok(());
+    }
+    if change.version != served + 1 {
+        tracing::warn!(served, got = change.version, "routing changes were missed; resynchronising");
+        return resync(inner, client).await;
+    }
+    match change.table.as_str() {
+        "tenant_shard_map" => {
+            for key in [&change.tenant, &change.old_tenant].into_iter().flatten() {
+                match TenantId::parse(key) {
+                    Some(tenant) => inner.invalidate_tenant(tenant),
+                    None => return resync(inner, client).await,
+                }
+            }
+            inner.version.store(change.version, Ordering::Release);
+        }
+        _ => {
+            let snapshot = load::snapshot(client).await?;
+            inner.replace_topology(snapshot.topology);
+            // Not the snapshot's version: later tenant changes still need their invalidations.
+            inner.version.store(change.version, Ordering::Release);
+        }
+    }
+    tracing::debug!(version = change.version, table = %change.table, tenant = ?change.tenant, "routing change applied");
+    Ok(())
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

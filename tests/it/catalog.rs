@@ -1,0 +1,221 @@
+//! The catalog directory: resolution paths and their precedence, NOTIFY-driven
+//! invalidation, the routing version, read-only tenants, disabled shards, and a
+//! catalog that goes away and comes back.
+
+use std::time::Duration;
+
+use pgtenant::directory::{TenantId, hash_group};
+
+use crate::harness::{Proxy, eventually, new_catalog, shard_of, sqlstate, start_catalog_proxy};
+
+async fn routing_version(proxy: &Proxy) -> i64 {
+    let client = proxy.connect(None).await;
+    let rows = client.simple_query("SHOW pgtenant.routing_version").await.unwrap();
+    let row = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).unwrap().to_string()),
+        _ => None,
+    });
+    row.expect("a row").parse().unwrap()
+}
+
+/// The shard a new session of `tenant` lands on, or the SQLSTATE it gets.
+async fn lands_on(proxy: &Proxy, tenant: i64) -> Result<i32, String> {
+    let client = proxy.connect(Some(tenant)).await;
+    client
+        .query_one("SELECT shard_id FROM pgtenant_shard", &[])
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| sqlstate(&e))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn map_then_ranges_then_hash_groups_then_not_placed() {
+    let catalog = new_catalog("paths").await;
+    // Four hash groups: 0 and 1 on shard 1, 2 on shard 2, 3 unassigned.
+    catalog
+        .admin
+        .batch_execute(
+            "INSERT INTO pgtenant.hash_group VALUES (0, 1), (1, 1), (2, 2);
+             UPDATE pgtenant.routing_state SET hash_group_count = 4;",
+        )
+        .await
+        .unwrap();
+    let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
+    assert_eq!(lands_on(&proxy, 42).await, Ok(2), "the explicit row beats the range 1..=1000");
+    assert_eq!(lands_on(&proxy, 7).await, Ok(1));
+    assert_eq!(lands_on(&proxy, 1500).await, Ok(2));
+    let outside = |group: u32| (5000..6000).find(|&t| hash_group(TenantId(t), 4) == group).unwrap();
+    assert_eq!(lands_on(&proxy, outside(1)).await, Ok(1), "hash group 1");
+    assert_eq!(lands_on(&proxy, outside(2)).await, Ok(2), "hash group 2");
+    assert_eq!(lands_on(&proxy, outside(3)).await, Err("42704".into()), "unassigned group: not placed");
+    // The catalog's SQL function computes the same groups as the proxy.
+    for t in (1..300).chain([i64::MAX, -5]) {
+        let sql: i32 = catalog
+            .admin
+            .query_one("SELECT pgtenant.hash_group_of($1, 4)", &[&t.to_string()])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(sql as u32, hash_group(TenantId(t), 4), "tenant {t}");
+    }
+    assert_eq!(routing_version(&proxy).await, catalog.version().await);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_catalog_change_reaches_routing_within_a_second() {
+    let catalog = new_catalog("notify").await;
+    let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
+    let client = proxy.connect(Some(7)).await;
+    assert_eq!(shard_of(&client).await, 1);
+
+    // Clients keep running while the mapping changes under them.
+    let background = {
+        let conninfo = proxy.conninfo("options='-c pgtenant.tenant_id=7'");
+        tokio::spawn(async move {
+            let c = crate::harness::connect(&conninfo).await.unwrap();
+            let mut seen = Vec::new();
+            for _ in 0..200 {
+                let shard: i32 =
+                    c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0);
+                seen.push(shard);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = routing_version(&proxy).await;
+    catalog
+        .admin
+        .batch_execute("INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id) VALUES (7, 2)")
+        .await
+        .unwrap();
+    let took = eventually(Duration::from_secs(1), || async { shard_of(&client).await == 2 }).await;
+    assert!(took.is_some(), "tenant 7 did not move to shard 2 within a second");
+    assert_eq!(routing_version(&proxy).await, before + 1);
+    assert_eq!(routing_version(&proxy).await, catalog.version().await);
+
+    let seen = background.await.unwrap();
+    assert_eq!(seen.first(), Some(&1));
+    assert_eq!(seen.last(), Some(&2), "the running client follows the change");
+    let flips = seen.windows(2).filter(|w| w[0] != w[1]).count();
+    assert_eq!(flips, 1, "once moved, never back: {seen:?}");
+
+    // A node moving to another port (a shard change) reloads the topology: shard 2's
+    // node is pointed at shard 1's server, so tenant 7 now answers from there.
+    catalog
+        .admin
+        .batch_execute(
+            "UPDATE pgtenant.shard_node SET port = (SELECT port FROM pgtenant.shard_node WHERE shard_id = 1)
+             WHERE shard_id = 2",
+        )
+        .await
+        .unwrap();
+    let took = eventually(Duration::from_secs(1), || async { shard_of(&client).await == 1 }).await;
+    assert!(took.is_some(), "the node change did not reach routing within a second");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_only_tenants_read_but_do_not_write_and_disabled_shards_refuse() {
+    let catalog = new_catalog("states").await;
+    catalog
+        .admin
+        .batch_execute(
+            "INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id, state) VALUES (500, 1, 'read_only')",
+        )
+        .await
+        .unwrap();
+    let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
+    let client = proxy.connect(Some(500)).await;
+    let n: i64 =
+        client.query_one("SELECT count(*) FROM accounts WHERE tenant_id = 500", &[]).await.unwrap().get(0);
+    assert_eq!(n, 3);
+    let err = client.execute("UPDATE accounts SET balance = 0 WHERE tenant_id = 500", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25006");
+    assert!(err.to_string().contains("tenant 500") || format!("{err:?}").contains("tenant 500"), "{err:?}");
+    let err =
+        client.batch_execute("INSERT INTO accounts (tenant_id, name) VALUES (500, 'x')").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25006");
+    // A write hidden in a function is stopped by the server itself.
+    let err = client.query_one("SELECT nextval('accounts_id_seq')", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25006");
+    // The session goes on.
+    assert_eq!(shard_of(&client).await, 1);
+
+    // Back to active: writes work again, and the server connection is writable again.
+    catalog
+        .admin
+        .batch_execute("UPDATE pgtenant.tenant_shard_map SET state = 'active' WHERE tenant_id = 500")
+        .await
+        .unwrap();
+    let version = catalog.version().await;
+    assert!(
+        eventually(Duration::from_secs(1), || async { routing_version(&proxy).await == version })
+            .await
+            .is_some()
+    );
+    let updated =
+        client.execute("UPDATE accounts SET balance = balance WHERE tenant_id = 500", &[]).await.unwrap();
+    assert_eq!(updated, 3);
+
+    catalog
+        .admin
+        .batch_execute("UPDATE pgtenant.shard_config SET status = 'disabled' WHERE shard_id = 2")
+        .await
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(1), || async { lands_on(&proxy, 1500).await == Err("57P03".into()) })
+            .await
+            .is_some()
+    );
+    assert_eq!(lands_on(&proxy, 7).await, Ok(1), "shard 1 still serves");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn while_the_catalog_is_away_cached_tenants_route_and_on_return_nothing_routes_stale() {
+    let mut catalog = new_catalog("away").await;
+    // The proxy reads the catalog as a role of its own, which the test can lock out.
+    catalog
+        .admin
+        .batch_execute(
+            "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'catalog_reader') THEN
+               CREATE ROLE catalog_reader LOGIN PASSWORD 'reader'; END IF; END $$;
+             GRANT USAGE ON SCHEMA pgtenant TO catalog_reader;
+             GRANT SELECT ON ALL TABLES IN SCHEMA pgtenant TO catalog_reader;",
+        )
+        .await
+        .unwrap();
+    catalog.config.user = "catalog_reader".into();
+    catalog.config.password = Some("reader".into());
+    let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
+    assert_eq!(lands_on(&proxy, 42).await, Ok(2), "tenant 42 is now cached");
+
+    catalog
+        .admin
+        .batch_execute(
+            "ALTER ROLE catalog_reader NOLOGIN;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'catalog_reader';",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Missed by the proxy: tenant 42 moves while nobody listens.
+    catalog
+        .admin
+        .batch_execute("UPDATE pgtenant.tenant_shard_map SET shard_id = 1 WHERE tenant_id = 42")
+        .await
+        .unwrap();
+    assert_eq!(lands_on(&proxy, 42).await, Ok(2), "cached tenants keep routing while the catalog is away");
+    let err = lands_on(&proxy, 600).await.unwrap_err();
+    assert_eq!(err, "08001", "an uncached tenant gets a clear error");
+
+    catalog.admin.batch_execute("ALTER ROLE catalog_reader LOGIN").await.unwrap();
+    let took = eventually(Duration::from_secs(5), || async { lands_on(&proxy, 42).await == Ok(1) }).await;
+    assert!(took.is_some(), "after reconnecting, the missed move must be applied");
+    assert_eq!(lands_on(&proxy, 600).await, Ok(1));
+    assert_eq!(routing_version(&proxy).await, catalog.version().await);
+    proxy.shutdown().await;
+}
