@@ -143,6 +143,13 @@ pub struct ProxyConfig {
     pub connect_timeout_ms: u64,
     /// Name of the session parameter / GUC that carries the tenant.
     pub tenant_parameter: String,
+    /// The column that holds the tenant in every sharded table (SQL routing).
+    pub tenant_column: String,
+    /// Statement shapes whose parse results are kept.
+    pub parse_cache_size: u64,
+    /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
+    /// login; sessions that logged in without one may always set it.
+    pub allow_tenant_switch: bool,
     pub no_tenant_policy: NoTenantPolicy,
     /// Shard for statements that need no tenant; the lowest shard id when unset.
     pub default_shard: Option<u16>,
@@ -166,6 +173,9 @@ impl Default for ProxyConfig {
             checkout_timeout_ms: 5_000,
             connect_timeout_ms: 3_000,
             tenant_parameter: "pgtenant.tenant_id".into(),
+            tenant_column: "tenant_id".into(),
+            parse_cache_size: 10_000,
+            allow_tenant_switch: true,
             no_tenant_policy: NoTenantPolicy::Reject,
             default_shard: None,
             set_tenant_guc: true,

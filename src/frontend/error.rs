@@ -50,6 +50,12 @@ pub enum FrontendError {
         "this transaction runs on shard {current}; tenant {tenant} lives on shard {other} (no cross-shard transactions)"
     )]
     CrossShard { current: ShardId, tenant: TenantId, other: ShardId },
+    #[error("{param} is pgtenant's to set: SET LOCAL and set_config() on it are refused; use SET {param}")]
+    TenantGucProtected { param: String },
+    #[error(
+        "this session is bound to tenant {tenant} at login; {param} cannot be changed (proxy.allow_tenant_switch)"
+    )]
+    TenantFixed { tenant: TenantId, param: String },
     #[error("tenant {tenant} is {state} on shard {shard}: writes are refused, reads are served")]
     TenantReadOnly { tenant: TenantId, shard: ShardId, state: &'static str },
     #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]

@@ -35,6 +35,8 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
             sqlstate::UNABLE_TO_CONNECT
         }
         E::Route(RouteError::NoDefaultShard) => sqlstate::UNDEFINED_OBJECT,
+        E::Route(RouteError::CrossShard { .. }) => sqlstate::FEATURE_NOT_SUPPORTED,
+        E::TenantGucProtected { .. } | E::TenantFixed { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::TenantReadOnly { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,

@@ -75,6 +75,43 @@ pub fn bind_view(body: &[u8]) -> Option<BindView<'_>> {
     Some(BindView { portal, statement, rest })
 }
 
+/// Parameter `n` (1-based) of a Bind's remainder (`BindView::rest`): whether it is
+/// binary, and its bytes (`None` for NULL). `None` when the message has no such
+/// parameter or is malformed.
+pub fn bind_param(rest: &[u8], n: u16) -> Option<(bool, Option<&[u8]>)> {
+    let read_i16 = |b: &[u8], at: usize| b.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]));
+    let format_count = usize::try_from(read_i16(rest, 0)?).ok()?;
+    let formats_end = 2 + 2 * format_count;
+    let index = usize::from(n).checked_sub(1)?;
+    let binary = match format_count {
+        0 => false,
+        1 => read_i16(rest, 2)? == 1,
+        _ if index < format_count => read_i16(rest, 2 + 2 * index)? == 1,
+        _ => return None,
+    };
+    let value_count = usize::try_from(read_i16(rest, formats_end)?).ok()?;
+    if index >= value_count {
+        return None;
+    }
+    let mut at = formats_end + 2;
+    for i in 0..=index {
+        let len = rest.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))?;
+        at += 4;
+        let value = if len < 0 {
+            None
+        } else {
+            let end = at.checked_add(len as usize)?;
+            let v = rest.get(at..end)?;
+            at = end;
+            Some(v)
+        };
+        if i == index {
+            return Some((binary, value));
+        }
+    }
+    None
+}
+
 /// Describe (F) and Close (F): `S` for a statement or `P` for a portal, and its name.
 pub fn target_view(body: &[u8]) -> Option<(u8, &[u8])> {
     let (&kind, rest) = body.split_first()?;
@@ -130,6 +167,29 @@ pub fn error_fields(body: &[u8]) -> ErrorFields {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_params_in_text_and_binary() {
+        // Formats: text, binary; values: "42", 8-byte 7, NULL.
+        let mut rest = vec![0, 2, 0, 0, 0, 1, 0, 3];
+        rest.extend_from_slice(&2i32.to_be_bytes());
+        rest.extend_from_slice(b"42");
+        rest.extend_from_slice(&8i32.to_be_bytes());
+        rest.extend_from_slice(&7i64.to_be_bytes());
+        rest.extend_from_slice(&(-1i32).to_be_bytes());
+        rest.extend_from_slice(&[0, 0]);
+        assert_eq!(bind_param(&rest, 1), Some((false, Some(&b"42"[..]))));
+        assert_eq!(bind_param(&rest, 2), Some((true, Some(&7i64.to_be_bytes()[..]))));
+        assert_eq!(bind_param(&rest, 3), None, "two formats for three values is malformed");
+        assert_eq!(bind_param(&rest, 0), None);
+        assert_eq!(bind_param(&rest[..9], 2), None, "truncated");
+        // One format for all.
+        let mut one = vec![0, 1, 0, 1, 0, 1];
+        one.extend_from_slice(&4i32.to_be_bytes());
+        one.extend_from_slice(&9i32.to_be_bytes());
+        assert_eq!(bind_param(&one, 1), Some((true, Some(&9i32.to_be_bytes()[..]))));
+        assert_eq!(bind_param(&one, 2), None);
+    }
 
     #[test]
     fn views_read_fields() {

@@ -5,9 +5,7 @@
 
 use std::sync::OnceLock;
 
-use sqlparser::dialect::PostgreSqlDialect;
-use sqlparser::parser::Parser;
-
+use super::facts::Facts;
 use super::lexer::{Token, TokenKind, tokenize};
 use crate::directory::TenantId;
 
@@ -65,7 +63,6 @@ impl PinReason {
 }
 
 /// The analysis of one query string, shared through the parse cache.
-#[derive(Debug)]
 pub struct Analysis {
     pub kind: StatementKind,
     pub hint: Option<TenantId>,
@@ -76,9 +73,24 @@ pub struct Analysis {
     pub sets_tenant_among_many: bool,
     /// The tenant value of a SET of the tenant parameter that is not a number.
     pub bad_tenant_value: Option<String>,
-    sql: Box<str>,
-    needs_tenant: OnceLock<bool>,
+    /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
+    /// GUC would change behind pgtenant's back.
+    pub tampers_tenant_guc: bool,
+    pub(super) sql: Box<str>,
+    /// What sqlparser says, filled by the router on first need.
+    pub(super) facts: OnceLock<Facts>,
     may_write: OnceLock<bool>,
+    mentions_column: OnceLock<bool>,
+}
+
+impl std::fmt::Debug for Analysis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analysis")
+            .field("kind", &self.kind)
+            .field("hint", &self.hint)
+            .field("sql", &self.sql)
+            .finish()
+    }
 }
 
 impl Analysis {
@@ -97,10 +109,18 @@ impl Analysis {
         self.pin.or(untracked_set.then_some(PinReason::UntrackedSet))
     }
 
-    /// Whether the statement reads or writes tables outside the system catalogs.
-    /// Statements sqlparser cannot parse count as needing one.
-    pub fn needs_tenant(&self) -> bool {
-        *self.needs_tenant.get_or_init(|| needs_tenant(&self.sql, &self.kind))
+    pub fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// Whether the text contains the tenant column's name at all: when not, it names
+    /// no tenant and needs no parse for that. `column` is lowercase and the same for
+    /// every call (the router's).
+    pub(super) fn mentions(&self, column: &str) -> bool {
+        *self.mentions_column.get_or_init(|| {
+            let (sql, col) = (self.sql.as_bytes(), column.as_bytes());
+            !col.is_empty() && sql.windows(col.len()).any(|w| w.eq_ignore_ascii_case(col))
+        })
     }
 
     /// Whether the statement may change data or schema (refused for read-only tenants).
@@ -119,9 +139,11 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
             is_multi: false,
             sets_tenant_among_many: false,
             bad_tenant_value: None,
+            tampers_tenant_guc: false,
             sql: String::from_utf8_lossy(sql).into(),
-            needs_tenant: OnceLock::new(),
+            facts: OnceLock::new(),
             may_write: OnceLock::new(),
+            mentions_column: OnceLock::new(),
         };
     }
     let text = String::from_utf8_lossy(sql);
@@ -147,6 +169,12 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
     let pin = code
         .split(|t| t.kind == TokenKind::Semicolon)
         .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }));
+    let tampers_tenant_guc = code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
+        let w = Words { sql: &text, tokens: stmt };
+        let set_local =
+            w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
+        set_local || calls_set_config_on(&w, tenant_param)
+    });
     Analysis {
         kind,
         hint,
@@ -154,10 +182,27 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         is_multi: statements > 1,
         sets_tenant_among_many,
         bad_tenant_value,
+        tampers_tenant_guc,
         sql: text.into(),
-        needs_tenant: OnceLock::new(),
+        facts: OnceLock::new(),
         may_write: OnceLock::new(),
+        mentions_column: OnceLock::new(),
     }
+}
+
+/// `set_config('<tenant parameter>', ...)` anywhere in the statement.
+fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
+    (0..w.tokens.len()).any(|i| {
+        let name_at = if w.is(i, "set_config") {
+            i + 2
+        } else if w.is(i, "pg_catalog") && w.text(i + 1) == "." && w.is(i + 2, "set_config") {
+            i + 4
+        } else {
+            return false;
+        };
+        let quoted = w.text(name_at);
+        w.text(name_at - 1) == "(" && quoted.trim_matches('\'').eq_ignore_ascii_case(tenant_param)
+    })
 }
 
 /// The setting name under which the proxy reports the routing version it serves.
@@ -226,6 +271,7 @@ fn is_plain_dml(sql: &[u8]) -> bool {
         && !body.windows(2).any(|w| w == b"/*" || w == b"--")
         && !suspicious(b"advisory")
         && !suspicious(b"temp")
+        && !suspicious(b"set_config")
 }
 
 fn is_tenant_set(kind: &StatementKind) -> bool {
@@ -405,42 +451,16 @@ fn hint_in_comment(comment: &str, tenant_param: &str) -> Option<TenantId> {
     })
 }
 
-const SYSTEM_SCHEMAS: [&str; 2] = ["pg_catalog", "information_schema"];
-
-fn needs_tenant(sql: &str, kind: &StatementKind) -> bool {
-    if *kind != StatementKind::Other {
-        return false;
+/// Statements of these kinds never need a tenant, whatever sqlparser says.
+pub(super) fn needs_no_tenant(analysis: &Analysis) -> bool {
+    if analysis.kind != StatementKind::Other {
+        return true;
     }
-    let first_word = sql.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
-    if matches!(
+    let first_word = analysis.sql.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
+    matches!(
         first_word.as_str(),
         "show" | "listen" | "unlisten" | "notify" | "discard" | "deallocate" | "savepoint" | "release"
-    ) {
-        return false;
-    }
-    super::cache::touches_tables(sql, parse_touches_tables)
-}
-
-/// Parses `sql`; statements sqlparser cannot parse count as touching tables.
-fn parse_touches_tables(sql: &str) -> bool {
-    let Ok(statements) = Parser::parse_sql(&PostgreSqlDialect {}, sql) else {
-        return true;
-    };
-    let mut touches_tables = false;
-    let _ = sqlparser::ast::visit_relations(&statements, |name| {
-        let parts: Vec<String> =
-            name.0.iter().map(|p| p.to_string().trim_matches('"').to_ascii_lowercase()).collect();
-        let system = match parts.as_slice() {
-            [schema, _] | [_, schema, _] => SYSTEM_SCHEMAS.contains(&schema.as_str()),
-            [table] => table.starts_with("pg_"),
-            _ => false,
-        };
-        if !system {
-            touches_tables = true;
-        }
-        std::ops::ControlFlow::<()>::Continue(())
-    });
-    touches_tables
+    )
 }
 
 #[cfg(test)]
@@ -547,19 +567,5 @@ mod tests {
         for junk in [&b"\xc3"[..], b"E'\\\xc3", b"/*\xe2\x82", b"$\xf0$ x", b"SET \xff = 1"] {
             let _ = analyze(junk, P);
         }
-    }
-
-    #[test]
-    fn knows_which_statements_need_a_tenant() {
-        let needs = |sql: &str| analyze(sql.as_bytes(), P).needs_tenant();
-        assert!(!needs("SELECT 1"));
-        assert!(!needs("select version(), current_setting('server_version')"));
-        assert!(!needs("SELECT oid, typname FROM pg_type"));
-        assert!(!needs("select * from pg_catalog.pg_class c join information_schema.tables t on true"));
-        assert!(!needs("SHOW TimeZone"));
-        assert!(!needs("SET extra_float_digits = 3"));
-        assert!(needs("SELECT * FROM accounts WHERE id = 1"));
-        assert!(needs("INSERT INTO public.accounts VALUES (1)"));
-        assert!(needs("this is not sql"));
     }
 }

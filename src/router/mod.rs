@@ -2,7 +2,7 @@
 //! turns it into a `Route` through the directory. The session carries the route out.
 
 mod analyze;
-mod cache;
+mod facts;
 mod lexer;
 mod recent;
 
@@ -17,8 +17,11 @@ pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
     analyze::analyze(sql, "pgtenant.tenant_id")
 }
 
+use facts::{Facts, FactsCache, TenantSource};
+
 use crate::config::{Config, NoTenantPolicy};
 use crate::directory::{Directory, DirectoryError, Placement, ShardId, TenantId, TenantState, Topology};
+use crate::protocol;
 
 /// Where a transaction runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +42,21 @@ pub enum RouteError {
     OtherTenant { session: TenantId, named: TenantId },
     #[error("no shard for statements without a tenant: the directory holds no shards")]
     NoDefaultShard,
+    #[error(
+        "the statement names tenant {first} (shard {first_shard}) and tenant {second} (shard {second_shard}); \
+         {}", if *.write { "a write cannot span shards" } else { "a read across shards belongs to the admin scatter-gather (all_shards)" }
+    )]
+    CrossShard { first: TenantId, first_shard: ShardId, second: TenantId, second_shard: ShardId, write: bool },
+}
+
+/// Why a transaction went where it went (for the debug log).
+#[derive(Clone, Copy, Debug)]
+enum Why {
+    SessionTenant,
+    NamedByStatement,
+    NamedTenantsShareShard,
+    NoTenantNeeded,
+    NoTenantPolicyDefault,
 }
 
 /// Decides routes; shared by all sessions.
@@ -48,6 +66,7 @@ pub struct Router {
     /// From the configuration; else the directory's lowest shard.
     default_shard: Option<ShardId>,
     no_tenant_policy: NoTenantPolicy,
+    facts: FactsCache,
 }
 
 impl Router {
@@ -57,6 +76,7 @@ impl Router {
             tenant_param: config.proxy.tenant_parameter.clone(),
             default_shard: config.default_shard(),
             no_tenant_policy: config.proxy.no_tenant_policy,
+            facts: FactsCache::new(config.proxy.parse_cache_size, &config.proxy.tenant_column),
         }
     }
 
@@ -76,14 +96,47 @@ impl Router {
         Arc::new(analyze::analyze(sql, &self.tenant_param))
     }
 
-    /// Routes a transaction whose first statement is `analysis`.
+    /// Routes a transaction whose first request names `named` (hints, SQL literals,
+    /// parameters) and consists of `statements`. A bound session tenant admits no
+    /// other tenant; without one, the named tenants decide, and they must share a shard.
     pub async fn route(
         &self,
-        session_tenant: Option<TenantId>,
-        analysis: &Analysis,
+        session: Option<TenantId>,
+        named: &[TenantId],
+        statements: &[&Analysis],
     ) -> Result<Route, RouteError> {
-        let tenant = Self::pick_tenant(session_tenant, analysis.hint)?;
-        self.route_tenant(tenant, || analysis.needs_tenant()).await
+        if let Some(s) = session {
+            if let Some(&other) = named.iter().find(|&&t| t != s) {
+                return Err(RouteError::OtherTenant { session: s, named: other });
+            }
+            return self.route_tenant(Some(s), || true).await.inspect(|r| log_route(r, Why::SessionTenant));
+        }
+        let Some(&first) = named.first() else {
+            let needs = || statements.iter().any(|a| self.needs_tenant(a));
+            return self.route_tenant(None, needs).await;
+        };
+        let placement = self.placement(first).await?;
+        let mut route = Route { tenant: Some(first), shard: placement.shard, state: placement.state };
+        for &other in named.iter().filter(|&&t| t != first) {
+            let p = self.placement(other).await?;
+            if p.shard != route.shard {
+                return Err(RouteError::CrossShard {
+                    first,
+                    first_shard: route.shard,
+                    second: other,
+                    second_shard: p.shard,
+                    write: statements.iter().any(|a| a.may_write()),
+                });
+            }
+            // Several tenants: no single tenant GUC fits; the strictest state does.
+            route.tenant = None;
+            if !p.state.allows_writes() {
+                route.state = p.state;
+            }
+        }
+        let why = if route.tenant.is_some() { Why::NamedByStatement } else { Why::NamedTenantsShareShard };
+        log_route(&route, why);
+        Ok(route)
     }
 
     /// The tenant of a request: the session's, else the one a statement names.
@@ -111,10 +164,75 @@ impl Router {
             let placement = self.placement(t).await?;
             return Ok(Route { tenant: Some(t), shard: placement.shard, state: placement.state });
         }
-        if !needs_tenant() || self.no_tenant_policy == NoTenantPolicy::Default {
-            return Ok(Route { tenant: None, shard: self.default_shard()?, state: TenantState::Active });
+        let why = if !needs_tenant() {
+            Why::NoTenantNeeded
+        } else if self.no_tenant_policy == NoTenantPolicy::Default {
+            Why::NoTenantPolicyDefault
+        } else {
+            return Err(RouteError::NoTenant { param: self.tenant_param.clone() });
+        };
+        let route = Route { tenant: None, shard: self.default_shard()?, state: TenantState::Active };
+        log_route(&route, why);
+        Ok(route)
+    }
+
+    /// Whether a statement reads or writes tables outside the system catalogs (and so
+    /// needs a tenant). Statements sqlparser cannot parse count as needing one.
+    pub fn needs_tenant(&self, analysis: &Analysis) -> bool {
+        !analyze::needs_no_tenant(analysis) && self.facts_of(analysis).facts.touches_tables
+    }
+
+    /// The tenants a statement's text names: its comment hint and the literals compared
+    /// with (or inserted into) the tenant column.
+    pub fn named_in_text(&self, analysis: &Analysis) -> Vec<TenantId> {
+        self.named(analysis, None)
+    }
+
+    /// The tenants a bound statement names: those of its text, and the parameters of the
+    /// Bind (`bind_rest`, see `protocol::bind_param`) that meet the tenant column.
+    pub fn named_in_bind(&self, analysis: &Analysis, bind_rest: &[u8]) -> Vec<TenantId> {
+        self.named(analysis, Some(bind_rest))
+    }
+
+    fn named(&self, analysis: &Analysis, bind_rest: Option<&[u8]>) -> Vec<TenantId> {
+        let mut named: Vec<TenantId> = analysis.hint.into_iter().collect();
+        if !analysis.mentions(self.facts.tenant_column()) {
+            return named;
         }
-        Err(RouteError::NoTenant { param: self.tenant_param.clone() })
+        let facts = self.facts_of(analysis);
+        for source in &facts.facts.tenant_sources {
+            let value = match *source {
+                TenantSource::Constant(v) => Some(v),
+                TenantSource::Literal { index, negative } => facts
+                    .literals
+                    .get(index)
+                    .and_then(|r| analysis.sql.get(r.clone()))
+                    .and_then(TenantId::parse)
+                    .map(|t| if negative { -t.0 } else { t.0 }),
+                TenantSource::Param(n) => bind_rest.and_then(|rest| param_value(rest, n)),
+            };
+            if let Some(t) = value.map(TenantId)
+                && !named.contains(&t)
+            {
+                named.push(t);
+            }
+        }
+        named
+    }
+
+    /// Whether a statement's tenant may depend on Bind parameters.
+    pub fn names_params(&self, analysis: &Analysis) -> bool {
+        analysis.mentions(self.facts.tenant_column())
+            && self
+                .facts_of(analysis)
+                .facts
+                .tenant_sources
+                .iter()
+                .any(|s| matches!(s, TenantSource::Param(_)))
+    }
+
+    fn facts_of<'a>(&self, analysis: &'a Analysis) -> &'a Facts {
+        analysis.facts.get_or_init(|| self.facts.facts(&analysis.sql))
     }
 
     /// Where a tenant lives: from memory when the directory knows, else from its source.
@@ -133,5 +251,108 @@ impl Router {
     /// The routing version this proxy serves.
     pub fn routing_version(&self) -> i64 {
         self.directory.version()
+    }
+}
+
+fn log_route(route: &Route, why: Why) {
+    tracing::debug!(tenant = ?route.tenant, shard = route.shard, state = ?route.state, ?why, "routed");
+}
+
+/// A tenant key from a Bind parameter: text, or binary int2/int4/int8.
+fn param_value(bind_rest: &[u8], n: u16) -> Option<i64> {
+    match protocol::bind_param(bind_rest, n)? {
+        (false, Some(text)) => std::str::from_utf8(text).ok()?.trim().parse().ok(),
+        (true, Some(bytes)) => match bytes.len() {
+            2 => Some(i64::from(i16::from_be_bytes(bytes.try_into().ok()?))),
+            4 => Some(i64::from(i32::from_be_bytes(bytes.try_into().ok()?))),
+            8 => Some(i64::from_be_bytes(bytes.try_into().ok()?)),
+            _ => None,
+        },
+        (_, None) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::directory::StaticDirectory;
+
+    fn router() -> Router {
+        let config = Config::from_toml(
+            r#"
+            [[shards]]
+            id = 1
+            nodes = [{ host = "a", port = 1, role = "primary" }]
+            [[shards]]
+            id = 2
+            nodes = [{ host = "b", port = 1, role = "primary" }]
+            [[ranges]]
+            min = 1
+            max = 1000
+            shard = 1
+            [[ranges]]
+            min = 1001
+            max = 2000
+            shard = 2
+            "#,
+            std::path::Path::new("t"),
+        )
+        .unwrap();
+        let directory = Arc::new(StaticDirectory::from_config(&config).unwrap());
+        Router::new(&config, directory)
+    }
+
+    #[test]
+    fn knows_which_statements_need_a_tenant() {
+        let r = router();
+        let needs = |sql: &str| r.needs_tenant(&r.analyze(sql.as_bytes()));
+        assert!(!needs("SELECT 1"));
+        assert!(!needs("select version(), current_setting('server_version')"));
+        assert!(!needs("SELECT oid, typname FROM pg_type"));
+        assert!(!needs("select * from pg_catalog.pg_class c join information_schema.tables t on true"));
+        assert!(!needs("SHOW TimeZone"));
+        assert!(!needs("SET extra_float_digits = 3"));
+        assert!(needs("SELECT * FROM accounts WHERE id = 1"));
+        assert!(needs("INSERT INTO public.accounts VALUES (1)"));
+        assert!(needs("this is not sql"));
+    }
+
+    #[test]
+    fn names_tenants_from_hints_literals_and_bind_parameters() {
+        let r = router();
+        let a =
+            r.analyze(b"/* pgtenant.tenant_id=5 */ select * from t where tenant_id = '6' or tenant_id = -7");
+        assert_eq!(r.named_in_text(&a), vec![TenantId(5), TenantId(6), TenantId(-7)]);
+        let a = r.analyze(b"select * from t where TENANT_ID = $2 and id = $1");
+        assert!(r.named_in_text(&a).is_empty());
+        assert!(r.names_params(&a));
+        // Bind remainder: one format (binary) for both values: int4 1, int2 1500.
+        let mut rest = vec![0, 1, 0, 1, 0, 2];
+        rest.extend_from_slice(&4i32.to_be_bytes());
+        rest.extend_from_slice(&1i32.to_be_bytes());
+        rest.extend_from_slice(&2i32.to_be_bytes());
+        rest.extend_from_slice(&1500i16.to_be_bytes());
+        rest.extend_from_slice(&[0, 0]);
+        assert_eq!(r.named_in_bind(&a, &rest), vec![TenantId(1500)]);
+        let unrelated = r.analyze(b"select abalance from pgbench_accounts where aid = $1");
+        assert!(r.named_in_bind(&unrelated, &rest).is_empty());
+    }
+
+    #[tokio::test]
+    async fn named_tenants_route_and_must_share_a_shard() {
+        let r = router();
+        let read = r.analyze(b"select 1 from t");
+        let write = r.analyze(b"delete from t");
+        let route = r.route(None, &[TenantId(1500)], &[&read]).await.unwrap();
+        assert_eq!((route.tenant, route.shard), (Some(TenantId(1500)), 2));
+        let route = r.route(None, &[TenantId(3), TenantId(4)], &[&read]).await.unwrap();
+        assert_eq!((route.tenant, route.shard), (None, 1), "two tenants of one shard: no single tenant GUC");
+        let cross = r.route(None, &[TenantId(3), TenantId(1500)], &[&read]).await.unwrap_err();
+        assert!(matches!(cross, RouteError::CrossShard { write: false, .. }));
+        assert!(cross.to_string().contains("scatter-gather"), "{cross}");
+        let cross = r.route(None, &[TenantId(3), TenantId(1500)], &[&write]).await.unwrap_err();
+        assert!(matches!(cross, RouteError::CrossShard { write: true, .. }));
+        let other = r.route(Some(TenantId(3)), &[TenantId(4)], &[&read]).await.unwrap_err();
+        assert_eq!(other, RouteError::OtherTenant { session: TenantId(3), named: TenantId(4) });
     }
 }

@@ -10,6 +10,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::{ClientStatement, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply};
+use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
 use crate::router::{Analysis, Route, StatementKind};
@@ -30,6 +31,13 @@ impl Session {
             return Ok(());
         }
         if self.batch.is_empty() && !self.at_transaction_start() {
+            if frame.tag == b'B'
+                && let Err(err) = self.check_bind(&frame).await
+            {
+                self.reply_error(&err, false);
+                self.skip_until_sync = true;
+                return Ok(());
+            }
             return self.forward_extended(frame);
         }
         let ends_request = matches!(frame.tag, b'S' | b'H');
@@ -43,11 +51,15 @@ impl Session {
         if self.server.is_none() && self.answer_without_server()? {
             return Ok(());
         }
-        let analyses = self.batch_analyses()?;
-        if self.answer_tenant_set(&analyses).await? {
-            return Ok(());
-        }
-        let route = self.route_batch(&analyses).await;
+        let route = match self.batch_statements() {
+            Ok((analyses, named)) => {
+                if self.answer_tenant_set(&analyses).await? {
+                    return Ok(());
+                }
+                self.route_batch(&analyses, &named).await
+            }
+            Err(err) => Err(err),
+        };
         let batch = std::mem::take(&mut self.batch);
         if let Err(err) = route {
             self.reply_error(&err, false);
@@ -174,38 +186,72 @@ impl Session {
         Ok(true)
     }
 
-    /// The analyses of the statements the held Parse and Bind messages refer to.
-    fn batch_analyses(&mut self) -> Result<Vec<Arc<Analysis>>, FrontendError> {
+    /// The analyses of the statements the held Parse and Bind messages refer to, and
+    /// the tenants they name (a Bind's parameters included). A Bind refers to the
+    /// statement a Parse of the same request gave its name, if any.
+    fn batch_statements(&mut self) -> Result<(Vec<Arc<Analysis>>, Vec<TenantId>), FrontendError> {
         let mut analyses = Vec::new();
-        for i in 0..self.batch.len() {
-            analyses.extend(self.statement_of(i)?);
+        let mut named = Vec::new();
+        let mut parsed_here: Vec<(&[u8], Arc<Analysis>)> = Vec::new();
+        let router = &self.shared.router;
+        for frame in &self.batch {
+            let (analysis, tenants) = match frame.tag {
+                b'P' => {
+                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    let analysis = self.recent.get_or_analyze(router, p.query);
+                    parsed_here.push((p.name, analysis.clone()));
+                    let tenants = router.named_in_text(&analysis);
+                    (analysis, tenants)
+                }
+                b'B' => {
+                    let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                    let here = parsed_here.iter().rev().find(|(name, _)| *name == b.statement);
+                    let Some(analysis) =
+                        here.map(|(_, a)| a.clone()).or_else(|| self.bound_analysis(b.statement))
+                    else {
+                        continue;
+                    };
+                    let tenants = router.named_in_bind(&analysis, b.rest);
+                    (analysis, tenants)
+                }
+                _ => continue,
+            };
+            if analysis.tampers_tenant_guc {
+                return Err(FrontendError::TenantGucProtected { param: router.tenant_param().into() });
+            }
+            for t in tenants {
+                if !named.contains(&t) {
+                    named.push(t);
+                }
+            }
+            analyses.push(analysis);
         }
-        Ok(analyses)
+        Ok((analyses, named))
     }
 
     /// Routes a held request by its statements and attaches a server for it.
-    async fn route_batch(&mut self, analyses: &[Arc<Analysis>]) -> Result<(), FrontendError> {
-        let named = analyses.iter().find_map(|a| a.hint);
-        let tenant = crate::router::Router::pick_tenant(self.tenant, named)?;
-        let route: Route =
-            self.shared.router.route_tenant(tenant, || analyses.iter().any(|a| a.needs_tenant())).await?;
+    async fn route_batch(
+        &mut self,
+        analyses: &[Arc<Analysis>],
+        named: &[TenantId],
+    ) -> Result<(), FrontendError> {
+        let statements: Vec<&Analysis> = analyses.iter().map(|a| a.as_ref()).collect();
+        let route: Route = self.shared.router.route(self.tenant, named, &statements).await?;
         self.begin_on(route).await
     }
 
-    /// The analysis of the statement the held Parse or Bind number `i` refers to.
-    fn statement_of(&mut self, i: usize) -> Result<Option<Arc<Analysis>>, FrontendError> {
-        let frame = &self.batch[i];
-        match frame.tag {
-            b'P' => {
-                let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
-                Ok(Some(self.recent.get_or_analyze(&self.shared.router, p.query)))
-            }
-            b'B' => {
-                let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
-                Ok(self.bound_analysis(b.statement))
-            }
-            _ => Ok(None),
+    /// Inside a transaction: the tenants a Bind names (text and parameters) must be the
+    /// session's and live on the transaction's shard.
+    async fn check_bind(&self, frame: &Frame) -> Result<(), FrontendError> {
+        let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+        let Some(analysis) = self.bound_analysis(b.statement) else { return Ok(()) };
+        if analysis.tampers_tenant_guc {
+            return Err(FrontendError::TenantGucProtected {
+                param: self.shared.router.tenant_param().into(),
+            });
         }
+        let named = self.shared.router.named_in_bind(&analysis, b.rest);
+        self.check_fits_transaction(&named).await
     }
 
     /// The analysis of the statement a Bind names (`""` is the last unnamed Parse).

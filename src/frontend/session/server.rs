@@ -12,7 +12,7 @@ use crate::backend::{
     record_param, sync_sql,
 };
 use crate::config::PoolMode;
-use crate::directory::ShardId;
+use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_node;
 use crate::protocol::{self, TxStatus};
@@ -136,21 +136,19 @@ impl Session {
         }
     }
 
-    /// Inside a transaction, a statement naming a tenant must belong on the same shard.
-    pub(super) async fn check_fits_transaction(
-        &self,
-        named: Option<crate::directory::TenantId>,
-    ) -> Result<(), FrontendError> {
-        let (Some(named), Some(a)) = (named, &self.server) else {
+    /// Inside a transaction, every tenant a statement names must be the session's
+    /// (when bound) and live on the transaction's shard.
+    pub(super) async fn check_fits_transaction(&self, named: &[TenantId]) -> Result<(), FrontendError> {
+        let Some(current) = self.server.as_ref().map(|a| a.route.shard) else {
             return Ok(());
         };
-        Router::pick_tenant(self.tenant, Some(named))?;
-        let current = a.route.shard;
-        let placement =
-            self.shared.router.placement(named).await.map_err(|e| FrontendError::Route(e.into()))?;
-        let shard = placement.shard;
-        if shard != current {
-            return Err(FrontendError::CrossShard { current, tenant: named, other: shard });
+        for &t in named {
+            Router::pick_tenant(self.tenant, Some(t))?;
+            let placement =
+                self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
+            if placement.shard != current {
+                return Err(FrontendError::CrossShard { current, tenant: t, other: placement.shard });
+            }
         }
         Ok(())
     }

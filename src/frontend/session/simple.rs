@@ -36,6 +36,11 @@ impl Session {
                 _ => {}
             }
         }
+        if analysis.tampers_tenant_guc {
+            let err = FrontendError::TenantGucProtected { param: self.shared.router.tenant_param().into() };
+            self.reply_error(&err, true);
+            return Ok(());
+        }
         if analysis.sets_tenant_among_many {
             // The server must never change the tenant GUC behind pgtenant's back.
             let err = FrontendError::TenantSetAmongMany { param: self.shared.router.tenant_param().into() };
@@ -71,22 +76,23 @@ impl Session {
             _ => {}
         }
 
+        let named = self.shared.router.named_in_text(&analysis);
         if self.at_transaction_start() {
             let defer = analysis.kind == StatementKind::Begin
                 && self.server.is_none()
                 && self.tenant.is_none()
-                && analysis.hint.is_none()
+                && named.is_empty()
                 && self.tx == ClientTx::Idle;
             if defer {
                 self.tx = ClientTx::DeferredBegin(body.slice(..sql_len));
                 self.reply_done("BEGIN");
                 return Ok(());
             }
-            let route = self.shared.router.route(self.tenant, &analysis).await;
+            let route = self.shared.router.route(self.tenant, &named, &[&analysis]).await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
             }
-        } else if let Err(err) = self.check_fits_transaction(analysis.hint).await {
+        } else if let Err(err) = self.check_fits_transaction(&named).await {
             self.reply_error(&err, true);
             return Ok(());
         }
@@ -155,6 +161,13 @@ impl Session {
             || self.server.as_ref().is_some_and(|a| !a.conn.queue.is_empty());
         if in_tx {
             return Err(FrontendError::TenantChangeInTransaction {
+                param: self.shared.router.tenant_param().into(),
+            });
+        }
+        let switching_away = self.startup_tenant.is_some() && tenant != self.startup_tenant;
+        if switching_away && !self.shared.config.proxy.allow_tenant_switch {
+            return Err(FrontendError::TenantFixed {
+                tenant: self.startup_tenant.unwrap_or(TenantId(0)),
                 param: self.shared.router.tenant_param().into(),
             });
         }
