@@ -8,4 +8,5 @@ mod clients;
 mod drivers;
 mod failures;
 mod routing;
+mod sql_routing;
 mod startup;

@@ -186,9 +186,10 @@ impl Session {
         Ok(true)
     }
 
-    /// The analyses of the statements the held Parse and Bind messages refer to, and
-    /// the tenants they name (a Bind's parameters included). A Bind refers to the
-    /// statement a Parse of the same request gave its name, if any.
+    /// The analyses of the statements the held Bind messages execute, and the tenants
+    /// the held Parse and Bind messages name (a Bind's parameters included). A Bind
+    /// refers to the statement a Parse of the same request gave its name, if any. A
+    /// request that only prepares needs no tenant: any shard can prepare it.
     fn batch_statements(&mut self) -> Result<(Vec<Arc<Analysis>>, Vec<TenantId>), FrontendError> {
         let mut analyses = Vec::new();
         let mut named = Vec::new();
@@ -200,8 +201,13 @@ impl Session {
                     let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
                     let analysis = self.recent.get_or_analyze(router, p.query);
                     parsed_here.push((p.name, analysis.clone()));
-                    let tenants = router.named_in_text(&analysis);
-                    (analysis, tenants)
+                    if analysis.tampers_tenant_guc {
+                        return Err(FrontendError::TenantGucProtected {
+                            param: router.tenant_param().into(),
+                        });
+                    }
+                    add_new(&mut named, router.named_in_text(&analysis));
+                    continue;
                 }
                 b'B' => {
                     let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
@@ -219,11 +225,7 @@ impl Session {
             if analysis.tampers_tenant_guc {
                 return Err(FrontendError::TenantGucProtected { param: router.tenant_param().into() });
             }
-            for t in tenants {
-                if !named.contains(&t) {
-                    named.push(t);
-                }
-            }
+            add_new(&mut named, tenants);
             analyses.push(analysis);
         }
         Ok((analyses, named))
@@ -407,6 +409,14 @@ impl Session {
             });
         }
         Some(stmt)
+    }
+}
+
+fn add_new(named: &mut Vec<TenantId>, tenants: Vec<TenantId>) {
+    for t in tenants {
+        if !named.contains(&t) {
+            named.push(t);
+        }
     }
 }
 

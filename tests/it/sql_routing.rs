@@ -1,0 +1,232 @@
+//! SQL-aware routing and tenant isolation: tenants found in the SQL (simple and
+//! extended protocol, literals and Bind parameters of every integer width), the
+//! statements refused for naming another tenant or spanning shards, the tenant GUC
+//! that clients may not change, and row-level security as the second wall.
+
+use std::process::Command;
+
+use crate::harness::{shards, sqlstate, start_proxy, stderr, stdout};
+
+/// The first column of the first row of a simple query's answer.
+fn first_value(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+const SHARD_AND_COUNT: &str = "SELECT (SELECT shard_id FROM pgtenant_shard), count(*) FROM accounts WHERE";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn simple_queries_are_routed_by_the_tenant_they_name() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(None).await;
+    for (tenant, shard) in [(42, 2), (7, 1), (1500, 2), (500, 1)] {
+        let sql = format!("{SHARD_AND_COUNT} tenant_id = {tenant}");
+        let rows = client.simple_query(&sql).await.unwrap();
+        let row = rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((r.get(0).unwrap().to_string(), r.get(1).unwrap().to_string()))
+            }
+            _ => None,
+        });
+        assert_eq!(row, Some((shard.to_string(), "3".to_string())), "{sql}");
+    }
+    // A join and a subquery constrain the tenant just as well.
+    let rows = client
+        .simple_query(
+            "SELECT s.shard_id FROM pgtenant_shard s
+             WHERE EXISTS (SELECT 1 FROM accounts a WHERE a.tenant_id IN (1500) AND a.name LIKE 'account%')",
+        )
+        .await
+        .unwrap();
+    assert_eq!(first_value(&rows).as_deref(), Some("2"));
+    // INSERT ... VALUES names its tenant in the column list; every row agrees.
+    let inserted = client
+        .simple_query(
+            "INSERT INTO accounts (tenant_id, name) VALUES (1999, 'a'), (1999, 'b')
+             RETURNING (SELECT shard_id FROM pgtenant_shard)",
+        )
+        .await
+        .unwrap();
+    assert_eq!(first_value(&inserted).as_deref(), Some("2"));
+    client.batch_execute("DELETE FROM accounts WHERE tenant_id = 1999").await.unwrap();
+
+    // A transaction stays on the shard of its first tenant.
+    client.batch_execute("BEGIN").await.unwrap();
+    let shard: i32 = client
+        .query_one("SELECT shard_id FROM pgtenant_shard, accounts WHERE tenant_id = 1500 LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(shard, 2);
+    let err = client.simple_query("SELECT count(*) FROM accounts WHERE tenant_id = 7").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "{err:?}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+
+    // Statements across shards: reads point to the scatter-gather, writes are refused.
+    let err =
+        client.simple_query("SELECT count(*) FROM accounts WHERE tenant_id IN (7, 1500)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000");
+    assert!(format!("{err:?}").contains("scatter-gather"), "{err:?}");
+    let err = client
+        .simple_query("DELETE FROM accounts WHERE tenant_id = 7 OR tenant_id = 1500")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000");
+    assert!(format!("{err:?}").contains("cannot span shards"), "{err:?}");
+    // Two tenants of one shard are fine.
+    let n: i64 = client
+        .query_one("SELECT count(*) FROM accounts WHERE tenant_id IN (7, 500)", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 6);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bind_parameters_route_in_every_integer_width_and_prepared_statements_follow_their_values() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(None).await;
+    let by8 = client.prepare(&format!("{SHARD_AND_COUNT} tenant_id = $1")).await.unwrap();
+    let by4 = client.prepare(&format!("{SHARD_AND_COUNT} tenant_id = $1::int4")).await.unwrap();
+    let by2 = client.prepare(&format!("{SHARD_AND_COUNT} tenant_id = $1::int2")).await.unwrap();
+    for (tenant, shard) in [(7i64, 1), (1500, 2), (42, 2), (500, 1)] {
+        let row = client.query_one(&by8, &[&tenant]).await.unwrap();
+        assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (shard, 3), "int8 {tenant}");
+        let row = client.query_one(&by4, &[&(tenant as i32)]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), shard, "int4 {tenant}");
+        let row = client.query_one(&by2, &[&(tenant as i16)]).await.unwrap();
+        assert_eq!(row.get::<_, i32>(0), shard, "int2 {tenant}");
+    }
+    // Text parameters: pgbench -M extended and -M prepared send them as text.
+    let script = std::env::temp_dir().join(format!("pgtenant-sql-routing-{}.sql", std::process::id()));
+    std::fs::write(
+        &script,
+        "\\set tid random(1, 2000)\nSELECT count(*) FROM accounts WHERE tenant_id = :tid;\n\
+         SELECT shard_id FROM pgtenant_shard, accounts WHERE accounts.tenant_id = :tid LIMIT 1;\n",
+    )
+    .unwrap();
+    for mode in ["simple", "extended", "prepared"] {
+        let out = Command::new("pgbench")
+            .args(["-n", "-M", mode, "-c", "4", "-j", "2", "-t", "200", "-f"])
+            .arg(&script)
+            .args(["-h", "127.0.0.1", "-p", &proxy.addr.port().to_string(), "-U", "app", "app"])
+            .env("PGPASSWORD", "app")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "pgbench -M {mode}: {}{}", stdout(&out), stderr(&out));
+        assert!(
+            stdout(&out).contains("number of transactions actually processed: 800/800"),
+            "{}",
+            stdout(&out)
+        );
+    }
+    let _ = std::fs::remove_file(&script);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statements_sqlparser_cannot_parse_run_on_the_session_tenant_and_are_refused_only_without_one() {
+    let proxy = start_proxy(|_| {}).await;
+    let block = "DO $$ BEGIN PERFORM 1 FROM accounts WHERE tenant_id = 1500; END $$";
+    let bound = proxy.connect(Some(1500)).await;
+    bound.batch_execute(block).await.unwrap();
+    let name: String = bound
+        .query_one("SELECT name FROM accounts WHERE tenant_id = 1500 ORDER BY id LIMIT 1 FOR NO KEY UPDATE", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(name.contains("tenant 1500"), "{name}");
+    let unbound = proxy.connect(None).await;
+    let err = unbound.batch_execute(block).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "no tenant anywhere: the clear error, not a parse failure");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bound_session_never_reaches_another_tenant() {
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(Some(7)).await;
+    let err = client.simple_query("SELECT * FROM accounts WHERE tenant_id = 500").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "same shard, still another tenant");
+    let err = client.simple_query("SELECT * FROM accounts /*tenant_id='42'*/").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    let by_tenant = client.prepare("SELECT count(*) FROM accounts WHERE tenant_id = $1").await.unwrap();
+    let n: i64 = client.query_one(&by_tenant, &[&7i64]).await.unwrap().get(0);
+    assert_eq!(n, 3);
+    let err = client.query_one(&by_tenant, &[&500i64]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "the prepared statement with a new value");
+    // Inside a transaction too, and the transaction goes on.
+    client.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(client.query_one(&by_tenant, &[&7i64]).await.unwrap().get::<_, i64>(0), 3);
+    let err = client.query_one(&by_tenant, &[&1500i64]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    let err = client.batch_execute("SET LOCAL pgtenant.tenant_id = 500").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let err = client.simple_query("SELECT set_config('pgtenant.tenant_id', '500', false)").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    let err = client
+        .query("SELECT pg_catalog.set_config('pgtenant.tenant_id', $1, false)", &[&"500"])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    let guc: String =
+        client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "7", "the server's tenant GUC is still the session's");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_fixed_at_login_cannot_switch_when_the_config_says_so() {
+    let proxy = start_proxy(|c| c.proxy.allow_tenant_switch = false).await;
+    let fixed = proxy.connect(Some(7)).await;
+    let err = fixed.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    fixed.batch_execute("SET pgtenant.tenant_id = 7").await.unwrap();
+    fixed.batch_execute("RESET pgtenant.tenant_id").await.unwrap();
+    let free = proxy.connect(None).await;
+    free.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap();
+    assert_eq!(crate::harness::shard_of(&free).await, 2);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn row_level_security_shows_a_query_without_where_only_the_session_tenant() {
+    let s = shards();
+    let admin =
+        crate::harness::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", s.ports[0]))
+            .await
+            .unwrap();
+    admin.batch_execute(include_str!("../../sql/rls.sql")).await.unwrap();
+    admin
+        .batch_execute(
+            "DROP TABLE IF EXISTS rls_notes;
+             CREATE TABLE rls_notes (tenant_id bigint NOT NULL, note text);
+             ALTER TABLE rls_notes OWNER TO app;
+             INSERT INTO rls_notes VALUES (7, 'seven'), (7, 'seven again'), (500, 'five hundred');
+             CALL pgtenant.enable_tenant_isolation('rls_notes');",
+        )
+        .await
+        .unwrap();
+    let proxy = start_proxy(|_| {}).await;
+    let seven = proxy.connect(Some(7)).await;
+    let notes: Vec<String> = seven
+        .query("SELECT note FROM rls_notes ORDER BY note", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(notes, vec!["seven", "seven again"]);
+    let err = seven.execute("INSERT INTO rls_notes VALUES (500, 'sneaky')", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "refused by pgtenant before the policy could");
+    let err = seven.execute("INSERT INTO rls_notes SELECT 500, 'via select'", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "the policy's WITH CHECK stops what the SQL hid: {err:?}");
+    let five_hundred = proxy.connect(Some(500)).await;
+    let n: i64 = five_hundred.query_one("SELECT count(*) FROM rls_notes", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1);
+    proxy.shutdown().await;
+}
