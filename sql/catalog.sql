@@ -10,9 +10,10 @@
 --      routing_state.hash_group_count, looked up in hash_group,
 --   4. otherwise the tenant is not placed.
 --
--- Every change bumps routing_state.version in the same transaction and sends
--- NOTIFY pgtenant_routing with a JSON payload {"version": N, "table": ..., ...};
--- proxies apply it and report the version they serve (SHOW pgtenant.routing_version).
+-- Every statement that changes routing bumps routing_state.version in the same
+-- transaction and sends NOTIFY pgtenant_routing with a JSON payload
+-- {"version": N, "table": ..., "tenants": [...] | "all_tenants": true}; proxies apply
+-- it and report the version they serve (SHOW pgtenant.routing_version).
 
 CREATE SCHEMA IF NOT EXISTS pgtenant;
 SET search_path = pgtenant, public;
@@ -94,24 +95,52 @@ LANGUAGE sql IMMUTABLE STRICT AS $$
     SELECT (h % group_count)::integer FROM fnv ORDER BY i DESC LIMIT 1
 $$;
 
--- Bumps the routing version and tells the proxies what changed.
+-- Bumps the routing version once per statement that changed rows, and tells the
+-- proxies what changed: the tenants (up to 256), or that they should forget all.
 CREATE OR REPLACE FUNCTION notify_routing_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v bigint;
+    changed bigint := 0;
+    keys text[] := '{}';
     payload jsonb;
-    rec record;
 BEGIN
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        SELECT changed + count(*) INTO changed FROM new_rows;
+    END IF;
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        SELECT changed + count(*) INTO changed FROM old_rows;
+    END IF;
+    IF changed = 0 THEN
+        RETURN NULL;
+    END IF;
     UPDATE pgtenant.routing_state SET version = version + 1 RETURNING version INTO v;
-    rec := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
     payload := jsonb_build_object('version', v, 'table', TG_TABLE_NAME, 'op', TG_OP);
     IF TG_TABLE_NAME = 'tenant_shard_map' THEN
-        payload := payload || jsonb_build_object('tenant', rec.tenant_id::text);
-        IF TG_OP = 'UPDATE' AND OLD.tenant_id <> NEW.tenant_id THEN
-            payload := payload || jsonb_build_object('old_tenant', OLD.tenant_id::text);
+        IF changed > 256 THEN
+            payload := payload || jsonb_build_object('all_tenants', true);
+        ELSE
+            IF TG_OP IN ('INSERT', 'UPDATE') THEN
+                SELECT keys || array_agg(tenant_id::text) INTO keys FROM new_rows;
+            END IF;
+            IF TG_OP IN ('DELETE', 'UPDATE') THEN
+                SELECT keys || array_agg(tenant_id::text) INTO keys FROM old_rows;
+            END IF;
+            payload := payload || jsonb_build_object('tenants', to_jsonb(keys));
         END IF;
     END IF;
     PERFORM pg_notify('pgtenant_routing', payload::text);
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION notify_routing_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v bigint;
+BEGIN
+    UPDATE pgtenant.routing_state SET version = version + 1 RETURNING version INTO v;
+    PERFORM pg_notify('pgtenant_routing', jsonb_build_object(
+        'version', v, 'table', TG_TABLE_NAME, 'op', TG_OP, 'all_tenants', true)::text);
     RETURN NULL;
 END $$;
 
@@ -133,8 +162,19 @@ DECLARE
 BEGIN
     FOREACH t IN ARRAY ARRAY['shard_config', 'shard_node', 'tenant_shard_map', 'hash_group'] LOOP
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify', t);
-        EXECUTE format('CREATE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE ON pgtenant.%I
-                        FOR EACH ROW EXECUTE FUNCTION pgtenant.notify_routing_change()', t || '_notify', t);
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_insert', t);
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_update', t);
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_delete', t);
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_truncate', t);
+        EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON pgtenant.%I REFERENCING NEW TABLE AS new_rows
+                        FOR EACH STATEMENT EXECUTE FUNCTION pgtenant.notify_routing_change()', t || '_notify_insert', t);
+        EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON pgtenant.%I
+                        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+                        FOR EACH STATEMENT EXECUTE FUNCTION pgtenant.notify_routing_change()', t || '_notify_update', t);
+        EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON pgtenant.%I REFERENCING OLD TABLE AS old_rows
+                        FOR EACH STATEMENT EXECUTE FUNCTION pgtenant.notify_routing_change()', t || '_notify_delete', t);
+        EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON pgtenant.%I
+                        FOR EACH STATEMENT EXECUTE FUNCTION pgtenant.notify_routing_truncate()', t || '_notify_truncate', t);
     END LOOP;
 END $$;
 DROP TRIGGER IF EXISTS routing_state_notify ON routing_state;

@@ -102,6 +102,19 @@ async fn a_catalog_change_reaches_routing_within_a_second() {
     let flips = seen.windows(2).filter(|w| w[0] != w[1]).count();
     assert_eq!(flips, 1, "once moved, never back: {seen:?}");
 
+    // A bulk change bumps the version once, and its NOTIFY makes proxies forget every
+    // cached tenant rather than list 401 of them.
+    assert_eq!(lands_on(&proxy, 500).await, Ok(1));
+    let before = catalog.version().await;
+    catalog
+        .admin
+        .batch_execute("INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id) SELECT g, 2 FROM generate_series(300, 700) g")
+        .await
+        .unwrap();
+    assert_eq!(catalog.version().await, before + 1, "one version per statement");
+    let took = eventually(Duration::from_secs(1), || async { lands_on(&proxy, 500).await == Ok(2) }).await;
+    assert!(took.is_some(), "the bulk change did not reach routing within a second");
+
     // A node moving to another port (a shard change) reloads the topology: shard 2's
     // node is pointed at shard 1's server, so tenant 7 now answers from there.
     catalog

@@ -134,7 +134,10 @@ async fn statements_sqlparser_cannot_parse_run_on_the_session_tenant_and_are_ref
     let bound = proxy.connect(Some(1500)).await;
     bound.batch_execute(block).await.unwrap();
     let name: String = bound
-        .query_one("SELECT name FROM accounts WHERE tenant_id = 1500 ORDER BY id LIMIT 1 FOR NO KEY UPDATE", &[])
+        .query_one(
+            "SELECT name FROM accounts WHERE tenant_id = 1500 ORDER BY id LIMIT 1 FOR NO KEY UPDATE",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);

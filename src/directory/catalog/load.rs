@@ -8,10 +8,19 @@ use crate::directory::{Placement, Shard, ShardStatus, TenantId, TenantState, Top
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{0}")]
+    #[error("{}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("the catalog holds an unusable layout: {0}")]
     Invalid(String),
+}
+
+/// A tokio-postgres error with the server's SQLSTATE and message, which its own
+/// Display leaves out ("db error").
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} {}", db.code().code(), db.message()),
+        None => e.to_string(),
+    }
 }
 
 /// The topology and the routing version it belongs to.

@@ -60,7 +60,7 @@ impl CatalogDirectory {
         let client = lookups
             .get()
             .await
-            .map_err(|e| CatalogError::Connect { addr: addr.clone(), reason: e.to_string() })?;
+            .map_err(|e| CatalogError::Connect { addr: addr.clone(), reason: describe_pool_error(&e) })?;
         let snapshot = load::snapshot(&client)
             .await
             .map_err(|source| CatalogError::Load { addr: addr.clone(), source })?;
@@ -92,6 +92,13 @@ impl CatalogDirectory {
     }
 }
 
+fn describe_pool_error(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => load::describe(e),
+        other => other.to_string(),
+    }
+}
+
 impl Inner {
     fn topology(&self) -> Arc<Topology> {
         self.topology.read().unwrap_or_else(|e| e.into_inner()).clone()
@@ -113,7 +120,7 @@ impl Inner {
     async fn lookup(&self, tenant: TenantId) -> Result<Placement, DirectoryError> {
         let generation = self.generation.load(Ordering::Acquire);
         let unavailable = |reason: String| DirectoryError::CatalogUnavailable { tenant, reason };
-        let client = self.lookups.get().await.map_err(|e| unavailable(e.to_string()))?;
+        let client = self.lookups.get().await.map_err(|e| unavailable(describe_pool_error(&e)))?;
         let explicit =
             load::explicit_placement(&client, tenant).await.map_err(|e| unavailable(e.to_string()))?;
         let placed = explicit.is_some() || self.topology().place_by_rules(tenant).is_some();
@@ -135,6 +142,13 @@ impl Inner {
     fn replace_all(&self, topology: Topology, version: i64) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         *self.topology.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(topology);
+        self.cache.clear();
+        self.version.store(version, Ordering::Release);
+    }
+
+    /// Many tenants changed at once: empty the cache.
+    fn forget_tenants(&self, version: i64) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.cache.clear();
         self.version.store(version, Ordering::Release);
     }

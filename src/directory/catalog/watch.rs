@@ -23,8 +23,12 @@ pub const CHANNEL: &str = "pgtenant_routing";
 struct Change {
     version: i64,
     table: String,
-    tenant: Option<String>,
-    old_tenant: Option<String>,
+    /// The tenants whose rows changed (tenant_shard_map, up to 256).
+    #[serde(default)]
+    tenants: Vec<String>,
+    /// Too many tenants changed to list: forget every cached tenant.
+    #[serde(default)]
+    all_tenants: bool,
 }
 
 /// Runs until the directory is dropped.
@@ -119,8 +123,9 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
         return resync(inner, client).await;
     }
     match change.table.as_str() {
+        "tenant_shard_map" if change.all_tenants => inner.forget_tenants(change.version),
         "tenant_shard_map" => {
-            for key in [&change.tenant, &change.old_tenant].into_iter().flatten() {
+            for key in &change.tenants {
                 match TenantId::parse(key) {
                     Some(tenant) => inner.invalidate_tenant(tenant),
                     None => return resync(inner, client).await,
@@ -135,7 +140,7 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
             inner.version.store(change.version, Ordering::Release);
         }
     }
-    tracing::debug!(version = change.version, table = %change.table, tenant = ?change.tenant, "routing change applied");
+    tracing::debug!(version = change.version, table = %change.table, tenants = ?change.tenants, "routing change applied");
     Ok(())
 }
 
