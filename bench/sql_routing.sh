@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Benchmark of SQL-aware routing (issue 3): pgbench with a custom script whose
+# statement carries `tenant_id = :tid`, 8 clients, in simple, extended and prepared
+# mode, against
+#   direct    shard 1, random tenants (no proxy at all),
+#   session   pgtenant with session tenant 7 (the script names that same tenant),
+#   sql       pgtenant without a session tenant: every transaction routed by its SQL,
+#             random tenants of shard 1 (1..=1000), so that only the routing differs
+#             from `session`,
+#   sql-both  the same with random tenants of both shards (1..=2000),
+#   sql-1m    random tenants out of the million loaded into tenant_shard_map: mostly
+#             cache misses, each a catalog query;
+# interleaved over several rounds. Prints median TPS, sql/session, pgtenant's CPU per
+# transaction and its memory, then the directory benchmark (resolution latency for
+# cache misses and hits, memory per cached tenant).
+#
+#   bench/sql_routing.sh [rounds=3] [seconds=5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+SECONDS_PER_RUN=${2:-5}
+PROXY_PORT=${PROXY_PORT:-6732}
+SHARD_PORT=${SHARD_PORT:-6742}
+CATALOG_PORT=$((SHARD_PORT + 2))
+TENANTS_FROM=1000001
+TENANTS_TO=2000000
+
+cargo build --release --quiet --benches
+cargo build --release --quiet
+BIN=target/release/pgtenant
+STATE=$(mktemp -d /tmp/pgtenant-bench-sql.XXXXXX)
+chmod 755 "$STATE"
+"$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers 1 >"$STATE/proxy.log" 2>&1 &
+PROXY_PID=$!
+cleanup() {
+  kill -INT "$PROXY_PID" 2>/dev/null || true
+  wait "$PROXY_PID" 2>/dev/null || true
+  rm -rf "$STATE"
+}
+trap cleanup EXIT
+
+export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
+for _ in $(seq 150); do psql -p "$PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
+[ -d "/proc/$PROXY_PID" ] || { echo "pgtenant dev did not start:" >&2; cat "$STATE/proxy.log" >&2; exit 1; }
+
+echo "loading $((TENANTS_TO - TENANTS_FROM + 1)) tenants into tenant_shard_map ..." >&2
+psql -h 127.0.0.1 -p "$CATALOG_PORT" -U postgres -d pgtenant_catalog -Xq -c \
+  "INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id)
+   SELECT g, 1 + g % 2 FROM generate_series($TENANTS_FROM, $TENANTS_TO) g ON CONFLICT DO NOTHING"
+
+script() { printf '\\set tid %s\nSELECT count(*) FROM accounts WHERE tenant_id = :tid;\n' "$1" >"$STATE/$2.sql"; }
+script 7 session
+script "random(1, 1000)" sql
+script "random(1, 2000)" sql-both
+script "random($TENANTS_FROM, $TENANTS_TO)" sql-1m
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
+TICKS=$(getconf CLK_TCK)
+RESULTS="$STATE/results"
+: >"$RESULTS"
+echo "pgtenant RSS before: $(rss_mib "$PROXY_PID") MiB" >"$STATE/memory"
+
+run() { # target mode
+  local port=$PROXY_PORT opts="" script="$STATE/$1.sql"
+  case $1 in
+    direct) port=$SHARD_PORT; script="$STATE/sql.sql" ;;
+    session) opts="-c pgtenant.tenant_id=7" ;;
+  esac
+  local before after out tps tx cpu
+  before=$(cpu_ticks "$PROXY_PID")
+  out=$(PGOPTIONS="$opts" pgbench -p "$port" -M "$2" -c 8 -j 2 -T "$SECONDS_PER_RUN" -n -f "$script" 2>&1) || true
+  after=$(cpu_ticks "$PROXY_PID")
+  tps=$(echo "$out" | awk '/^tps/ {print $3}')
+  tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
+  if echo "$out" | grep -q "Run was aborted"; then tps=0; echo "$out" | tail -3 >&2; fi
+  cpu=$(awk -v d=$((after - before)) -v t="$TICKS" -v n="${tx:-0}" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+  [ "$1" = direct ] && cpu=0
+  echo "$1 $2 ${tps:-0} $cpu" >>"$RESULTS"
+}
+
+for round in $(seq "$ROUNDS"); do
+  for mode in simple extended prepared; do
+    for target in direct session sql sql-both sql-1m; do run "$target" "$mode"; done
+  done
+  echo "round $round done" >&2
+done
+echo "pgtenant RSS after: $(rss_mib "$PROXY_PID") MiB" >>"$STATE/memory"
+
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
+printf "\n%-9s %-9s | %10s %8s | %10s\n" mode target tps "cpu us" "/session"
+for mode in simple extended prepared; do
+  pick() { awk -v t="$1" -v m=$mode -v f="$2" '$1==t && $2==m {print $f}' "$RESULTS" | median; }
+  s=$(pick session 3)
+  for target in direct session sql sql-both sql-1m; do
+    t=$(pick $target 3)
+    printf "%-9s %-9s | %10.0f %8s | %10s\n" $mode $target "$t" "$(pick $target 4)" \
+      "$(awk -v a="$t" -v b="$s" 'BEGIN { printf "%.3f", a / b }')"
+  done
+done
+cat "$STATE/memory"
+echo
+echo "directory (CatalogDirectory against the same catalog):"
+cargo bench --quiet --bench directory -- "$CATALOG_PORT" pgtenant_catalog "$TENANTS_FROM" "$TENANTS_TO" 200000
