@@ -10,6 +10,9 @@
 #   sql-both  the same with random tenants of both shards (1..=2000),
 #   sql-1m    random tenants out of the million loaded into tenant_shard_map: mostly
 #             cache misses, each a catalog query;
+#   sql-noguc `sql` through a second pgtenant with set_tenant_guc = false: the cost of
+#             routing alone, without the SET of the tenant GUC that a server connection
+#             needs whenever it passes to another tenant;
 # interleaved over several rounds. Prints median TPS, sql/session, pgtenant's CPU per
 # transaction and its memory, then the directory benchmark (resolution latency for
 # cache misses and hits, memory per cached tenant).
@@ -32,7 +35,9 @@ STATE=$(mktemp -d /tmp/pgtenant-bench-sql.XXXXXX)
 chmod 755 "$STATE"
 "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers 1 >"$STATE/proxy.log" 2>&1 &
 PROXY_PID=$!
+NOGUC_PID=""
 cleanup() {
+  if [ -n "$NOGUC_PID" ]; then kill -INT "$NOGUC_PID" 2>/dev/null || true; fi
   kill -INT "$PROXY_PID" 2>/dev/null || true
   wait "$PROXY_PID" 2>/dev/null || true
   rm -rf "$STATE"
@@ -42,6 +47,12 @@ trap cleanup EXIT
 export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
 for _ in $(seq 150); do psql -p "$PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
 [ -d "/proc/$PROXY_PID" ] || { echo "pgtenant dev did not start:" >&2; cat "$STATE/proxy.log" >&2; exit 1; }
+NOGUC_PORT=$((PROXY_PORT + 1))
+sed -e "s/^listen = .*/listen = \"127.0.0.1:$NOGUC_PORT\"/" -e "s/^set_tenant_guc = .*/set_tenant_guc = false/" \
+  -e "s/^workers = .*/workers = 1/" "$STATE/pgtenant.toml" >"$STATE/noguc.toml"
+"$BIN" serve --config "$STATE/noguc.toml" >"$STATE/noguc.log" 2>&1 &
+NOGUC_PID=$!
+for _ in $(seq 50); do psql -p "$NOGUC_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
 
 echo "loading $((TENANTS_TO - TENANTS_FROM + 1)) tenants into tenant_shard_map ..." >&2
 psql -h 127.0.0.1 -p "$CATALOG_PORT" -U postgres -d pgtenant_catalog -Xq -c \
@@ -53,6 +64,7 @@ script 7 session
 script "random(1, 1000)" sql
 script "random(1, 2000)" sql-both
 script "random($TENANTS_FROM, $TENANTS_TO)" sql-1m
+cp "$STATE/sql.sql" "$STATE/sql-noguc.sql"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
@@ -62,15 +74,16 @@ RESULTS="$STATE/results"
 echo "pgtenant RSS before: $(rss_mib "$PROXY_PID") MiB" >"$STATE/memory"
 
 run() { # target mode
-  local port=$PROXY_PORT opts="" script="$STATE/$1.sql"
+  local port=$PROXY_PORT opts="" script="$STATE/$1.sql" pid=$PROXY_PID
   case $1 in
     direct) port=$SHARD_PORT; script="$STATE/sql.sql" ;;
     session) opts="-c pgtenant.tenant_id=7" ;;
+    sql-noguc) port=$NOGUC_PORT; pid=$NOGUC_PID ;;
   esac
   local before after out tps tx cpu
-  before=$(cpu_ticks "$PROXY_PID")
+  before=$(cpu_ticks "$pid")
   out=$(PGOPTIONS="$opts" pgbench -p "$port" -M "$2" -c 8 -j 2 -T "$SECONDS_PER_RUN" -n -f "$script" 2>&1) || true
-  after=$(cpu_ticks "$PROXY_PID")
+  after=$(cpu_ticks "$pid")
   tps=$(echo "$out" | awk '/^tps/ {print $3}')
   tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
   if echo "$out" | grep -q "Run was aborted"; then tps=0; echo "$out" | tail -3 >&2; fi
@@ -81,7 +94,7 @@ run() { # target mode
 
 for round in $(seq "$ROUNDS"); do
   for mode in simple extended prepared; do
-    for target in direct session sql sql-both sql-1m; do run "$target" "$mode"; done
+    for target in direct session sql sql-noguc sql-both sql-1m; do run "$target" "$mode"; done
   done
   echo "round $round done" >&2
 done
@@ -92,7 +105,7 @@ printf "\n%-9s %-9s | %10s %8s | %10s\n" mode target tps "cpu us" "/session"
 for mode in simple extended prepared; do
   pick() { awk -v t="$1" -v m=$mode -v f="$2" '$1==t && $2==m {print $f}' "$RESULTS" | median; }
   s=$(pick session 3)
-  for target in direct session sql sql-both sql-1m; do
+  for target in direct session sql sql-noguc sql-both sql-1m; do
     t=$(pick $target 3)
     printf "%-9s %-9s | %10.0f %8s | %10s\n" $mode $target "$t" "$(pick $target 4)" \
       "$(awk -v a="$t" -v b="$s" 'BEGIN { printf "%.3f", a / b }')"

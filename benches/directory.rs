@@ -53,7 +53,8 @@ fn main() {
         misses.sort();
         // Fill the cache with the rest, 8 lookups in flight.
         let start = Instant::now();
-        let chunks: Vec<Vec<TenantId>> = tenants[5_000.min(tenants.len())..].chunks(1_000).map(|c| c.to_vec()).collect();
+        let chunks: Vec<Vec<TenantId>> =
+            tenants[5_000.min(tenants.len())..].chunks(1_000).map(|c| c.to_vec()).collect();
         for group in chunks.chunks(8) {
             let tasks: Vec<_> = group
                 .iter()
@@ -101,7 +102,10 @@ fn main() {
             fill,
             (tenants.len() - misses.len()) as f64 / fill.as_secs_f64()
         );
-        println!("hit (memory): {hit_ns:.0} ns per resolution ({found} of {} answered from the cache)", rounds * tenants.len());
+        println!(
+            "hit (memory): {hit_ns:.0} ns per resolution ({found} of {} answered from the cache)",
+            rounds * tenants.len()
+        );
         println!(
             "memory: {cached} cached tenants, RSS {} MiB -> {} MiB ({:.0} bytes per cached tenant)",
             rss_before / 1024,

@@ -7,11 +7,17 @@
 //! `WHERE tenant_id = 8` share one entry, whose facts say "the tenant is literal 0";
 //! the value is read from each text's own literals. A shape sqlparser cannot parse
 //! (a typed literal such as `DATE '...'`) falls back to the text itself.
+//!
+//! Facts never go stale (they depend on the text alone), so the cache is a plain map
+//! behind a read lock rather than moka: a hit costs a hash and a lookup, which matters
+//! in the simple protocol, where every statement text is new. A map that reaches its
+//! capacity starts over.
 
+use std::collections::HashMap;
+use std::fmt::Write;
 use std::ops::{ControlFlow, Range};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use moka::sync::Cache;
 use sqlparser::ast::{
     AssignmentTarget, BinaryOperator, Expr, ObjectName, SetExpr, Statement, UnaryOperator, Value,
     visit_expressions, visit_relations, visit_statements,
@@ -54,13 +60,18 @@ pub struct Facts {
 }
 
 pub struct FactsCache {
-    shapes: Cache<Box<str>, Arc<SqlFacts>>,
+    shapes: RwLock<HashMap<Box<str>, Arc<SqlFacts>>>,
+    capacity: usize,
     tenant_column: String,
 }
 
 impl FactsCache {
     pub fn new(capacity: u64, tenant_column: &str) -> Self {
-        Self { shapes: Cache::new(capacity), tenant_column: tenant_column.to_ascii_lowercase() }
+        Self {
+            shapes: RwLock::new(HashMap::new()),
+            capacity: usize::try_from(capacity).unwrap_or(usize::MAX).max(1),
+            tenant_column: tenant_column.to_ascii_lowercase(),
+        }
     }
 
     pub fn tenant_column(&self) -> &str {
@@ -70,8 +81,8 @@ impl FactsCache {
     /// The facts of `sql`, from the cache when its shape was seen before.
     pub fn facts(&self, sql: &str) -> Facts {
         let (shape, literals) = shape_of(sql);
-        if let Some(facts) = self.shapes.get(shape.as_str()) {
-            return Facts { facts, literals };
+        if let Some(facts) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(shape.as_str()) {
+            return Facts { facts: facts.clone(), literals };
         }
         let facts = match Parser::parse_sql(&PostgreSqlDialect {}, &shape) {
             Ok(statements) => Arc::new(facts_of(&statements, &self.tenant_column)),
@@ -85,14 +96,18 @@ impl FactsCache {
                 return Facts { facts, literals: Vec::new() };
             }
         };
-        self.shapes.insert(shape.into(), facts.clone());
+        let mut shapes = self.shapes.write().unwrap_or_else(|e| e.into_inner());
+        if shapes.len() >= self.capacity {
+            shapes.clear();
+        }
+        shapes.insert(shape.into(), facts.clone());
         Facts { facts, literals }
     }
 }
 
 /// The text with literals replaced by `$100000`, `$100001`, ... and their ranges.
 fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
-    let mut shape = String::with_capacity(sql.len());
+    let mut shape = String::with_capacity(sql.len() + 16);
     let mut literals = Vec::new();
     let mut copied = 0;
     for token in tokenize(sql.as_bytes()) {
@@ -104,7 +119,7 @@ fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
         };
         if literal {
             shape.push_str(&sql[copied..token.start]);
-            shape.push_str(&format!("${}", LITERAL_BASE as usize + literals.len()));
+            let _ = write!(shape, "${}", LITERAL_BASE as usize + literals.len());
             copied = token.end;
             literals.push(token.start..token.end);
         }
