@@ -59,6 +59,10 @@ async fn map_then_ranges_then_hash_groups_then_not_placed() {
         assert_eq!(sql as u32, hash_group(TenantId(t), 4), "tenant {t}");
     }
     assert_eq!(routing_version(&proxy).await, catalog.version().await);
+    // The extended protocol gets the same answer (prepared, then bound and executed).
+    let client = proxy.connect(None).await;
+    let version: String = client.query_one("SHOW pgtenant.routing_version", &[]).await.unwrap().get(0);
+    assert_eq!(version, catalog.version().await.to_string());
     proxy.shutdown().await;
 }
 

@@ -13,7 +13,7 @@ use crate::backend::{OnError, Pending, PreparedStatement, Reply};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
-use crate::router::{Analysis, Route, StatementKind};
+use crate::router::{Analysis, ROUTING_VERSION, Route, StatementKind};
 
 impl Session {
     pub(super) async fn on_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
@@ -52,11 +52,12 @@ impl Session {
             return Ok(());
         }
         let route = match self.batch_statements() {
-            Ok((analyses, named)) => {
-                if self.answer_tenant_set(&analyses).await? {
+            Ok(statements) => {
+                let all: Vec<_> = statements.parsed.iter().chain(&statements.executed).cloned().collect();
+                if self.answer_locally(&all).await? {
                     return Ok(());
                 }
-                self.route_batch(&analyses, &named).await
+                self.route_batch(&statements.executed, &statements.named).await
             }
             Err(err) => Err(err),
         };
@@ -137,17 +138,20 @@ impl Session {
         Ok(true)
     }
 
-    /// Answers a held request that sets or resets the tenant parameter (drivers such as
-    /// psycopg 3 and pgJDBC send SET through the extended protocol), as a server would.
-    /// Such a SET mixed with other statements in one request is refused.
-    async fn answer_tenant_set(&mut self, analyses: &[Arc<Analysis>]) -> Result<bool, FrontendError> {
-        let Some(last_set) = analyses.iter().rev().find(|a| a.sets_tenant()) else { return Ok(false) };
-        if !analyses.iter().all(|a| a.sets_tenant()) {
+    /// Answers a held request whose statements pgtenant carries out itself, as a server
+    /// would: a SET/RESET of the tenant parameter (drivers such as psycopg 3 and pgJDBC
+    /// send SET through the extended protocol), or `SHOW pgtenant.routing_version`.
+    /// Such a statement mixed with others in one request is refused.
+    async fn answer_locally(&mut self, analyses: &[Arc<Analysis>]) -> Result<bool, FrontendError> {
+        let local = |a: &Arc<Analysis>| a.sets_tenant() || a.kind == StatementKind::ShowRoutingVersion;
+        let Some(last) = analyses.iter().rev().find(|a| local(a)) else { return Ok(false) };
+        if !analyses.iter().all(local) {
             return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
-        let (tenant, tag) = match last_set.kind {
-            StatementKind::SetTenant(t) => (Some(t), "SET"),
-            _ => (self.startup_tenant, "RESET"),
+        let answer = match last.kind {
+            StatementKind::SetTenant(t) => LocalAnswer::TenantSet { tenant: Some(t), tag: "SET" },
+            StatementKind::ShowRoutingVersion => LocalAnswer::RoutingVersion,
+            _ => LocalAnswer::TenantSet { tenant: self.startup_tenant, tag: "RESET" },
         };
         let mut reply = BytesMut::new();
         let mut failed = false;
@@ -168,13 +172,25 @@ impl Session {
                     if frame.body().first() == Some(&b'S') {
                         protocol::put_message(&mut reply, b't', |b| b.extend_from_slice(&0i16.to_be_bytes()));
                     }
-                    protocol::put_message(&mut reply, b'n', |_| {});
+                    match answer {
+                        LocalAnswer::TenantSet { .. } => protocol::put_message(&mut reply, b'n', |_| {}),
+                        LocalAnswer::RoutingVersion => {
+                            protocol::text_row_description(&mut reply, &[ROUTING_VERSION])
+                        }
+                    }
                 }
-                b'E' => match self.change_tenant(tenant).await {
-                    Ok(()) => protocol::command_complete(&mut reply, tag),
-                    Err(err) => {
-                        crate::frontend::error_response::write_error(&mut reply, &err);
-                        failed = true;
+                b'E' => match answer {
+                    LocalAnswer::TenantSet { tenant, tag } => match self.change_tenant(tenant).await {
+                        Ok(()) => protocol::command_complete(&mut reply, tag),
+                        Err(err) => {
+                            crate::frontend::error_response::write_error(&mut reply, &err);
+                            failed = true;
+                        }
+                    },
+                    LocalAnswer::RoutingVersion => {
+                        let version = self.shared.router.routing_version().to_string();
+                        protocol::text_data_row(&mut reply, &[&version]);
+                        protocol::command_complete(&mut reply, "SHOW");
                     }
                 },
                 b'C' => protocol::close_complete(&mut reply),
@@ -190,8 +206,9 @@ impl Session {
     /// the held Parse and Bind messages name (a Bind's parameters included). A Bind
     /// refers to the statement a Parse of the same request gave its name, if any. A
     /// request that only prepares needs no tenant: any shard can prepare it.
-    fn batch_statements(&mut self) -> Result<(Vec<Arc<Analysis>>, Vec<TenantId>), FrontendError> {
+    fn batch_statements(&mut self) -> Result<BatchStatements, FrontendError> {
         let mut analyses = Vec::new();
+        let mut parsed = Vec::new();
         let mut named = Vec::new();
         let mut parsed_here: Vec<(&[u8], Arc<Analysis>)> = Vec::new();
         let router = &self.shared.router;
@@ -201,6 +218,7 @@ impl Session {
                     let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
                     let analysis = self.recent.get_or_analyze(router, p.query);
                     parsed_here.push((p.name, analysis.clone()));
+                    parsed.push(analysis.clone());
                     if analysis.tampers_tenant_guc {
                         return Err(FrontendError::TenantGucProtected {
                             param: router.tenant_param().into(),
@@ -228,7 +246,7 @@ impl Session {
             add_new(&mut named, tenants);
             analyses.push(analysis);
         }
-        Ok((analyses, named))
+        Ok(BatchStatements { executed: analyses, parsed, named })
     }
 
     /// Routes a held request by its statements and attaches a server for it.
@@ -410,6 +428,23 @@ impl Session {
         }
         Some(stmt)
     }
+}
+
+/// The statements of a held request.
+struct BatchStatements {
+    /// Those its Bind messages execute.
+    executed: Vec<Arc<Analysis>>,
+    /// Those its Parse messages prepare.
+    parsed: Vec<Arc<Analysis>>,
+    /// The tenants they name, Bind parameters included.
+    named: Vec<TenantId>,
+}
+
+/// What a request pgtenant answers itself does.
+#[derive(Clone, Copy)]
+enum LocalAnswer {
+    TenantSet { tenant: Option<TenantId>, tag: &'static str },
+    RoutingVersion,
 }
 
 fn add_new(named: &mut Vec<TenantId>, tenants: Vec<TenantId>) {
