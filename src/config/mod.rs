@@ -353,3 +353,32 @@ impl Config {
         self.proxy.default_shard.or_else(|| self.shards.iter().map(|s| s.id).min())
     }
 }
+
+/// Two shards (1 and 2), ranges 1..=1000 and 1001..=2000, tenant 42 mapped to shard 2:
+/// the demo layout, for unit tests of the layers above.
+#[cfg(test)]
+pub(crate) fn test_layout() -> Config {
+    Config::from_toml(
+        r#"
+        [[shards]]
+        id = 1
+        nodes = [{ host = "a", port = 1, role = "primary" }]
+        [[shards]]
+        id = 2
+        nodes = [{ host = "b", port = 1, role = "primary" }]
+        [[ranges]]
+        min = 1
+        max = 1000
+        shard = 1
+        [[ranges]]
+        min = 1001
+        max = 2000
+        shard = 2
+        [[tenant_map]]
+        tenant = 42
+        shard = 2
+        "#,
+        Path::new("test"),
+    )
+    .expect("test layout")
+}

@@ -87,17 +87,7 @@ pub fn local_catalog(port: u16, dbname: &str) -> CatalogConfig {
 /// demo layout with the shards at `shard_ports`; safe to run again.
 pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: [u16; 2]) -> Result<(), String> {
     let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")).await?;
-    let exists = admin
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
-        .await
-        .map_err(|e| e.to_string())?
-        .is_some();
-    if !exists {
-        admin
-            .batch_execute(&format!("CREATE DATABASE {dbname}"))
-            .await
-            .map_err(|e| format!("create {dbname}: {e}"))?;
-    }
+    ensure_database(&admin, dbname, "postgres").await?;
     let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}")).await?;
     db.batch_execute(CATALOG_SQL).await.map_err(|e| format!("catalog schema: {e}"))?;
     let [p1, p2] = shard_ports;
@@ -122,17 +112,7 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
          CREATE ROLE {DEMO_USER} LOGIN PASSWORD '{DEMO_PASSWORD}'; END IF; END $$"
     );
     admin.batch_execute(&role_sql).await.map_err(|e| format!("create role: {e}"))?;
-    let exists = admin
-        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&DEMO_DATABASE])
-        .await
-        .map_err(|e| e.to_string())?
-        .is_some();
-    if !exists {
-        admin
-            .batch_execute(&format!("CREATE DATABASE {DEMO_DATABASE} OWNER {DEMO_USER}"))
-            .await
-            .map_err(|e| format!("create database: {e}"))?;
-    }
+    ensure_database(&admin, DEMO_DATABASE, DEMO_USER).await?;
     let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={DEMO_DATABASE}")).await?;
     let mut sql = format!(
         "CREATE TABLE IF NOT EXISTS pgtenant_shard (shard_id int PRIMARY KEY);
@@ -157,6 +137,22 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
         ));
     }
     db.batch_execute(&sql).await.map_err(|e| format!("demo tables: {e}"))
+}
+
+/// Creates database `name` owned by `owner` unless it exists.
+async fn ensure_database(admin: &tokio_postgres::Client, name: &str, owner: &str) -> Result<(), String> {
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some();
+    if !exists {
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} OWNER {owner}"))
+            .await
+            .map_err(|e| format!("create database {name}: {e}"))?;
+    }
+    Ok(())
 }
 
 async fn connect(conninfo: &str) -> Result<tokio_postgres::Client, String> {

@@ -52,34 +52,10 @@ impl Directory for StaticDirectory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     #[test]
     fn explicit_beats_range_and_ranges_are_inclusive() {
-        let config = Config::from_toml(
-            r#"
-            [[shards]]
-            id = 1
-            nodes = [{ host = "a", port = 1, role = "primary" }]
-            [[shards]]
-            id = 2
-            nodes = [{ host = "b", port = 1, role = "primary" }]
-            [[ranges]]
-            min = 1
-            max = 1000
-            shard = 1
-            [[ranges]]
-            min = 1001
-            max = 2000
-            shard = 2
-            [[tenant_map]]
-            tenant = 42
-            shard = 2
-            "#,
-            Path::new("t"),
-        )
-        .unwrap();
-        let d = StaticDirectory::from_config(&config).unwrap();
+        let d = StaticDirectory::from_config(&crate::config::test_layout()).unwrap();
         let shard = |t| d.cached(TenantId(t)).unwrap().map(|p| p.shard);
         assert_eq!(shard(42), Ok(2));
         assert_eq!(shard(7), Ok(1));

@@ -278,26 +278,7 @@ mod tests {
     use crate::directory::StaticDirectory;
 
     fn router() -> Router {
-        let config = Config::from_toml(
-            r#"
-            [[shards]]
-            id = 1
-            nodes = [{ host = "a", port = 1, role = "primary" }]
-            [[shards]]
-            id = 2
-            nodes = [{ host = "b", port = 1, role = "primary" }]
-            [[ranges]]
-            min = 1
-            max = 1000
-            shard = 1
-            [[ranges]]
-            min = 1001
-            max = 2000
-            shard = 2
-            "#,
-            std::path::Path::new("t"),
-        )
-        .unwrap();
+        let config = crate::config::test_layout();
         let directory = Arc::new(StaticDirectory::from_config(&config).unwrap());
         Router::new(&config, directory)
     }
