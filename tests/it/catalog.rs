@@ -236,3 +236,32 @@ async fn while_the_catalog_is_away_cached_tenants_route_and_on_return_nothing_ro
     assert_eq!(routing_version(&proxy).await, catalog.version().await);
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_catalog_server_is_survived_and_followed_again_once_back() {
+    let cluster = crate::harness::private_cluster("catalog-killed", 0);
+    let s = crate::harness::shards();
+    pgtenant::dev::demo::setup_catalog(cluster.port, "pgtenant_catalog", s.ports).await.unwrap();
+    let config = pgtenant::dev::demo::local_catalog(cluster.port, "pgtenant_catalog");
+    let proxy = start_catalog_proxy(config, |_| {}).await;
+    assert_eq!(lands_on(&proxy, 42).await, Ok(2));
+
+    // The test clusters trade durability for speed: make the layout survive the crash.
+    let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=pgtenant_catalog", cluster.port);
+    crate::harness::connect(&conninfo).await.unwrap().batch_execute("CHECKPOINT").await.unwrap();
+    cluster.kill().unwrap();
+    assert_eq!(lands_on(&proxy, 42).await, Ok(2), "a cached tenant routes without its catalog");
+    assert_eq!(lands_on(&proxy, 600).await, Err("08001".into()), "an uncached one gets a clear error");
+
+    cluster.start().unwrap();
+    let admin = crate::harness::connect(&conninfo).await.unwrap();
+    assert_eq!(lands_on(&proxy, 600).await, Ok(1), "lookups work again at once");
+    admin
+        .batch_execute("UPDATE pgtenant.tenant_shard_map SET shard_id = 1 WHERE tenant_id = 42")
+        .await
+        .unwrap();
+    let took = eventually(Duration::from_secs(5), || async { lands_on(&proxy, 42).await == Ok(1) }).await;
+    assert!(took.is_some(), "the proxy listens again after the catalog came back");
+    proxy.shutdown().await;
+    cluster.stop().unwrap();
+}
