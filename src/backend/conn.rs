@@ -13,10 +13,9 @@ use postgres_protocol::message::frontend;
 use tokio::net::{TcpStream, UnixStream};
 
 use super::error::BackendError;
-use super::settings::Settings;
+use super::settings::{Settings, TenantGuc};
 use super::state::ResponseQueue;
 use super::tls::ServerTls;
-use crate::directory::TenantId;
 use crate::net::{Duplex, Stream};
 use crate::protocol::{self, ErrorFields, TxStatus};
 
@@ -65,7 +64,7 @@ pub struct ServerConn {
     /// Statement ids prepared on this server (`pgt_<id>`).
     pub prepared: HashSet<u64>,
     pub settings: Arc<Settings>,
-    pub tenant: Option<TenantId>,
+    pub tenant: TenantGuc,
     /// `default_transaction_read_only` was turned on for a tenant that may not write.
     pub read_only: bool,
     pub status: TxStatus,
@@ -146,7 +145,7 @@ impl ServerConn {
         }
         self.prepared.clear();
         self.settings = Settings::empty();
-        self.tenant = None;
+        self.tenant = TenantGuc::Unknown;
         self.read_only = false;
         self.needs_reset = false;
         Ok(())
@@ -291,7 +290,7 @@ async fn login(
         params,
         prepared: HashSet::new(),
         settings: Settings::empty(),
-        tenant: None,
+        tenant: TenantGuc::Unknown,
         read_only: false,
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),

@@ -89,12 +89,23 @@ pub fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
+/// What a server connection's tenant GUC holds, as far as pgtenant knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TenantGuc {
+    /// Whatever the server's defaults say (a new connection, after RESET ALL or
+    /// DISCARD ALL): possibly a default that ALTER ROLE/DATABASE set, so never trusted.
+    #[default]
+    Unknown,
+    /// Set by pgtenant: to a tenant, or empty for none.
+    Known(Option<TenantId>),
+}
+
 /// The SQL that takes a server from (`from`, `from_tenant`) to (`to`, `to_tenant`),
 /// or `None` when nothing differs. `tenant_guc` is `None` when the tenant GUC is not set.
 pub fn sync_sql(
     from: &Settings,
     to: &Settings,
-    from_tenant: Option<TenantId>,
+    from_tenant: TenantGuc,
     to_tenant: Option<TenantId>,
     tenant_guc: Option<&str>,
 ) -> Option<String> {
@@ -120,11 +131,12 @@ pub fn sync_sql(
         }
     }
     if let Some(guc) = tenant_guc
-        && from_tenant != to_tenant
+        && from_tenant != TenantGuc::Known(to_tenant)
     {
         match to_tenant {
             Some(t) => sql.push_str(&format!("SET {guc} = '{t}';")),
-            None => sql.push_str(&format!("RESET {guc};")),
+            // Empty, not RESET: RESET would restore a default that ALTER ROLE/DATABASE may have set.
+            None => sql.push_str(&format!("SET {guc} = '';")),
         }
     }
     (!sql.is_empty()).then_some(sql)
@@ -155,16 +167,27 @@ mod tests {
     fn sync_sets_resets_and_switches_tenant() {
         let from = Settings::intern(vec![("search_path".into(), cfg("a")), ("work_mem".into(), cfg("4MB"))]);
         let to = Settings::intern(vec![("search_path".into(), SettingValue::Sql("b, public".into()))]);
-        let sql =
-            sync_sql(&from, &to, Some(TenantId(1)), Some(TenantId(2)), Some("pgtenant.tenant_id")).unwrap();
+        let sql = sync_sql(
+            &from,
+            &to,
+            TenantGuc::Known(Some(TenantId(1))),
+            Some(TenantId(2)),
+            Some("pgtenant.tenant_id"),
+        )
+        .unwrap();
         assert_eq!(sql, "RESET work_mem;SET search_path = b, public;SET pgtenant.tenant_id = '2';");
-        assert_eq!(sync_sql(&to, &to, None, None, Some("g")), None);
-        assert_eq!(sync_sql(&to, &to, Some(TenantId(3)), None, Some("g")).unwrap(), "RESET g;");
-        assert_eq!(sync_sql(&to, &to, Some(TenantId(3)), None, None), None);
+        assert_eq!(sync_sql(&to, &to, TenantGuc::Known(None), None, Some("g")), None);
+        assert_eq!(
+            sync_sql(&to, &to, TenantGuc::Known(Some(TenantId(3))), None, Some("g")).unwrap(),
+            "SET g = '';"
+        );
+        assert_eq!(sync_sql(&to, &to, TenantGuc::Known(Some(TenantId(3))), None, None), None);
+        // A connection whose GUC pgtenant did not set gets it set, even to "none".
+        assert_eq!(sync_sql(&to, &to, TenantGuc::Unknown, None, Some("g")).unwrap(), "SET g = '';");
         let quoted = sync_sql(
             &Settings::empty(),
             &Settings::intern(vec![("application_name".into(), cfg("it's"))]),
-            None,
+            TenantGuc::Unknown,
             None,
             None,
         );

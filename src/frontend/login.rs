@@ -15,7 +15,7 @@ use super::params::parse_startup;
 use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
 use super::{Shared, primary_node};
-use crate::backend::{BackendError, CheckoutError, SettingValue, Settings, send_cancel, sync_sql};
+use crate::backend::{BackendError, CheckoutError, SettingValue, Settings, TenantGuc, send_cancel, sync_sql};
 use crate::net::Duplex;
 use crate::protocol::{self, TxStatus};
 
@@ -172,7 +172,7 @@ async fn first_login(
             return Err(FrontendError::ServerRefused(fields));
         }
         conn.settings = settings.clone();
-        conn.tenant = tenant;
+        conn.tenant = TenantGuc::Known(tenant);
     }
     if conn.status != TxStatus::Idle {
         return Err(FrontendError::Protocol("server connection not idle after login".into()));

@@ -173,7 +173,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
         let w = Words { sql: &text, tokens: stmt };
         let set_local =
             w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
-        set_local || calls_set_config_on(&w, tenant_param)
+        set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
     });
     Analysis {
         kind,
@@ -190,19 +190,28 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
     }
 }
 
-/// `set_config('<tenant parameter>', ...)` anywhere in the statement.
+/// A `set_config` call that may set the tenant parameter: its name argument is the
+/// parameter, or anything pgtenant cannot read as a plain literal (a `$n` parameter,
+/// an expression, an escaped string), which could spell it.
 fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
-    (0..w.tokens.len()).any(|i| {
-        let name_at = if w.is(i, "set_config") {
-            i + 2
-        } else if w.is(i, "pg_catalog") && w.text(i + 1) == "." && w.is(i + 2, "set_config") {
-            i + 4
-        } else {
-            return false;
-        };
-        let quoted = w.text(name_at);
-        w.text(name_at - 1) == "(" && quoted.trim_matches('\'').eq_ignore_ascii_case(tenant_param)
+    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(").any(|i| {
+        let name = w.text(i + 2);
+        let plain_literal = w.tokens.get(i + 2).is_some_and(|t| t.kind == TokenKind::String)
+            && name.starts_with('\'')
+            && !name.contains('\\')
+            && w.text(i + 3) == ",";
+        !plain_literal || name.trim_matches('\'').replace("''", "'").eq_ignore_ascii_case(tenant_param)
     })
+}
+
+/// `ALTER ROLE/DATABASE ... SET <tenant parameter>`: a default that server connections
+/// would start with, behind pgtenant's back.
+fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
+    w.is(0, "alter") && {
+        let text = w.rest_from(0).as_bytes();
+        let param = tenant_param.as_bytes();
+        !param.is_empty() && text.windows(param.len()).any(|x| x.eq_ignore_ascii_case(param))
+    }
 }
 
 /// The setting name under which the proxy reports the routing version it serves.
@@ -487,6 +496,22 @@ mod tests {
         assert!(writes("explain analyze update accounts set x = 1"));
         assert!(writes("create table t (a int)"));
         assert!(writes("copy accounts from stdin"));
+    }
+
+    #[test]
+    fn sees_every_way_to_change_the_tenant_guc() {
+        let tampers = |sql: &str| analyze(sql.as_bytes(), P).tampers_tenant_guc;
+        assert!(tampers("SELECT set_config('pgtenant.tenant_id', '5', false)"));
+        assert!(tampers("select pg_catalog.set_config('PGTENANT.TENANT_ID', '5', true)"));
+        assert!(tampers("SELECT set_config($1, $2, false)"), "a name pgtenant cannot read");
+        assert!(tampers("SELECT set_config(lower('PGTENANT.TENANT_ID'), '5', false)"));
+        assert!(tampers("SELECT set_config(E'pgtenant\\x2etenant_id', '5', false)"));
+        assert!(tampers("BEGIN; SET LOCAL pgtenant.tenant_id = 5; COMMIT"));
+        assert!(tampers("ALTER ROLE app SET pgtenant.tenant_id = '5'"));
+        assert!(tampers("alter database app set PGTENANT.tenant_id to 5"));
+        assert!(!tampers("SELECT set_config('application_name', 'x', false)"));
+        assert!(!tampers("SET LOCAL statement_timeout = 5"));
+        assert!(!tampers("ALTER TABLE accounts ADD COLUMN note text"));
     }
 
     #[test]

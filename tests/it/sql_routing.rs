@@ -233,3 +233,35 @@ async fn row_level_security_shows_a_query_without_where_only_the_session_tenant(
     assert_eq!(n, 1);
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_default_for_the_tenant_guc_never_reaches_a_session() {
+    let s = shards();
+    let admin =
+        crate::harness::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=postgres", s.ports[0]))
+            .await
+            .unwrap();
+    let exists =
+        admin.query_opt("SELECT 1 FROM pg_database WHERE datname = 'guc_default'", &[]).await.unwrap();
+    if exists.is_none() {
+        admin.batch_execute("CREATE DATABASE guc_default OWNER app").await.unwrap();
+    }
+    admin.batch_execute("ALTER DATABASE guc_default SET pgtenant.tenant_id = '500'").await.unwrap();
+    let proxy = start_proxy(|_| {}).await;
+    let client = crate::harness::connect(&format!(
+        "host=127.0.0.1 port={} user=app password=app dbname=guc_default sslmode=disable",
+        proxy.addr.port()
+    ))
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        let guc: String =
+            client.query_one("SELECT current_setting('pgtenant.tenant_id', true)", &[]).await.unwrap().get(0);
+        assert_eq!(guc, "", "a session without a tenant must not run as the database's default tenant 500");
+    }
+    client.batch_execute("SET pgtenant.tenant_id = 7").await.unwrap();
+    let guc: String =
+        client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "7");
+    proxy.shutdown().await;
+}

@@ -8,7 +8,7 @@ use deadpool::managed::Object;
 
 use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings,
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
     record_param, sync_sql,
 };
 use crate::config::PoolMode;
@@ -70,7 +70,7 @@ impl Session {
                 prepares: None,
             });
             a.conn.settings = self.settings.clone();
-            a.conn.tenant = route.tenant;
+            a.conn.tenant = TenantGuc::Known(route.tenant);
         }
         let read_only = !route.state.allows_writes();
         if a.conn.read_only != read_only {
@@ -226,7 +226,7 @@ impl Session {
             SettingChange::ResetAll => {
                 self.settings = self.startup_settings.clone();
                 a.conn.settings = Settings::empty();
-                a.conn.tenant = None;
+                a.conn.tenant = TenantGuc::Unknown;
             }
         }
     }
