@@ -168,10 +168,59 @@ impl Pools {
         self.pool(shard, node, user, database).manager().startup_params.get().cloned()
     }
 
+    /// Closes the pools of nodes for which `keep(shard, host, port, dbname)` says no
+    /// (they left the topology); idle connections close now, busy ones when given back.
+    pub fn retain_nodes(&self, keep: impl Fn(ShardId, &str, u16, Option<&str>) -> bool) {
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|key, pool| {
+            let kept = keep(key.shard, &key.host, key.port, key.node_dbname.as_deref());
+            if !kept {
+                tracing::info!(shard = key.shard, node = %format!("{}:{}", key.host, key.port), "pool closed: the node left the topology");
+                pool.close();
+            }
+            kept
+        });
+    }
+
     /// Closes every pool (shutdown).
     pub fn close(&self) {
         for pool in self.pools.read().unwrap_or_else(|e| e.into_inner()).values() {
             pool.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn pools_of_departed_nodes_are_closed() {
+        let config = Arc::new(crate::config::test_layout());
+        let pools = Pools::new(config.clone(), None);
+        let user = UserConfig {
+            name: "app".into(),
+            password: Some("app".into()),
+            scram_secret: None,
+            auth: Default::default(),
+            server_user: None,
+            server_password: None,
+            pool_size: 2,
+            pool_mode: None,
+        };
+        let node = |port| NodeConfig {
+            host: "127.0.0.1".into(),
+            port,
+            role: crate::config::NodeRole::Primary,
+            priority: 0,
+            dbname: None,
+        };
+        let stays = pools.pool(1, &node(5001), &user, "app");
+        let leaves = pools.pool(2, &node(5002), &user, "app");
+        pools.retain_nodes(|shard, _, port, _| shard == 1 && port == 5001);
+        assert!(!stays.is_closed());
+        assert!(leaves.is_closed());
+        let again = pools.pool(2, &node(5002), &user, "app");
+        assert!(!again.is_closed(), "a node that comes back gets a new pool");
     }
 }

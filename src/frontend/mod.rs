@@ -15,6 +15,7 @@ mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use cancel::CancelRegistry;
 pub use error::FrontendError;
@@ -41,6 +42,8 @@ pub struct Shared {
     pub cancels: Arc<CancelRegistry>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     auth: HashMap<String, auth::UserAuth>,
+    /// The topology whose departed nodes' pools were last closed (its address).
+    pruned_for: AtomicUsize,
 }
 
 impl Shared {
@@ -59,6 +62,21 @@ impl Shared {
             cancels: Arc::new(CancelRegistry::default()),
             tls,
             auth,
+            pruned_for: AtomicUsize::new(0),
         }
+    }
+
+    /// Closes the pools of nodes that are not in `topology`; once per topology, however
+    /// many sessions notice the change.
+    pub(crate) fn prune_pools(&self, topology: &Arc<Topology>) {
+        let address = Arc::as_ptr(topology) as usize;
+        if self.pruned_for.swap(address, Ordering::AcqRel) == address {
+            return;
+        }
+        self.pools.retain_nodes(|shard, host, port, dbname| {
+            topology.shard(shard).is_some_and(|s| {
+                s.nodes.iter().any(|n| n.host == host && n.port == port && n.dbname.as_deref() == dbname)
+            })
+        });
     }
 }

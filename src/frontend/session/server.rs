@@ -109,6 +109,7 @@ impl Session {
     fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
         let topology = self.shared.router.topology();
         if !Arc::ptr_eq(&self.pools.0, &topology) {
+            self.shared.prune_pools(&topology);
             self.pools = (topology, Vec::new());
         }
         if let Some((_, pool)) = self.pools.1.iter().find(|(s, _)| *s == shard) {
