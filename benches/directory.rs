@@ -37,15 +37,19 @@ fn main() {
     runtime.block_on(async {
         let mut catalog = demo::local_catalog(port, &args[1]);
         catalog.lookup_connections = 8;
-        let directory = std::sync::Arc::new(CatalogDirectory::connect(&catalog).await.expect("catalog"));
+        let directory = std::sync::Arc::new(
+            CatalogDirectory::connect(&catalog, pgtenant::directory::TenantKey::Bigint)
+                .await
+                .expect("catalog"),
+        );
         let rss_before = rss_kib();
         let span = (last - first + 1) as usize;
         let step = (span / lookups).max(1) as i64;
-        let tenants: Vec<TenantId> = (0..lookups as i64).map(|i| TenantId(first + i * step)).collect();
+        let tenants: Vec<TenantId> = (0..lookups as i64).map(|i| TenantId::Int(first + i * step)).collect();
 
         // Misses, one at a time: the latency a client sees for a tenant's first statement.
         let mut misses = Vec::new();
-        for &t in tenants.iter().take(5_000) {
+        for t in tenants.iter().take(5_000) {
             let start = Instant::now();
             directory.lookup(t).await.expect("placed");
             misses.push(start.elapsed());
@@ -63,7 +67,7 @@ fn main() {
                     let d = directory.clone();
                     tokio::spawn(async move {
                         for t in chunk {
-                            d.lookup(t).await.expect("placed");
+                            d.lookup(&t).await.expect("placed");
                         }
                     })
                 })
@@ -81,7 +85,7 @@ fn main() {
         let start = Instant::now();
         let mut found = 0usize;
         for _ in 0..rounds {
-            for &t in &tenants {
+            for t in &tenants {
                 if let Some(Ok(_)) = directory.cached(t) {
                     found += 1;
                 }

@@ -4,8 +4,10 @@
 --   psql "dbname=pgtenant_catalog" -f sql/catalog.sql
 --
 -- Resolution, first match wins:
---   1. a row of tenant_shard_map (explicit placement),
---   2. the shard_config row whose [min_tenant_id, max_tenant_id] holds the tenant,
+--   1. a row of tenant_shard_map (explicit placement; tenant_shard_map_text for
+--      text tenant keys),
+--   2. the shard_config row whose [min_tenant_id, max_tenant_id] holds the tenant
+--      (bigint keys only),
 --   3. hash groups: FNV-1a (32 bit) of the tenant key's text, modulo
 --      routing_state.hash_group_count, looked up in hash_group,
 --   4. otherwise the tenant is not placed.
@@ -77,6 +79,16 @@ CREATE TABLE IF NOT EXISTS tenant_shard_map (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- Tenants whose key is text (proxy.tenant_key = "text") are placed here; ranges do
+-- not apply to them, hash groups do.
+CREATE TABLE IF NOT EXISTS tenant_shard_map_text (
+    tenant_key  text        PRIMARY KEY,
+    shard_id    smallint    NOT NULL REFERENCES shard_config (shard_id),
+    region_code char(3)     NOT NULL DEFAULT 'ZZZ',
+    state       text        NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'read_only', 'moving')),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE TABLE IF NOT EXISTS hash_group (
     group_id integer  PRIMARY KEY CHECK (group_id >= 0),
     shard_id smallint NOT NULL REFERENCES shard_config (shard_id)
@@ -116,15 +128,23 @@ BEGIN
     END IF;
     UPDATE pgtenant.routing_state SET version = version + 1 RETURNING version INTO v;
     payload := jsonb_build_object('version', v, 'table', TG_TABLE_NAME, 'op', TG_OP);
-    IF TG_TABLE_NAME = 'tenant_shard_map' THEN
+    IF TG_TABLE_NAME IN ('tenant_shard_map', 'tenant_shard_map_text') THEN
         IF changed > 256 THEN
             payload := payload || jsonb_build_object('all_tenants', true);
-        ELSE
+        ELSIF TG_TABLE_NAME = 'tenant_shard_map' THEN
             IF TG_OP IN ('INSERT', 'UPDATE') THEN
                 SELECT keys || array_agg(tenant_id::text) INTO keys FROM new_rows;
             END IF;
             IF TG_OP IN ('DELETE', 'UPDATE') THEN
                 SELECT keys || array_agg(tenant_id::text) INTO keys FROM old_rows;
+            END IF;
+            payload := payload || jsonb_build_object('tenants', to_jsonb(keys));
+        ELSE
+            IF TG_OP IN ('INSERT', 'UPDATE') THEN
+                SELECT keys || array_agg(tenant_key) INTO keys FROM new_rows;
+            END IF;
+            IF TG_OP IN ('DELETE', 'UPDATE') THEN
+                SELECT keys || array_agg(tenant_key) INTO keys FROM old_rows;
             END IF;
             payload := payload || jsonb_build_object('tenants', to_jsonb(keys));
         END IF;
@@ -160,7 +180,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['shard_config', 'shard_node', 'tenant_shard_map', 'hash_group'] LOOP
+    FOREACH t IN ARRAY ARRAY['shard_config', 'shard_node', 'tenant_shard_map', 'tenant_shard_map_text', 'hash_group'] LOOP
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify', t);
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_insert', t);
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_update', t);

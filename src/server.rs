@@ -70,7 +70,7 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     };
     let server_tls = ServerTls::from_config(&config.server_tls).map_err(StartError::Tls)?;
     let directory: Arc<dyn Directory> = match &config.catalog {
-        Some(catalog) => Arc::new(CatalogDirectory::connect(catalog).await?),
+        Some(catalog) => Arc::new(CatalogDirectory::connect(catalog, config.proxy.tenant_key).await?),
         None => Arc::new(StaticDirectory::from_config(&config).map_err(|e| StartError::Invalid(vec![e]))?),
     };
     let router = Router::new(&config, directory);

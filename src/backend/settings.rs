@@ -90,7 +90,7 @@ pub fn quote_literal(s: &str) -> String {
 }
 
 /// What a server connection's tenant GUC holds, as far as pgtenant knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum TenantGuc {
     /// Whatever the server's defaults say (a new connection, after RESET ALL or
     /// DISCARD ALL): possibly a default that ALTER ROLE/DATABASE set, so never trusted.
@@ -105,8 +105,8 @@ pub enum TenantGuc {
 pub fn sync_sql(
     from: &Settings,
     to: &Settings,
-    from_tenant: TenantGuc,
-    to_tenant: Option<TenantId>,
+    from_tenant: &TenantGuc,
+    to_tenant: Option<&TenantId>,
     tenant_guc: Option<&str>,
 ) -> Option<String> {
     let mut sql = String::new();
@@ -131,10 +131,10 @@ pub fn sync_sql(
         }
     }
     if let Some(guc) = tenant_guc
-        && from_tenant != TenantGuc::Known(to_tenant)
+        && !matches!(from_tenant, TenantGuc::Known(t) if t.as_ref() == to_tenant)
     {
         match to_tenant {
-            Some(t) => sql.push_str(&format!("SET {guc} = '{t}';")),
+            Some(t) => sql.push_str(&format!("SET {guc} = {};", quote_literal(&t.key_text()))),
             // Empty, not RESET: RESET would restore a default that ALTER ROLE/DATABASE may have set.
             None => sql.push_str(&format!("SET {guc} = '';")),
         }
@@ -167,27 +167,22 @@ mod tests {
     fn sync_sets_resets_and_switches_tenant() {
         let from = Settings::intern(vec![("search_path".into(), cfg("a")), ("work_mem".into(), cfg("4MB"))]);
         let to = Settings::intern(vec![("search_path".into(), SettingValue::Sql("b, public".into()))]);
-        let sql = sync_sql(
-            &from,
-            &to,
-            TenantGuc::Known(Some(TenantId(1))),
-            Some(TenantId(2)),
-            Some("pgtenant.tenant_id"),
-        )
-        .unwrap();
+        let one = TenantGuc::Known(Some(TenantId::Int(1)));
+        let sql = sync_sql(&from, &to, &one, Some(&TenantId::Int(2)), Some("pgtenant.tenant_id")).unwrap();
         assert_eq!(sql, "RESET work_mem;SET search_path = b, public;SET pgtenant.tenant_id = '2';");
-        assert_eq!(sync_sql(&to, &to, TenantGuc::Known(None), None, Some("g")), None);
-        assert_eq!(
-            sync_sql(&to, &to, TenantGuc::Known(Some(TenantId(3))), None, Some("g")).unwrap(),
-            "SET g = '';"
-        );
-        assert_eq!(sync_sql(&to, &to, TenantGuc::Known(Some(TenantId(3))), None, None), None);
+        assert_eq!(sync_sql(&to, &to, &TenantGuc::Known(None), None, Some("g")), None);
+        let three = TenantGuc::Known(Some(TenantId::Int(3)));
+        assert_eq!(sync_sql(&to, &to, &three, None, Some("g")).unwrap(), "SET g = '';");
+        assert_eq!(sync_sql(&to, &to, &three, None, None), None);
         // A connection whose GUC pgtenant did not set gets it set, even to "none".
-        assert_eq!(sync_sql(&to, &to, TenantGuc::Unknown, None, Some("g")).unwrap(), "SET g = '';");
+        assert_eq!(sync_sql(&to, &to, &TenantGuc::Unknown, None, Some("g")).unwrap(), "SET g = '';");
+        // Text keys are quoted as literals.
+        let text = TenantId::Text("o'brien".into());
+        assert_eq!(sync_sql(&to, &to, &three, Some(&text), Some("g")).unwrap(), "SET g = 'o''brien';");
         let quoted = sync_sql(
             &Settings::empty(),
             &Settings::intern(vec![("application_name".into(), cfg("it's"))]),
-            TenantGuc::Unknown,
+            &TenantGuc::Unknown,
             None,
             None,
         );

@@ -121,6 +121,27 @@ pub enum PoolMode {
     Session,
 }
 
+/// The type of tenant keys.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TenantKey {
+    /// bigint keys: ranges, explicit map and hash groups apply.
+    #[default]
+    Bigint,
+    /// text keys: the explicit map (`tenant_shard_map_text`) and hash groups apply.
+    Text,
+}
+
+impl TenantKey {
+    /// What a valid key looks like, for error messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TenantKey::Bigint => "a bigint",
+            TenantKey::Text => "text of 1 to 256 bytes",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum NoTenantPolicy {
@@ -145,6 +166,8 @@ pub struct ProxyConfig {
     pub tenant_parameter: String,
     /// The column that holds the tenant in every sharded table (SQL routing).
     pub tenant_column: String,
+    /// bigint (default) or text tenant keys.
+    pub tenant_key: TenantKey,
     /// Statement shapes whose parse results are kept.
     pub parse_cache_size: u64,
     /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
@@ -174,6 +197,7 @@ impl Default for ProxyConfig {
             connect_timeout_ms: 3_000,
             tenant_parameter: "pgtenant.tenant_id".into(),
             tenant_column: "tenant_id".into(),
+            tenant_key: TenantKey::Bigint,
             parse_cache_size: 10_000,
             allow_tenant_switch: true,
             no_tenant_policy: NoTenantPolicy::Reject,
@@ -314,8 +338,25 @@ pub struct RangeConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantMapping {
-    pub tenant: i64,
+    pub tenant: MappedKey,
     pub shard: u16,
+}
+
+/// A tenant key in the file: a number, or a string for text keys.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[serde(untagged)]
+pub enum MappedKey {
+    Int(i64),
+    Text(String),
+}
+
+impl std::fmt::Display for MappedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MappedKey::Int(n) => n.fmt(f),
+            MappedKey::Text(s) => s.fmt(f),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

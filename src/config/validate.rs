@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::{AuthMethod, Config, NodeRole};
+use super::{AuthMethod, Config, MappedKey, NodeRole, TenantKey};
 
 /// Highest shard id: the snowflake layout gives the shard 10 bits.
 pub const MAX_SHARD_ID: u16 = 1023;
@@ -75,7 +75,10 @@ pub fn validate(config: &Config) -> Vec<String> {
         if !shard_ids.contains(&m.shard) {
             problems.push(format!("tenant {} is mapped to unknown shard {}", m.tenant, m.shard));
         }
-        if !mapped.insert(m.tenant) {
+        if config.proxy.tenant_key == TenantKey::Bigint && matches!(m.tenant, MappedKey::Text(_)) {
+            problems.push(format!("tenant \"{}\" is text, but tenant_key is bigint", m.tenant));
+        }
+        if !mapped.insert(m.tenant.to_string()) {
             problems.push(format!("tenant {} is mapped twice", m.tenant));
         }
     }

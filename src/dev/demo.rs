@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use crate::config::{
-    AuthMethod, CatalogConfig, Config, NodeConfig, NodeRole, ProxyConfig, RangeConfig, ServerTlsConfig,
-    ShardConfig, TenantMapping, TlsConfig, UserConfig,
+    AuthMethod, CatalogConfig, Config, MappedKey, NodeConfig, NodeRole, ProxyConfig, RangeConfig,
+    ServerTlsConfig, ShardConfig, TenantMapping, TlsConfig, UserConfig,
 };
 
 pub const DEMO_USER: &str = "app";
@@ -49,7 +49,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
             RangeConfig { min: 1, max: 1000, shard: 1 },
             RangeConfig { min: 1001, max: 2000, shard: 2 },
         ],
-        tenant_map: vec![TenantMapping { tenant: 42, shard: 2 }],
+        tenant_map: vec![TenantMapping { tenant: MappedKey::Int(42), shard: 2 }],
         catalog: None,
     }
 }

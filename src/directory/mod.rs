@@ -13,26 +13,70 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use crate::config::TenantKey;
 pub use catalog::{CatalogDirectory, CatalogError};
 pub use static_dir::StaticDirectory;
 pub use topology::{Shard, ShardStatus, Topology, hash_group};
 
-/// A tenant key (bigint).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(pub i64);
+/// A tenant key: a bigint, or text when `proxy.tenant_key = "text"`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TenantId {
+    Int(i64),
+    Text(Arc<str>),
+}
+
+/// Text keys longer than this are refused as values (they would only bloat caches).
+pub const MAX_TEXT_KEY: usize = 256;
 
 impl fmt::Display for TenantId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        match self {
+            TenantId::Int(n) => n.fmt(f),
+            TenantId::Text(s) => s.fmt(f),
+        }
+    }
+}
+
+impl From<i64> for TenantId {
+    fn from(n: i64) -> Self {
+        TenantId::Int(n)
     }
 }
 
 impl TenantId {
-    /// Parses a tenant from text as clients write it (`42`, ` 42 `, `'42'`).
-    pub fn parse(text: &str) -> Option<Self> {
+    /// Parses a tenant from text as clients write it (`42`, ` 42 `, `'42'`, `'acme'`).
+    pub fn parse(text: &str, kind: TenantKey) -> Option<Self> {
         let t = text.trim();
-        let t = t.strip_prefix('\'').and_then(|t| t.strip_suffix('\'')).unwrap_or(t).trim();
-        t.parse().ok().map(TenantId)
+        let unquoted = t.strip_prefix('\'').and_then(|t| t.strip_suffix('\''));
+        match kind {
+            TenantKey::Bigint => unquoted.unwrap_or(t).trim().parse().ok().map(TenantId::Int),
+            TenantKey::Text => {
+                let key = match unquoted {
+                    Some(inner) => inner.replace("''", "'"),
+                    None => t.to_string(),
+                };
+                (!key.is_empty() && key.len() <= MAX_TEXT_KEY).then(|| TenantId::Text(key.into()))
+            }
+        }
+    }
+
+    /// A key from raw bytes (a Bind parameter or a NOTIFY payload), as text.
+    pub fn from_text_bytes(bytes: &[u8], kind: TenantKey) -> Option<Self> {
+        match kind {
+            TenantKey::Bigint => std::str::from_utf8(bytes).ok()?.trim().parse().ok().map(TenantId::Int),
+            TenantKey::Text => {
+                let key = std::str::from_utf8(bytes).ok()?;
+                (!key.is_empty() && key.len() <= MAX_TEXT_KEY).then(|| TenantId::Text(key.into()))
+            }
+        }
+    }
+
+    /// The key as the catalog and the tenant GUC hold it.
+    pub fn key_text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            TenantId::Int(n) => n.to_string().into(),
+            TenantId::Text(s) => std::borrow::Cow::Borrowed(s),
+        }
     }
 }
 
@@ -84,9 +128,9 @@ pub struct Placement {
 pub enum DirectoryError {
     #[error("tenant {0} is not placed on any shard")]
     NotPlaced(TenantId),
-    #[error("shard {shard}{} is disabled", for_tenant(*.tenant))]
+    #[error("shard {shard}{} is disabled", for_tenant(.tenant))]
     ShardDisabled { tenant: Option<TenantId>, shard: ShardId },
-    #[error("shard {shard}{} is not in the directory", for_tenant(*.tenant))]
+    #[error("shard {shard}{} is not in the directory", for_tenant(.tenant))]
     UnknownShard { tenant: Option<TenantId>, shard: ShardId },
     #[error(
         "cannot look up tenant {tenant}: the catalog is unreachable ({reason}); cached tenants still route"
@@ -94,8 +138,8 @@ pub enum DirectoryError {
     CatalogUnavailable { tenant: TenantId, reason: String },
 }
 
-fn for_tenant(tenant: Option<TenantId>) -> String {
-    tenant.map(|t| format!(" (tenant {t})")).unwrap_or_default()
+fn for_tenant(tenant: &Option<TenantId>) -> String {
+    tenant.as_ref().map(|t| format!(" (tenant {t})")).unwrap_or_default()
 }
 
 /// A lookup that has to ask the source.
@@ -104,10 +148,10 @@ pub type Lookup<'a> = Pin<Box<dyn Future<Output = Result<Placement, DirectoryErr
 /// Answers where tenants live.
 pub trait Directory: Send + Sync {
     /// The placement when it is known without asking the source (`None`: call `lookup`).
-    fn cached(&self, tenant: TenantId) -> Option<Result<Placement, DirectoryError>>;
+    fn cached(&self, tenant: &TenantId) -> Option<Result<Placement, DirectoryError>>;
 
     /// Asks the source and remembers the answer.
-    fn lookup(&self, tenant: TenantId) -> Lookup<'_>;
+    fn lookup(&self, tenant: &TenantId) -> Lookup<'_>;
 
     /// The shards and placement rules in force.
     fn topology(&self) -> Arc<Topology>;

@@ -14,27 +14,32 @@ pub struct StaticDirectory {
 
 impl StaticDirectory {
     pub fn from_config(config: &Config) -> Result<Self, String> {
-        let explicit = config.tenant_map.iter().map(|m| (TenantId(m.tenant), m.shard)).collect();
+        let kind = config.proxy.tenant_key;
+        let explicit = config
+            .tenant_map
+            .iter()
+            .filter_map(|m| Some((TenantId::parse(&m.tenant.to_string(), kind)?, m.shard)))
+            .collect();
         Ok(Self { explicit, topology: Arc::new(Topology::from_config(config)?) })
     }
 
-    fn resolve(&self, tenant: TenantId) -> Result<Placement, DirectoryError> {
+    fn resolve(&self, tenant: &TenantId) -> Result<Placement, DirectoryError> {
         let shard = self
             .explicit
-            .get(&tenant)
+            .get(tenant)
             .copied()
             .or_else(|| self.topology.place_by_rules(tenant))
-            .ok_or(DirectoryError::NotPlaced(tenant))?;
+            .ok_or_else(|| DirectoryError::NotPlaced(tenant.clone()))?;
         Ok(Placement { shard, state: TenantState::Active })
     }
 }
 
 impl Directory for StaticDirectory {
-    fn cached(&self, tenant: TenantId) -> Option<Result<Placement, DirectoryError>> {
+    fn cached(&self, tenant: &TenantId) -> Option<Result<Placement, DirectoryError>> {
         Some(self.resolve(tenant))
     }
 
-    fn lookup(&self, tenant: TenantId) -> Lookup<'_> {
+    fn lookup(&self, tenant: &TenantId) -> Lookup<'_> {
         let answer = self.resolve(tenant);
         Box::pin(async move { answer })
     }
@@ -52,19 +57,23 @@ impl Directory for StaticDirectory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::directory::TenantKey;
 
     #[test]
     fn explicit_beats_range_and_ranges_are_inclusive() {
         let d = StaticDirectory::from_config(&crate::config::test_layout()).unwrap();
-        let shard = |t| d.cached(TenantId(t)).unwrap().map(|p| p.shard);
+        let shard = |t: i64| d.cached(&TenantId::Int(t)).unwrap().map(|p| p.shard);
         assert_eq!(shard(42), Ok(2));
         assert_eq!(shard(7), Ok(1));
         assert_eq!(shard(1000), Ok(1));
         assert_eq!(shard(1001), Ok(2));
         assert_eq!(shard(2000), Ok(2));
-        assert_eq!(shard(2001), Err(DirectoryError::NotPlaced(TenantId(2001))));
-        assert_eq!(shard(0), Err(DirectoryError::NotPlaced(TenantId(0))));
-        assert_eq!(TenantId::parse(" '15' "), Some(TenantId(15)));
-        assert_eq!(TenantId::parse("x"), None);
+        assert_eq!(shard(2001), Err(DirectoryError::NotPlaced(TenantId::Int(2001))));
+        assert_eq!(shard(0), Err(DirectoryError::NotPlaced(TenantId::Int(0))));
+        assert_eq!(TenantId::parse(" '15' ", TenantKey::Bigint), Some(TenantId::Int(15)));
+        assert_eq!(TenantId::parse("x", TenantKey::Bigint), None);
+        assert_eq!(TenantId::parse("'o''brien'", TenantKey::Text), Some(TenantId::Text("o'brien".into())));
+        assert_eq!(TenantId::parse(" acme ", TenantKey::Text), Some(TenantId::Text("acme".into())));
+        assert_eq!(TenantId::parse("''", TenantKey::Text), None);
     }
 }

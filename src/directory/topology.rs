@@ -108,12 +108,14 @@ impl Topology {
     }
 
     /// Where the rules put a tenant that has no explicit placement.
-    pub fn place_by_rules(&self, tenant: TenantId) -> Option<ShardId> {
-        let idx = self.ranges.partition_point(|r| r.0 <= tenant.0);
-        if let Some(&(_, max, shard)) = idx.checked_sub(1).map(|i| &self.ranges[i])
-            && tenant.0 <= max
-        {
-            return Some(shard);
+    pub fn place_by_rules(&self, tenant: &TenantId) -> Option<ShardId> {
+        if let TenantId::Int(key) = *tenant {
+            let idx = self.ranges.partition_point(|r| r.0 <= key);
+            if let Some(&(_, max, shard)) = idx.checked_sub(1).map(|i| &self.ranges[i])
+                && key <= max
+            {
+                return Some(shard);
+            }
         }
         if self.hash_groups.is_empty() {
             return None;
@@ -123,21 +125,21 @@ impl Topology {
     }
 
     /// A shard that routing may use: it exists and is not disabled.
-    pub fn usable(&self, tenant: Option<TenantId>, shard: ShardId) -> Result<ShardId, DirectoryError> {
+    pub fn usable(&self, tenant: Option<&TenantId>, shard: ShardId) -> Result<ShardId, DirectoryError> {
         match self.shards.get(&shard) {
             Some(s) if s.status == ShardStatus::Disabled => {
-                Err(DirectoryError::ShardDisabled { tenant, shard })
+                Err(DirectoryError::ShardDisabled { tenant: tenant.cloned(), shard })
             }
             Some(_) => Ok(shard),
-            None => Err(DirectoryError::UnknownShard { tenant, shard }),
+            None => Err(DirectoryError::UnknownShard { tenant: tenant.cloned(), shard }),
         }
     }
 }
 
-/// The hash group of a tenant: FNV-1a (32 bit) of the key's decimal text, modulo
-/// the group count. Applications can compute the same in any language.
-pub fn hash_group(tenant: TenantId, group_count: u32) -> u32 {
-    fnv1a_32(tenant.0.to_string().as_bytes()) % group_count.max(1)
+/// The hash group of a tenant: FNV-1a (32 bit) of the key's text (decimal for
+/// bigint keys), modulo the group count. Applications can compute the same in any language.
+pub fn hash_group(tenant: &TenantId, group_count: u32) -> u32 {
+    fnv1a_32(tenant.key_text().as_bytes()) % group_count.max(1)
 }
 
 fn fnv1a_32(bytes: &[u8]) -> u32 {
@@ -159,17 +161,18 @@ mod tests {
         assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
         assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
         assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
-        assert_eq!(hash_group(TenantId(42), 1000), fnv1a_32(b"42") % 1000);
+        assert_eq!(hash_group(&TenantId::Int(42), 1000), fnv1a_32(b"42") % 1000);
+        assert_eq!(hash_group(&TenantId::Text("acme".into()), 1000), fnv1a_32(b"acme") % 1000);
     }
 
     #[test]
     fn ranges_then_hash_groups() {
         let t = Topology::new(vec![shard(1), shard(2)], vec![(1, 100, 1)], vec![Some(2), None]).unwrap();
-        assert_eq!(t.place_by_rules(TenantId(100)), Some(1));
-        let hashed = (101..200).map(TenantId).find(|&t| hash_group(t, 2) == 0).unwrap();
-        let unassigned = (101..200).map(TenantId).find(|&t| hash_group(t, 2) == 1).unwrap();
-        assert_eq!(t.place_by_rules(hashed), Some(2));
-        assert_eq!(t.place_by_rules(unassigned), None);
+        assert_eq!(t.place_by_rules(&TenantId::Int(100)), Some(1));
+        let hashed = (101..200).map(TenantId::Int).find(|t| hash_group(t, 2) == 0).unwrap();
+        let unassigned = (101..200).map(TenantId::Int).find(|t| hash_group(t, 2) == 1).unwrap();
+        assert_eq!(t.place_by_rules(&hashed), Some(2));
+        assert_eq!(t.place_by_rules(&unassigned), None);
     }
 
     #[test]

@@ -67,7 +67,7 @@ mod tests {
         let code = |e: FrontendError| to_error_info(&e).0;
         assert_eq!(code(FrontendError::AuthFailed { user: "a".into() }), "28P01");
         assert_eq!(
-            code(FrontendError::Route(RouteError::Directory(DirectoryError::NotPlaced(TenantId(9))))),
+            code(FrontendError::Route(RouteError::Directory(DirectoryError::NotPlaced(TenantId::Int(9))))),
             "42704"
         );
         assert_eq!(code(FrontendError::Route(RouteError::NoTenant { param: "p".into() })), "22023");
@@ -77,7 +77,7 @@ mod tests {
         );
         assert_eq!(code(FrontendError::ServerLost { shard: 1, reason: "x".into() }), "08006");
         let (_, message) = to_error_info(&FrontendError::Route(RouteError::Directory(
-            DirectoryError::NotPlaced(TenantId(9)),
+            DirectoryError::NotPlaced(TenantId::Int(9)),
         )));
         assert_eq!(message, "pgtenant: tenant 9 is not placed on any shard");
     }

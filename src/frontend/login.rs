@@ -81,7 +81,7 @@ async fn login(
     params: Vec<(String, String)>,
 ) -> Result<(SessionStart, OwnedSemaphorePermit), FrontendError> {
     let config = &shared.config;
-    let params = parse_startup(params, &config.proxy.tenant_parameter)?;
+    let params = parse_startup(params, &config.proxy.tenant_parameter, config.proxy.tenant_key)?;
     if minor > 0 || !params.protocol_options.is_empty() {
         negotiate_protocol_version(&mut client.wbuf, &params.protocol_options);
     }
@@ -94,7 +94,7 @@ async fn login(
 
     // The tenant's shard reports the parameters; an unplaced tenant gets its error
     // with its first statement, as a session tenant set later would.
-    let placed = match params.tenant {
+    let placed = match &params.tenant {
         Some(t) => shared.router.placement(t).await.ok().map(|p| p.shard),
         None => None,
     };
@@ -108,7 +108,10 @@ async fn login(
     let reported = match shared.pools.server_params(shard, node, &user, &params.database) {
         // Known from an earlier login: no server needed; the client's own values win.
         Some(server) => with_client_settings(&server, &settings),
-        None => first_login(shared, shard, node, &user, &params.database, &settings, params.tenant).await?,
+        None => {
+            first_login(shared, shard, node, &user, &params.database, &settings, params.tenant.as_ref())
+                .await?
+        }
     };
     let cancel = shared.cancels.register();
     for (name, value) in &reported {
@@ -155,7 +158,7 @@ async fn first_login(
     user: &crate::config::UserConfig,
     database: &str,
     settings: &std::sync::Arc<Settings>,
-    tenant: Option<crate::directory::TenantId>,
+    tenant: Option<&crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
     let config = &shared.config;
     let mut conn = shared.pools.checkout(shard, node, user, database).await.map_err(|e| match e {
@@ -165,14 +168,14 @@ async fn first_login(
         other => FrontendError::Checkout(other),
     })?;
     let guc = config.proxy.set_tenant_guc.then_some(config.proxy.tenant_parameter.as_str());
-    if let Some(sql) = sync_sql(&conn.settings, settings, conn.tenant, tenant, guc) {
+    if let Some(sql) = sync_sql(&conn.settings, settings, &conn.tenant, tenant, guc) {
         let applied = conn.run_sql(&sql).await;
         let refused = applied.map_err(|e| FrontendError::ServerLost { shard, reason: e.to_string() })?;
         if let Some(fields) = refused {
             return Err(FrontendError::ServerRefused(fields));
         }
         conn.settings = settings.clone();
-        conn.tenant = TenantGuc::Known(tenant);
+        conn.tenant = TenantGuc::Known(tenant.cloned());
     }
     if conn.status != TxStatus::Idle {
         return Err(FrontendError::Protocol("server connection not idle after login".into()));

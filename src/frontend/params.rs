@@ -2,7 +2,7 @@
 //! asked for (directly or through `options=-c name=value`).
 
 use crate::backend::SettingValue;
-use crate::directory::TenantId;
+use crate::directory::{TenantId, TenantKey};
 
 use super::error::FrontendError;
 
@@ -20,6 +20,7 @@ pub struct StartupParams {
 pub fn parse_startup(
     params: Vec<(String, String)>,
     tenant_param: &str,
+    key: TenantKey,
 ) -> Result<StartupParams, FrontendError> {
     let mut user = None;
     let mut database = None;
@@ -48,9 +49,10 @@ pub fn parse_startup(
     let mut settings = Vec::new();
     for (name, value) in pairs {
         if name.eq_ignore_ascii_case(tenant_param) {
-            tenant = Some(TenantId::parse(&value).ok_or_else(|| {
+            tenant = Some(TenantId::parse(&value, key).ok_or_else(|| {
                 FrontendError::BadStartupParameter(format!(
-                    "{tenant_param}=\"{value}\" is not a tenant id (bigint)"
+                    "{tenant_param}=\"{value}\" is not a tenant id ({})",
+                    key.describe()
                 ))
             })?);
             continue;
@@ -111,13 +113,14 @@ mod tests {
         parse_startup(
             pairs.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(),
             "pgtenant.tenant_id",
+            TenantKey::Bigint,
         )
     }
 
     #[test]
     fn tenant_from_options_or_parameter() {
         let s = p(&[("user", "app"), ("options", "-c pgtenant.tenant_id=42 -c search_path=a,b")]).unwrap();
-        assert_eq!(s.tenant, Some(TenantId(42)));
+        assert_eq!(s.tenant, Some(TenantId::Int(42)));
         assert_eq!(s.database, "app");
         assert_eq!(s.settings, vec![("search_path".to_string(), SettingValue::Config("a,b".into()))]);
         let s = p(&[
@@ -127,7 +130,7 @@ mod tests {
             ("application_name", "x"),
         ])
         .unwrap();
-        assert_eq!(s.tenant, Some(TenantId(1500)));
+        assert_eq!(s.tenant, Some(TenantId::Int(1500)));
         assert_eq!(s.settings.len(), 1);
         let s = p(&[("user", "u"), ("options", "--statement-timeout=5s -cwork_mem=1MB")]).unwrap();
         assert_eq!(s.settings[0].0, "statement_timeout");

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use super::facts::Facts;
 use super::lexer::{Token, TokenKind, tokenize};
-use crate::directory::TenantId;
+use crate::directory::{TenantId, TenantKey};
 
 /// The statement kinds the session acts on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ impl Analysis {
 }
 
 /// Analyzes a query string; `tenant_param` is the configured parameter name.
-pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
+pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
     if is_plain_dml(sql) {
         return Analysis {
             kind: StatementKind::Other,
@@ -152,18 +152,18 @@ pub fn analyze(sql: &[u8], tenant_param: &str) -> Analysis {
     let hint = tokens
         .iter()
         .filter(|t| t.kind == TokenKind::BlockComment)
-        .find_map(|t| hint_in_comment(&text[t.start..t.end], tenant_param));
+        .find_map(|t| hint_in_comment(&text[t.start..t.end], tenant_param, key));
     let code: Vec<Token> = tokens.into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
     let statements = code.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).count();
     let first_end = code.iter().position(|t| t.kind == TokenKind::Semicolon).unwrap_or(code.len());
     let first = &code[..first_end];
     let words = Words { sql: &text, tokens: first };
     let mut bad_tenant_value = None;
-    let kind = classify(&words, tenant_param, &mut bad_tenant_value);
+    let kind = classify(&words, tenant_param, key, &mut bad_tenant_value);
     let sets_tenant_among_many = statements > 1
         && code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
             let mut bad_value = None;
-            let kind = classify(&Words { sql: &text, tokens: stmt }, tenant_param, &mut bad_value);
+            let kind = classify(&Words { sql: &text, tokens: stmt }, tenant_param, key, &mut bad_value);
             is_tenant_set(&kind) || bad_value.is_some()
         });
     let pin = code
@@ -311,7 +311,12 @@ impl Words<'_> {
     }
 }
 
-fn classify(w: &Words, tenant_param: &str, bad_tenant_value: &mut Option<String>) -> StatementKind {
+fn classify(
+    w: &Words,
+    tenant_param: &str,
+    key: TenantKey,
+    bad_tenant_value: &mut Option<String>,
+) -> StatementKind {
     if w.is(0, "begin") || (w.is(0, "start") && w.is(1, "transaction")) {
         return StatementKind::Begin;
     }
@@ -379,7 +384,7 @@ fn classify(w: &Words, tenant_param: &str, bad_tenant_value: &mut Option<String>
             if value.eq_ignore_ascii_case("default") {
                 return StatementKind::ResetTenant;
             }
-            return match TenantId::parse(&value) {
+            return match TenantId::parse(&value, key) {
                 Some(t) => StatementKind::SetTenant(t),
                 None => {
                     *bad_tenant_value = Some(value);
@@ -448,14 +453,14 @@ fn pin_reason(w: &Words) -> Option<PinReason> {
 }
 
 /// `/* pgtenant.tenant_id=42 */` or the sqlcommenter form `/*tenant_id='42'*/`.
-fn hint_in_comment(comment: &str, tenant_param: &str) -> Option<TenantId> {
+fn hint_in_comment(comment: &str, tenant_param: &str, key: TenantKey) -> Option<TenantId> {
     let inner = comment.trim_start_matches("/*").trim_end_matches("*/");
     let short = tenant_param.rsplit('.').next().unwrap_or(tenant_param);
     inner.split([',', ' ', '\n', '\t']).find_map(|pair| {
-        let (key, value) = pair.split_once('=')?;
-        let key = key.trim();
-        (key.eq_ignore_ascii_case(tenant_param) || key.eq_ignore_ascii_case(short))
-            .then(|| TenantId::parse(value))
+        let (name, value) = pair.split_once('=')?;
+        let name = name.trim();
+        (name.eq_ignore_ascii_case(tenant_param) || name.eq_ignore_ascii_case(short))
+            .then(|| TenantId::parse(value, key))
             .flatten()
     })
 }
@@ -479,12 +484,12 @@ mod tests {
     const P: &str = "pgtenant.tenant_id";
 
     fn kind(sql: &str) -> StatementKind {
-        analyze(sql.as_bytes(), P).kind
+        analyze(sql.as_bytes(), P, TenantKey::Bigint).kind
     }
 
     #[test]
     fn tells_reads_from_writes() {
-        let writes = |sql: &str| analyze(sql.as_bytes(), P).may_write();
+        let writes = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).may_write();
         assert!(!writes("select * from accounts where tenant_id = 1"));
         assert!(!writes("/* c */ SHOW TimeZone; BEGIN; select 1; COMMIT"));
         assert!(!writes("with a as (select 1) select * from a"));
@@ -500,7 +505,7 @@ mod tests {
 
     #[test]
     fn sees_every_way_to_change_the_tenant_guc() {
-        let tampers = |sql: &str| analyze(sql.as_bytes(), P).tampers_tenant_guc;
+        let tampers = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).tampers_tenant_guc;
         assert!(tampers("SELECT set_config('pgtenant.tenant_id', '5', false)"));
         assert!(tampers("select pg_catalog.set_config('PGTENANT.TENANT_ID', '5', true)"));
         assert!(tampers("SELECT set_config($1, $2, false)"), "a name pgtenant cannot read");
@@ -521,8 +526,11 @@ mod tests {
         assert_eq!(kind("commit;"), StatementKind::Commit);
         assert_eq!(kind("ROLLBACK"), StatementKind::Rollback);
         assert_eq!(kind("ROLLBACK TO SAVEPOINT a"), StatementKind::Other);
-        assert_eq!(kind("SET pgtenant.tenant_id = 42"), StatementKind::SetTenant(TenantId(42)));
-        assert_eq!(kind("set session pgtenant.tenant_id to '7';"), StatementKind::SetTenant(TenantId(7)));
+        assert_eq!(kind("SET pgtenant.tenant_id = 42"), StatementKind::SetTenant(TenantId::Int(42)));
+        assert_eq!(
+            kind("set session pgtenant.tenant_id to '7';"),
+            StatementKind::SetTenant(TenantId::Int(7))
+        );
         assert_eq!(kind("RESET pgtenant.tenant_id"), StatementKind::ResetTenant);
         assert_eq!(kind("show pgtenant.routing_version;"), StatementKind::ShowRoutingVersion);
         assert_eq!(kind("show pgtenant.routing_version_x"), StatementKind::Other);
@@ -540,29 +548,45 @@ mod tests {
         assert_eq!(kind("reset search_path"), StatementKind::Reset { name: "search_path".into() });
         assert_eq!(kind("DISCARD ALL"), StatementKind::DiscardAll);
         assert_eq!(kind("DEALLOCATE ALL"), StatementKind::DiscardAll);
-        let a = analyze(b"SET pgtenant.tenant_id = abc", P);
+        let a = analyze(b"SET pgtenant.tenant_id = abc", P, TenantKey::Bigint);
         assert_eq!(a.bad_tenant_value.as_deref(), Some("abc"));
     }
 
     #[test]
     fn finds_hints_pins_and_multi_statements() {
-        assert_eq!(analyze(b"SELECT 1 /* pgtenant.tenant_id=42 */", P).hint, Some(TenantId(42)));
         assert_eq!(
-            analyze(b"SELECT * FROM t /*controller='x',tenant_id='1500'*/", P).hint,
-            Some(TenantId(1500))
+            analyze(b"SELECT 1 /* pgtenant.tenant_id=42 */", P, TenantKey::Bigint).hint,
+            Some(TenantId::Int(42))
         );
-        assert_eq!(analyze(b"SELECT '/* tenant_id=5 */'", P).hint, None);
-        assert_eq!(analyze(b"LISTEN chan", P).pin, Some(PinReason::Listen));
-        assert_eq!(analyze(b"select pg_advisory_lock(1)", P).pin, Some(PinReason::AdvisoryLock));
-        assert_eq!(analyze(b"select pg_advisory_xact_lock(1)", P).pin, None);
-        assert_eq!(analyze(b"CREATE TEMP TABLE t (a int)", P).pin, Some(PinReason::TempTable));
-        assert_eq!(analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P).pin, Some(PinReason::HoldCursor));
-        assert!(analyze(b"SELECT 1; SELECT 2;", P).is_multi);
-        assert!(analyze(b"SELECT 1; SET pgtenant.tenant_id = 5", P).sets_tenant_among_many);
-        assert!(analyze(b"RESET pgtenant.tenant_id; SELECT 1", P).sets_tenant_among_many);
-        assert!(!analyze(b"SET pgtenant.tenant_id = 5", P).sets_tenant_among_many);
-        assert!(analyze(b"SELECT 1; SET pgtenant.tenant_id = abc", P).sets_tenant_among_many);
-        assert!(!analyze(b"SELECT ';' ; ", P).is_multi);
+        assert_eq!(
+            analyze(b"SELECT * FROM t /*controller='x',tenant_id='1500'*/", P, TenantKey::Bigint).hint,
+            Some(TenantId::Int(1500))
+        );
+        assert_eq!(analyze(b"SELECT '/* tenant_id=5 */'", P, TenantKey::Bigint).hint, None);
+        assert_eq!(analyze(b"LISTEN chan", P, TenantKey::Bigint).pin, Some(PinReason::Listen));
+        assert_eq!(
+            analyze(b"select pg_advisory_lock(1)", P, TenantKey::Bigint).pin,
+            Some(PinReason::AdvisoryLock)
+        );
+        assert_eq!(analyze(b"select pg_advisory_xact_lock(1)", P, TenantKey::Bigint).pin, None);
+        assert_eq!(
+            analyze(b"CREATE TEMP TABLE t (a int)", P, TenantKey::Bigint).pin,
+            Some(PinReason::TempTable)
+        );
+        assert_eq!(
+            analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P, TenantKey::Bigint).pin,
+            Some(PinReason::HoldCursor)
+        );
+        assert!(analyze(b"SELECT 1; SELECT 2;", P, TenantKey::Bigint).is_multi);
+        assert!(
+            analyze(b"SELECT 1; SET pgtenant.tenant_id = 5", P, TenantKey::Bigint).sets_tenant_among_many
+        );
+        assert!(analyze(b"RESET pgtenant.tenant_id; SELECT 1", P, TenantKey::Bigint).sets_tenant_among_many);
+        assert!(!analyze(b"SET pgtenant.tenant_id = 5", P, TenantKey::Bigint).sets_tenant_among_many);
+        assert!(
+            analyze(b"SELECT 1; SET pgtenant.tenant_id = abc", P, TenantKey::Bigint).sets_tenant_among_many
+        );
+        assert!(!analyze(b"SELECT ';' ; ", P, TenantKey::Bigint).is_multi);
     }
 
     #[test]
@@ -578,19 +602,19 @@ mod tests {
         assert!(!is_plain_dml(b"SET x = 1"));
         // Both paths agree on what they share.
         for sql in ["select * from t where id = 5", "insert into t values (1)"] {
-            let a = analyze(sql.as_bytes(), P);
+            let a = analyze(sql.as_bytes(), P, TenantKey::Bigint);
             assert_eq!((a.kind, a.hint, a.pin, a.is_multi), (StatementKind::Other, None, None, false));
         }
     }
 
     #[test]
     fn invalid_utf8_and_multibyte_text_never_panic() {
-        let a = analyze(b"SELECT \xff\xfe /* pgtenant.tenant_id=5 */ FROM t", P);
-        assert_eq!(a.hint, Some(TenantId(5)));
-        let a = analyze("SELECT 'é' /* café=1 */ , \"ü\" FROM t; SET é = ü".as_bytes(), P);
+        let a = analyze(b"SELECT \xff\xfe /* pgtenant.tenant_id=5 */ FROM t", P, TenantKey::Bigint);
+        assert_eq!(a.hint, Some(TenantId::Int(5)));
+        let a = analyze("SELECT 'é' /* café=1 */ , \"ü\" FROM t; SET é = ü".as_bytes(), P, TenantKey::Bigint);
         assert!(a.is_multi);
         for junk in [&b"\xc3"[..], b"E'\\\xc3", b"/*\xe2\x82", b"$\xf0$ x", b"SET \xff = 1"] {
-            let _ = analyze(junk, P);
+            let _ = analyze(junk, P, TenantKey::Bigint);
         }
     }
 }

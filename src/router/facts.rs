@@ -32,14 +32,14 @@ const LITERAL_BASE: u32 = 100_000;
 const SYSTEM_SCHEMAS: [&str; 2] = ["pg_catalog", "information_schema"];
 
 /// Where a statement takes a tenant value from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TenantSource {
     /// The statement's literal number `n` (0-based, in text order), with its sign.
     Literal { index: usize, negative: bool },
     /// Bind parameter `$n` (1-based).
     Param(u16),
     /// A value written in a text that was parsed as is (see `FactsCache::facts`).
-    Constant(i64),
+    Constant(Box<str>),
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -210,13 +210,11 @@ fn value_source(expr: &Expr) -> Option<TenantSource> {
 }
 
 fn placeholder_source(value: &Value, negative: bool) -> Option<TenantSource> {
-    let sign = if negative { -1 } else { 1 };
+    let sign = if negative { "-" } else { "" };
     let p = match value {
         Value::Placeholder(p) => p,
-        Value::Number(n, _) => return n.parse::<i64>().ok().map(|v| TenantSource::Constant(sign * v)),
-        Value::SingleQuotedString(s) => {
-            return s.trim().parse::<i64>().ok().map(|v| TenantSource::Constant(sign * v));
-        }
+        Value::Number(n, _) => return Some(TenantSource::Constant(format!("{sign}{n}").into())),
+        Value::SingleQuotedString(s) if !negative => return Some(TenantSource::Constant(s.as_str().into())),
         _ => return None,
     };
     let n: u32 = p.strip_prefix('$')?.parse().ok()?;
@@ -310,8 +308,14 @@ mod tests {
         let f = cache.facts("select * from a where d > date '2024-01-01' and tenant_id = 12");
         assert_eq!(f.facts.tenant_sources, vec![lit(1)]);
         // Texts parsed as they are (when their shape does not parse) carry values.
-        assert_eq!(placeholder_source(&Value::Number("12".into(), false), true), Some(Constant(-12)));
-        assert_eq!(placeholder_source(&Value::SingleQuotedString("7".into()), false), Some(Constant(7)));
+        assert_eq!(
+            placeholder_source(&Value::Number("12".into(), false), true),
+            Some(Constant("-12".into()))
+        );
+        assert_eq!(
+            placeholder_source(&Value::SingleQuotedString("acme".into()), false),
+            Some(Constant("acme".into()))
+        );
         let f = cache.facts("select * from a where tenant_id = 3 for no key update of a nowait skip");
         assert!(!f.facts.parsed || f.facts.tenant_sources == vec![lit(0)]);
         let f = cache.facts("this is not sql");

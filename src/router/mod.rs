@@ -14,17 +14,19 @@ pub use recent::RecentAnalyses;
 /// The analysis with the default tenant parameter, for tests outside this layer.
 #[cfg(test)]
 pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
-    analyze::analyze(sql, "pgtenant.tenant_id")
+    analyze::analyze(sql, "pgtenant.tenant_id", TenantKey::Bigint)
 }
 
 use facts::{Facts, FactsCache, TenantSource};
 
 use crate::config::{Config, NoTenantPolicy};
-use crate::directory::{Directory, DirectoryError, Placement, ShardId, TenantId, TenantState, Topology};
+use crate::directory::{
+    Directory, DirectoryError, Placement, ShardId, TenantId, TenantKey, TenantState, Topology,
+};
 use crate::protocol;
 
 /// Where a transaction runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Route {
     pub tenant: Option<TenantId>,
     pub shard: ShardId,
@@ -66,6 +68,7 @@ pub struct Router {
     /// From the configuration; else the directory's lowest shard.
     default_shard: Option<ShardId>,
     no_tenant_policy: NoTenantPolicy,
+    tenant_key: TenantKey,
     facts: FactsCache,
 }
 
@@ -76,6 +79,7 @@ impl Router {
             tenant_param: config.proxy.tenant_parameter.clone(),
             default_shard: config.default_shard(),
             no_tenant_policy: config.proxy.no_tenant_policy,
+            tenant_key: config.proxy.tenant_key,
             facts: FactsCache::new(config.proxy.parse_cache_size, &config.proxy.tenant_column),
         }
     }
@@ -93,7 +97,7 @@ impl Router {
 
     /// The analysis of a query string.
     pub fn analyze(&self, sql: &[u8]) -> Arc<Analysis> {
-        Arc::new(analyze::analyze(sql, &self.tenant_param))
+        Arc::new(analyze::analyze(sql, &self.tenant_param, self.tenant_key))
     }
 
     /// Routes a transaction whose first request names `named` (hints, SQL literals,
@@ -101,29 +105,29 @@ impl Router {
     /// other tenant; without one, the named tenants decide, and they must share a shard.
     pub async fn route(
         &self,
-        session: Option<TenantId>,
+        session: Option<&TenantId>,
         named: &[TenantId],
         statements: &[&Analysis],
     ) -> Result<Route, RouteError> {
         if let Some(s) = session {
-            if let Some(&other) = named.iter().find(|&&t| t != s) {
-                return Err(RouteError::OtherTenant { session: s, named: other });
+            if let Some(other) = named.iter().find(|&t| t != s) {
+                return Err(RouteError::OtherTenant { session: s.clone(), named: other.clone() });
             }
             return self.route_tenant(Some(s), || true).await.inspect(|r| log_route(r, Why::SessionTenant));
         }
-        let Some(&first) = named.first() else {
+        let Some(first) = named.first() else {
             let needs = || statements.iter().any(|a| self.needs_tenant(a));
             return self.route_tenant(None, needs).await;
         };
         let placement = self.placement(first).await?;
-        let mut route = Route { tenant: Some(first), shard: placement.shard, state: placement.state };
-        for &other in named.iter().filter(|&&t| t != first) {
+        let mut route = Route { tenant: Some(first.clone()), shard: placement.shard, state: placement.state };
+        for other in named.iter().filter(|&t| t != first) {
             let p = self.placement(other).await?;
             if p.shard != route.shard {
                 return Err(RouteError::CrossShard {
-                    first,
+                    first: first.clone(),
                     first_shard: route.shard,
-                    second: other,
+                    second: other.clone(),
                     second_shard: p.shard,
                     write: statements.iter().any(|a| a.may_write()),
                 });
@@ -142,14 +146,14 @@ impl Router {
     /// The tenant of a request: the session's, else the one a statement names.
     /// A bound session tenant never yields to another named tenant.
     pub fn pick_tenant(
-        session: Option<TenantId>,
-        named: Option<TenantId>,
+        session: Option<&TenantId>,
+        named: Option<&TenantId>,
     ) -> Result<Option<TenantId>, RouteError> {
         match (session, named) {
             (Some(session), Some(named)) if session != named => {
-                Err(RouteError::OtherTenant { session, named })
+                Err(RouteError::OtherTenant { session: session.clone(), named: named.clone() })
             }
-            (Some(t), _) | (None, Some(t)) => Ok(Some(t)),
+            (Some(t), _) | (None, Some(t)) => Ok(Some(t.clone())),
             (None, None) => Ok(None),
         }
     }
@@ -157,12 +161,12 @@ impl Router {
     /// Routes a known tenant, or no tenant when `needs_tenant` says the work needs none.
     pub async fn route_tenant(
         &self,
-        tenant: Option<TenantId>,
+        tenant: Option<&TenantId>,
         needs_tenant: impl FnOnce() -> bool,
     ) -> Result<Route, RouteError> {
         if let Some(t) = tenant {
             let placement = self.placement(t).await?;
-            return Ok(Route { tenant: Some(t), shard: placement.shard, state: placement.state });
+            return Ok(Route { tenant: Some(t.clone()), shard: placement.shard, state: placement.state });
         }
         let why = if !needs_tenant() {
             Why::NoTenantNeeded
@@ -195,23 +199,27 @@ impl Router {
     }
 
     fn named(&self, analysis: &Analysis, bind_rest: Option<&[u8]>) -> Vec<TenantId> {
-        let mut named: Vec<TenantId> = analysis.hint.into_iter().collect();
+        let mut named: Vec<TenantId> = analysis.hint.iter().cloned().collect();
         if !analysis.mentions(self.facts.tenant_column()) {
             return named;
         }
+        let key = self.tenant_key;
         let facts = self.facts_of(analysis);
         for source in &facts.facts.tenant_sources {
-            let value = match *source {
-                TenantSource::Constant(v) => Some(v),
+            let value = match source {
+                TenantSource::Constant(text) => TenantId::parse(text, key),
                 TenantSource::Literal { index, negative } => facts
                     .literals
-                    .get(index)
+                    .get(*index)
                     .and_then(|r| analysis.sql.get(r.clone()))
-                    .and_then(TenantId::parse)
-                    .map(|t| if negative { -t.0 } else { t.0 }),
-                TenantSource::Param(n) => bind_rest.and_then(|rest| param_value(rest, n)),
+                    .and_then(|text| TenantId::parse(text, key))
+                    .map(|t| match t {
+                        TenantId::Int(n) if *negative => TenantId::Int(-n),
+                        other => other,
+                    }),
+                TenantSource::Param(n) => bind_rest.and_then(|rest| param_value(rest, *n, key)),
             };
-            if let Some(t) = value.map(TenantId)
+            if let Some(t) = value
                 && !named.contains(&t)
             {
                 named.push(t);
@@ -236,7 +244,7 @@ impl Router {
     }
 
     /// Where a tenant lives: from memory when the directory knows, else from its source.
-    pub async fn placement(&self, tenant: TenantId) -> Result<Placement, DirectoryError> {
+    pub async fn placement(&self, tenant: &TenantId) -> Result<Placement, DirectoryError> {
         match self.directory.cached(tenant) {
             Some(answer) => answer,
             None => self.directory.lookup(tenant).await,
@@ -258,17 +266,21 @@ fn log_route(route: &Route, why: Why) {
     tracing::debug!(tenant = ?route.tenant, shard = route.shard, state = ?route.state, ?why, "routed");
 }
 
-/// A tenant key from a Bind parameter: text, or binary int2/int4/int8.
-fn param_value(bind_rest: &[u8], n: u16) -> Option<i64> {
-    match protocol::bind_param(bind_rest, n)? {
-        (false, Some(text)) => std::str::from_utf8(text).ok()?.trim().parse().ok(),
-        (true, Some(bytes)) => match bytes.len() {
+/// A tenant key from a Bind parameter: text, binary int2/int4/int8 for bigint keys,
+/// and binary text (its UTF-8 bytes) for text keys.
+fn param_value(bind_rest: &[u8], n: u16, key: TenantKey) -> Option<TenantId> {
+    match (protocol::bind_param(bind_rest, n)?, key) {
+        ((false, Some(text)), _) | ((true, Some(text)), TenantKey::Text) => {
+            TenantId::from_text_bytes(text, key)
+        }
+        ((true, Some(bytes)), TenantKey::Bigint) => match bytes.len() {
             2 => Some(i64::from(i16::from_be_bytes(bytes.try_into().ok()?))),
             4 => Some(i64::from(i32::from_be_bytes(bytes.try_into().ok()?))),
             8 => Some(i64::from_be_bytes(bytes.try_into().ok()?)),
             _ => None,
-        },
-        (_, None) => None,
+        }
+        .map(TenantId::Int),
+        ((_, None), _) => None,
     }
 }
 
@@ -303,7 +315,7 @@ mod tests {
         let r = router();
         let a =
             r.analyze(b"/* pgtenant.tenant_id=5 */ select * from t where tenant_id = '6' or tenant_id = -7");
-        assert_eq!(r.named_in_text(&a), vec![TenantId(5), TenantId(6), TenantId(-7)]);
+        assert_eq!(r.named_in_text(&a), vec![TenantId::Int(5), TenantId::Int(6), TenantId::Int(-7)]);
         let a = r.analyze(b"select * from t where TENANT_ID = $2 and id = $1");
         assert!(r.named_in_text(&a).is_empty());
         assert!(r.names_params(&a));
@@ -314,7 +326,7 @@ mod tests {
         rest.extend_from_slice(&2i32.to_be_bytes());
         rest.extend_from_slice(&1500i16.to_be_bytes());
         rest.extend_from_slice(&[0, 0]);
-        assert_eq!(r.named_in_bind(&a, &rest), vec![TenantId(1500)]);
+        assert_eq!(r.named_in_bind(&a, &rest), vec![TenantId::Int(1500)]);
         let unrelated = r.analyze(b"select abalance from pgbench_accounts where aid = $1");
         assert!(r.named_in_bind(&unrelated, &rest).is_empty());
     }
@@ -324,16 +336,16 @@ mod tests {
         let r = router();
         let read = r.analyze(b"select 1 from t");
         let write = r.analyze(b"delete from t");
-        let route = r.route(None, &[TenantId(1500)], &[&read]).await.unwrap();
-        assert_eq!((route.tenant, route.shard), (Some(TenantId(1500)), 2));
-        let route = r.route(None, &[TenantId(3), TenantId(4)], &[&read]).await.unwrap();
+        let route = r.route(None, &[TenantId::Int(1500)], &[&read]).await.unwrap();
+        assert_eq!((route.tenant, route.shard), (Some(TenantId::Int(1500)), 2));
+        let route = r.route(None, &[TenantId::Int(3), TenantId::Int(4)], &[&read]).await.unwrap();
         assert_eq!((route.tenant, route.shard), (None, 1), "two tenants of one shard: no single tenant GUC");
-        let cross = r.route(None, &[TenantId(3), TenantId(1500)], &[&read]).await.unwrap_err();
+        let cross = r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&read]).await.unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: false, .. }));
         assert!(cross.to_string().contains("scatter-gather"), "{cross}");
-        let cross = r.route(None, &[TenantId(3), TenantId(1500)], &[&write]).await.unwrap_err();
+        let cross = r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&write]).await.unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: true, .. }));
-        let other = r.route(Some(TenantId(3)), &[TenantId(4)], &[&read]).await.unwrap_err();
-        assert_eq!(other, RouteError::OtherTenant { session: TenantId(3), named: TenantId(4) });
+        let other = r.route(Some(&TenantId::Int(3)), &[TenantId::Int(4)], &[&read]).await.unwrap_err();
+        assert_eq!(other, RouteError::OtherTenant { session: TenantId::Int(3), named: TenantId::Int(4) });
     }
 }

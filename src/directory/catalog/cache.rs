@@ -56,16 +56,16 @@ impl TenantCache {
         Self { entries }
     }
 
-    pub fn get(&self, tenant: TenantId) -> Option<Entry> {
-        self.entries.get(&tenant)
+    pub fn get(&self, tenant: &TenantId) -> Option<Entry> {
+        self.entries.get(tenant)
     }
 
     pub fn insert(&self, tenant: TenantId, entry: Entry) {
         self.entries.insert(tenant, entry);
     }
 
-    pub fn invalidate(&self, tenant: TenantId) {
-        self.entries.invalidate(&tenant);
+    pub fn invalidate(&self, tenant: &TenantId) {
+        self.entries.invalidate(tenant);
     }
 
     pub fn clear(&self) {
@@ -90,13 +90,14 @@ mod tests {
         let placed =
             Entry { explicit: Some(Placement { shard: 1, state: TenantState::Active }), placed: true };
         let unplaced = Entry { explicit: None, placed: false };
-        cache.insert(TenantId(1), placed);
-        cache.insert(TenantId(2), unplaced);
-        assert_eq!(cache.get(TenantId(2)), Some(unplaced));
+        let (one, two) = (TenantId::Int(1), TenantId::Text("two".into()));
+        cache.insert(one.clone(), placed);
+        cache.insert(two.clone(), unplaced);
+        assert_eq!(cache.get(&two), Some(unplaced));
         std::thread::sleep(Duration::from_millis(120));
-        assert_eq!(cache.get(TenantId(1)), Some(placed));
-        assert_eq!(cache.get(TenantId(2)), None);
-        cache.invalidate(TenantId(1));
-        assert_eq!(cache.get(TenantId(1)), None);
+        assert_eq!(cache.get(&one), Some(placed));
+        assert_eq!(cache.get(&two), None);
+        cache.invalidate(&one);
+        assert_eq!(cache.get(&one), None);
     }
 }

@@ -102,14 +102,21 @@ async fn read_snapshot(client: &Client) -> Result<Snapshot, LoadError> {
 }
 
 const LOOKUP_SQL: &str = "SELECT shard_id, state FROM pgtenant.tenant_shard_map WHERE tenant_id = $1";
+const LOOKUP_TEXT_SQL: &str =
+    "SELECT shard_id, state FROM pgtenant.tenant_shard_map_text WHERE tenant_key = $1";
 
-/// A tenant's `tenant_shard_map` row, if it has one.
+/// A tenant's `tenant_shard_map` (or `tenant_shard_map_text`) row, if it has one.
 pub async fn explicit_placement(
     client: &deadpool_postgres::Client,
-    tenant: TenantId,
+    tenant: &TenantId,
 ) -> Result<Option<Placement>, LoadError> {
-    let statement = client.prepare_cached(LOOKUP_SQL).await?;
-    let Some(row) = client.query_opt(&statement, &[&tenant.0]).await? else {
+    let row = match tenant {
+        TenantId::Int(key) => client.query_opt(&client.prepare_cached(LOOKUP_SQL).await?, &[key]).await?,
+        TenantId::Text(key) => {
+            client.query_opt(&client.prepare_cached(LOOKUP_TEXT_SQL).await?, &[&key.as_ref()]).await?
+        }
+    };
+    let Some(row) = row else {
         return Ok(None);
     };
     let shard = row.get::<_, i16>(0) as u16;

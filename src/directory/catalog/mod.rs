@@ -15,7 +15,7 @@ use std::time::Duration;
 use cache::{Entry, TenantCache};
 use load::LoadError;
 
-use super::{Directory, DirectoryError, Lookup, Placement, TenantId, Topology};
+use super::{Directory, DirectoryError, Lookup, Placement, TenantId, TenantKey, Topology};
 use crate::config::CatalogConfig;
 
 pub struct CatalogDirectory {
@@ -33,6 +33,8 @@ struct Inner {
     /// The watcher holds a live LISTEN connection.
     listening: AtomicBool,
     lookups: deadpool_postgres::Pool,
+    /// bigint or text keys: which map table is read, and how NOTIFY payloads parse.
+    kind: TenantKey,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +48,7 @@ pub enum CatalogError {
 impl CatalogDirectory {
     /// Connects, loads the topology and starts the watcher; fails when the catalog
     /// cannot be read, since a proxy without any routing cannot serve.
-    pub async fn connect(config: &CatalogConfig) -> Result<Self, CatalogError> {
+    pub async fn connect(config: &CatalogConfig, kind: TenantKey) -> Result<Self, CatalogError> {
         let addr = config.addr();
         let pg = config.pg_config();
         let manager = deadpool_postgres::Manager::new(pg.clone(), tokio_postgres::NoTls);
@@ -76,6 +78,7 @@ impl CatalogDirectory {
             generation: AtomicU64::new(0),
             listening: AtomicBool::new(false),
             lookups,
+            kind,
         });
         tokio::spawn(watch::run(Arc::downgrade(&inner), pg, addr));
         Ok(Self { inner })
@@ -104,12 +107,14 @@ impl Inner {
         self.topology.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn answer(&self, tenant: TenantId, entry: Entry) -> Result<Placement, DirectoryError> {
+    fn answer(&self, tenant: &TenantId, entry: Entry) -> Result<Placement, DirectoryError> {
         let topology = self.topology();
         let placement = match entry.explicit {
             Some(p) => p,
             None => {
-                let shard = topology.place_by_rules(tenant).ok_or(DirectoryError::NotPlaced(tenant))?;
+                let shard = topology
+                    .place_by_rules(tenant)
+                    .ok_or_else(|| DirectoryError::NotPlaced(tenant.clone()))?;
                 Placement { shard, state: Default::default() }
             }
         };
@@ -119,21 +124,22 @@ impl Inner {
 
     async fn lookup(&self, tenant: TenantId) -> Result<Placement, DirectoryError> {
         let generation = self.generation.load(Ordering::Acquire);
-        let unavailable = |reason: String| DirectoryError::CatalogUnavailable { tenant, reason };
+        let unavailable =
+            |reason: String| DirectoryError::CatalogUnavailable { tenant: tenant.clone(), reason };
         let client = self.lookups.get().await.map_err(|e| unavailable(describe_pool_error(&e)))?;
         let explicit =
-            load::explicit_placement(&client, tenant).await.map_err(|e| unavailable(e.to_string()))?;
-        let placed = explicit.is_some() || self.topology().place_by_rules(tenant).is_some();
+            load::explicit_placement(&client, &tenant).await.map_err(|e| unavailable(e.to_string()))?;
+        let placed = explicit.is_some() || self.topology().place_by_rules(&tenant).is_some();
         let entry = Entry { explicit, placed };
         if self.generation.load(Ordering::Acquire) == generation {
-            self.cache.insert(tenant, entry);
+            self.cache.insert(tenant.clone(), entry);
         }
         tracing::debug!(%tenant, ?explicit, placed, "tenant looked up in the catalog");
-        self.answer(tenant, entry)
+        self.answer(&tenant, entry)
     }
 
     /// A change of one tenant's row.
-    fn invalidate_tenant(&self, tenant: TenantId) {
+    fn invalidate_tenant(&self, tenant: &TenantId) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.cache.invalidate(tenant);
     }
@@ -160,13 +166,13 @@ impl Inner {
 }
 
 impl Directory for CatalogDirectory {
-    fn cached(&self, tenant: TenantId) -> Option<Result<Placement, DirectoryError>> {
+    fn cached(&self, tenant: &TenantId) -> Option<Result<Placement, DirectoryError>> {
         let entry = self.inner.cache.get(tenant)?;
         Some(self.inner.answer(tenant, entry))
     }
 
-    fn lookup(&self, tenant: TenantId) -> Lookup<'_> {
-        Box::pin(self.inner.lookup(tenant))
+    fn lookup(&self, tenant: &TenantId) -> Lookup<'_> {
+        Box::pin(self.inner.lookup(tenant.clone()))
     }
 
     fn topology(&self) -> Arc<Topology> {

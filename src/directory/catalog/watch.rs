@@ -123,12 +123,14 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
         return resync(inner, client).await;
     }
     match change.table.as_str() {
-        "tenant_shard_map" if change.all_tenants => inner.forget_tenants(change.version),
-        "tenant_shard_map" => {
+        "tenant_shard_map" | "tenant_shard_map_text" if change.all_tenants => {
+            inner.forget_tenants(change.version)
+        }
+        "tenant_shard_map" | "tenant_shard_map_text" => {
             for key in &change.tenants {
-                match TenantId::parse(key) {
-                    Some(tenant) => inner.invalidate_tenant(tenant),
-                    None => return resync(inner, client).await,
+                // A key of the other kind cannot be cached here: nothing to forget.
+                if let Some(tenant) = TenantId::from_text_bytes(key.as_bytes(), inner.kind) {
+                    inner.invalidate_tenant(&tenant);
                 }
             }
             inner.version.store(change.version, Ordering::Release);

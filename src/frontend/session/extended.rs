@@ -148,10 +148,10 @@ impl Session {
         if !analyses.iter().all(local) {
             return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
-        let answer = match last.kind {
-            StatementKind::SetTenant(t) => LocalAnswer::TenantSet { tenant: Some(t), tag: "SET" },
+        let answer = match &last.kind {
+            StatementKind::SetTenant(t) => LocalAnswer::TenantSet { tenant: Some(t.clone()), tag: "SET" },
             StatementKind::ShowRoutingVersion => LocalAnswer::RoutingVersion,
-            _ => LocalAnswer::TenantSet { tenant: self.startup_tenant, tag: "RESET" },
+            _ => LocalAnswer::TenantSet { tenant: self.startup_tenant.clone(), tag: "RESET" },
         };
         let mut reply = BytesMut::new();
         let mut failed = false;
@@ -179,14 +179,16 @@ impl Session {
                         }
                     }
                 }
-                b'E' => match answer {
-                    LocalAnswer::TenantSet { tenant, tag } => match self.change_tenant(tenant).await {
-                        Ok(()) => protocol::command_complete(&mut reply, tag),
-                        Err(err) => {
-                            crate::frontend::error_response::write_error(&mut reply, &err);
-                            failed = true;
+                b'E' => match &answer {
+                    LocalAnswer::TenantSet { tenant, tag } => {
+                        match self.change_tenant(tenant.clone()).await {
+                            Ok(()) => protocol::command_complete(&mut reply, tag),
+                            Err(err) => {
+                                crate::frontend::error_response::write_error(&mut reply, &err);
+                                failed = true;
+                            }
                         }
-                    },
+                    }
                     LocalAnswer::RoutingVersion => {
                         let version = self.shared.router.routing_version().to_string();
                         protocol::text_data_row(&mut reply, &[&version]);
@@ -256,7 +258,7 @@ impl Session {
         named: &[TenantId],
     ) -> Result<(), FrontendError> {
         let statements: Vec<&Analysis> = analyses.iter().map(|a| a.as_ref()).collect();
-        let route: Route = self.shared.router.route(self.tenant, named, &statements).await?;
+        let route: Route = self.shared.router.route(self.tenant.as_ref(), named, &statements).await?;
         self.begin_on(route).await
     }
 
@@ -441,7 +443,7 @@ struct BatchStatements {
 }
 
 /// What a request pgtenant answers itself does.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum LocalAnswer {
     TenantSet { tenant: Option<TenantId>, tag: &'static str },
     RoutingVersion,

@@ -137,7 +137,7 @@ impl Session {
             user: start.user,
             database: start.database,
             pool_mode,
-            startup_tenant: start.tenant,
+            startup_tenant: start.tenant.clone(),
             tenant: start.tenant,
             startup_settings: start.settings.clone(),
             settings: start.settings,

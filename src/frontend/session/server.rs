@@ -48,7 +48,7 @@ impl Session {
             self.cancel.set_target(Some(conn.cancel.clone()));
             self.server = Some(Attached {
                 conn,
-                route,
+                route: route.clone(),
                 pin: None,
                 request_failed: false,
                 saw_commit: false,
@@ -59,9 +59,10 @@ impl Session {
         let Some(a) = self.server.as_mut() else {
             return Ok(());
         };
-        a.route = route;
+        a.route = route.clone();
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
-        if let Some(sql) = sync_sql(&a.conn.settings, &self.settings, a.conn.tenant, route.tenant, tenant_guc)
+        if let Some(sql) =
+            sync_sql(&a.conn.settings, &self.settings, &a.conn.tenant, route.tenant.as_ref(), tenant_guc)
         {
             protocol::query(&mut a.conn.io.wbuf, &sql);
             a.conn.queue.push(Pending::Injected {
@@ -70,7 +71,7 @@ impl Session {
                 prepares: None,
             });
             a.conn.settings = self.settings.clone();
-            a.conn.tenant = TenantGuc::Known(route.tenant);
+            a.conn.tenant = TenantGuc::Known(route.tenant.clone());
         }
         let read_only = !route.state.allows_writes();
         if a.conn.read_only != read_only {
@@ -143,12 +144,12 @@ impl Session {
         let Some(current) = self.server.as_ref().map(|a| a.route.shard) else {
             return Ok(());
         };
-        for &t in named {
-            Router::pick_tenant(self.tenant, Some(t))?;
+        for t in named {
+            Router::pick_tenant(self.tenant.as_ref(), Some(t))?;
             let placement =
                 self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
             if placement.shard != current {
-                return Err(FrontendError::CrossShard { current, tenant: t, other: placement.shard });
+                return Err(FrontendError::CrossShard { current, tenant: t.clone(), other: placement.shard });
             }
         }
         Ok(())
@@ -158,7 +159,7 @@ impl Session {
     /// before they reach the server.
     pub(super) fn check_writable(&self, analysis: &Analysis) -> Result<(), FrontendError> {
         let Some(a) = &self.server else { return Ok(()) };
-        let (Some(tenant), false) = (a.route.tenant, a.route.state.allows_writes()) else {
+        let (Some(tenant), false) = (a.route.tenant.clone(), a.route.state.allows_writes()) else {
             return Ok(());
         };
         if !analysis.may_write() {

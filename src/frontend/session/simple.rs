@@ -19,10 +19,10 @@ impl Session {
         let analysis = self.recent.get_or_analyze(&self.shared.router, &body[..sql_len]);
 
         if !analysis.is_multi {
-            match analysis.kind {
-                StatementKind::SetTenant(t) => return self.set_tenant(Some(t), "SET").await,
+            match &analysis.kind {
+                StatementKind::SetTenant(t) => return self.set_tenant(Some(t.clone()), "SET").await,
                 StatementKind::ResetTenant => {
-                    return self.set_tenant(self.startup_tenant, "RESET").await;
+                    return self.set_tenant(self.startup_tenant.clone(), "RESET").await;
                 }
                 StatementKind::ShowRoutingVersion => {
                     let version = self.shared.router.routing_version().to_string();
@@ -88,7 +88,7 @@ impl Session {
                 self.reply_done("BEGIN");
                 return Ok(());
             }
-            let route = self.shared.router.route(self.tenant, &named, &[&analysis]).await;
+            let route = self.shared.router.route(self.tenant.as_ref(), &named, &[&analysis]).await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
             }
@@ -133,7 +133,7 @@ impl Session {
     /// FunctionCall (F): runs on the session tenant's shard like a query.
     pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
         if self.at_transaction_start() {
-            let route = self.shared.router.route_tenant(self.tenant, || true).await;
+            let route = self.shared.router.route_tenant(self.tenant.as_ref(), || true).await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
             }
@@ -164,14 +164,16 @@ impl Session {
                 param: self.shared.router.tenant_param().into(),
             });
         }
-        let switching_away = self.startup_tenant.is_some() && tenant != self.startup_tenant;
-        if switching_away && !self.shared.config.proxy.allow_tenant_switch {
+        if let Some(fixed) = &self.startup_tenant
+            && tenant.as_ref() != Some(fixed)
+            && !self.shared.config.proxy.allow_tenant_switch
+        {
             return Err(FrontendError::TenantFixed {
-                tenant: self.startup_tenant.unwrap_or(TenantId(0)),
+                tenant: fixed.clone(),
                 param: self.shared.router.tenant_param().into(),
             });
         }
-        if let Some(t) = tenant {
+        if let Some(t) = &tenant {
             self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
         }
         tracing::debug!(?tenant, "session tenant set");
