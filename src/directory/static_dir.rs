@@ -76,4 +76,21 @@ mod tests {
         assert_eq!(TenantId::parse(" acme ", TenantKey::Text), Some(TenantId::Text("acme".into())));
         assert_eq!(TenantId::parse("''", TenantKey::Text), None);
     }
+
+    #[test]
+    fn text_keys_from_the_file() {
+        let mut config = crate::config::test_layout();
+        config.proxy.tenant_key = TenantKey::Text;
+        config.tenant_map.push(crate::config::TenantMapping {
+            tenant: crate::config::MappedKey::Text("acme".into()),
+            shard: 1,
+        });
+        let d = StaticDirectory::from_config(&config).unwrap();
+        let shard = |t: TenantId| d.cached(&t).unwrap().map(|p| p.shard);
+        assert_eq!(shard(TenantId::Text("acme".into())), Ok(1));
+        assert_eq!(shard(TenantId::Text("42".into())), Ok(2), "numbers in the file are text keys too");
+        assert!(shard(TenantId::Text("7".into())).is_err(), "ranges do not apply to text keys");
+        config.proxy.tenant_key = TenantKey::Bigint;
+        assert!(crate::config::validate(&config).iter().any(|p| p.contains("\"acme\" is text")));
+    }
 }

@@ -265,3 +265,84 @@ async fn a_killed_catalog_server_is_survived_and_followed_again_once_back() {
     proxy.shutdown().await;
     cluster.stop().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn text_tenant_keys_route_by_map_and_hash_groups_and_stay_isolated() {
+    let catalog = new_catalog("textkeys").await;
+    catalog
+        .admin
+        .batch_execute(
+            "INSERT INTO pgtenant.tenant_shard_map_text (tenant_key, shard_id) VALUES ('acme', 2), ('globex', 1);
+             INSERT INTO pgtenant.hash_group VALUES (0, 1), (1, 2);
+             UPDATE pgtenant.routing_state SET hash_group_count = 2;",
+        )
+        .await
+        .unwrap();
+    let s = crate::harness::shards();
+    for (i, port) in s.ports.iter().enumerate() {
+        let shard = crate::harness::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=app"))
+            .await
+            .unwrap();
+        let owner = if i == 0 { "globex" } else { "acme" };
+        shard
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS text_notes (tenant_id text NOT NULL, note text);
+                 ALTER TABLE text_notes OWNER TO app;
+                 DELETE FROM text_notes;
+                 INSERT INTO text_notes VALUES ('{owner}', 'note of {owner}');"
+            ))
+            .await
+            .unwrap();
+    }
+    let proxy = start_catalog_proxy(catalog.config.clone(), |c| {
+        c.proxy.tenant_key = pgtenant::config::TenantKey::Text;
+    })
+    .await;
+
+    // Session tenants, from the explicit map.
+    let acme =
+        crate::harness::connect(&proxy.conninfo("options='-c pgtenant.tenant_id=acme'")).await.unwrap();
+    assert_eq!(shard_of(&acme).await, 2);
+    let guc: String =
+        acme.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "acme");
+    // Isolation: a bound session cannot name another text key, as a literal or a parameter.
+    let err = acme.simple_query("SELECT note FROM text_notes WHERE tenant_id = 'globex'").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+    let err = acme.query("SELECT note FROM text_notes WHERE tenant_id = $1", &[&"globex"]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501");
+
+    // Routing by SQL without a session tenant: literals and (binary) text parameters.
+    let free = proxy.connect(None).await;
+    let note: String =
+        free.query_one("SELECT note FROM text_notes WHERE tenant_id = 'globex'", &[]).await.unwrap().get(0);
+    assert_eq!(note, "note of globex");
+    let note: String =
+        free.query_one("SELECT note FROM text_notes WHERE tenant_id = $1", &[&"acme"]).await.unwrap().get(0);
+    assert_eq!(note, "note of acme");
+
+    // Unmapped keys go by hash group, as the SQL function computes it; quotes survive.
+    for key in ["initech", "umbrella", "o'brien"] {
+        let group: i32 =
+            catalog.admin.query_one("SELECT pgtenant.hash_group_of($1, 2)", &[&key]).await.unwrap().get(0);
+        let client = proxy.connect(None).await;
+        client
+            .batch_execute(&format!("SET pgtenant.tenant_id = '{}'", key.replace('\'', "''")))
+            .await
+            .unwrap();
+        assert_eq!(shard_of(&client).await, group + 1, "key {key}");
+        let guc: String =
+            client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+        assert_eq!(guc, key);
+    }
+
+    // A change of the text map reaches routing like any other.
+    catalog
+        .admin
+        .batch_execute("UPDATE pgtenant.tenant_shard_map_text SET shard_id = 1 WHERE tenant_key = 'acme'")
+        .await
+        .unwrap();
+    let took = eventually(Duration::from_secs(1), || async { shard_of(&acme).await == 1 }).await;
+    assert!(took.is_some(), "acme did not move within a second");
+    proxy.shutdown().await;
+}
