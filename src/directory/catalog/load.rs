@@ -17,9 +17,10 @@ pub enum LoadError {
 /// A tokio-postgres error with the server's SQLSTATE and message, which its own
 /// Display leaves out ("db error").
 pub fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} {}", db.code().code(), db.message()),
-        None => e.to_string(),
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => format!("{} {}", db.code().code(), db.message()),
+        (None, Some(cause)) => format!("{e}: {cause}"),
+        (None, None) => e.to_string(),
     }
 }
 
