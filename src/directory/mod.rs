@@ -158,4 +158,8 @@ pub trait Directory: Send + Sync {
 
     /// The routing version served: it changes with every change of the source.
     fn version(&self) -> i64;
+
+    /// Changes whenever a cached answer or the topology may have changed: an answer
+    /// remembered with the same generation is still the directory's answer.
+    fn generation(&self) -> u64;
 }

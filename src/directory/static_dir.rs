@@ -52,6 +52,10 @@ impl Directory for StaticDirectory {
     fn version(&self) -> i64 {
         0
     }
+
+    fn generation(&self) -> u64 {
+        0
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,14 @@ pub enum RouteError {
     CrossShard { first: TenantId, first_shard: ShardId, second: TenantId, second_shard: ShardId, write: bool },
 }
 
+/// One session's last placement, so a session tenant is not looked up per transaction.
+#[derive(Default)]
+pub struct PlacementMemo(Option<(TenantId, u64, Placement, u32)>);
+
+impl PlacementMemo {
+    const MAX_USES: u32 = 1000;
+}
+
 /// Why a transaction went where it went (for the debug log).
 #[derive(Clone, Copy, Debug)]
 enum Why {
@@ -108,12 +116,16 @@ impl Router {
         session: Option<&TenantId>,
         named: &[TenantId],
         statements: &[&Analysis],
+        memo: &mut PlacementMemo,
     ) -> Result<Route, RouteError> {
         if let Some(s) = session {
             if let Some(other) = named.iter().find(|&t| t != s) {
                 return Err(RouteError::OtherTenant { session: s.clone(), named: other.clone() });
             }
-            return self.route_tenant(Some(s), || true).await.inspect(|r| log_route(r, Why::SessionTenant));
+            let placement = self.placement_remembered(s, memo).await?;
+            let route = Route { tenant: Some(s.clone()), shard: placement.shard, state: placement.state };
+            log_route(&route, Why::SessionTenant);
+            return Ok(route);
         }
         let Some(first) = named.first() else {
             let needs = || statements.iter().any(|a| self.needs_tenant(a));
@@ -243,6 +255,33 @@ impl Router {
         analysis.facts.get_or_init(|| self.facts.facts(&analysis.sql))
     }
 
+    /// The placement of a session's tenant, remembered by the session while the
+    /// directory's generation stays the same (and for a bounded number of uses, so the
+    /// cache's TTL still has its say).
+    pub async fn placement_remembered(
+        &self,
+        tenant: &TenantId,
+        memo: &mut PlacementMemo,
+    ) -> Result<Placement, DirectoryError> {
+        let generation = self.directory.generation();
+        if let Some((t, g, placement, uses)) = &mut memo.0
+            && t == tenant
+            && *g == generation
+            && *uses < PlacementMemo::MAX_USES
+        {
+            *uses += 1;
+            return Ok(*placement);
+        }
+        let placement = self.placement(tenant).await?;
+        memo.0 = Some((tenant.clone(), generation, placement, 0));
+        Ok(placement)
+    }
+
+    /// See `Directory::generation`.
+    pub fn generation(&self) -> u64 {
+        self.directory.generation()
+    }
+
     /// Where a tenant lives: from memory when the directory knows, else from its source.
     pub async fn placement(&self, tenant: &TenantId) -> Result<Placement, DirectoryError> {
         match self.directory.cached(tenant) {
@@ -336,16 +375,20 @@ mod tests {
         let r = router();
         let read = r.analyze(b"select 1 from t");
         let write = r.analyze(b"delete from t");
-        let route = r.route(None, &[TenantId::Int(1500)], &[&read]).await.unwrap();
+        let mut memo = PlacementMemo::default();
+        let route = r.route(None, &[TenantId::Int(1500)], &[&read], &mut memo).await.unwrap();
         assert_eq!((route.tenant, route.shard), (Some(TenantId::Int(1500)), 2));
-        let route = r.route(None, &[TenantId::Int(3), TenantId::Int(4)], &[&read]).await.unwrap();
+        let route = r.route(None, &[TenantId::Int(3), TenantId::Int(4)], &[&read], &mut memo).await.unwrap();
         assert_eq!((route.tenant, route.shard), (None, 1), "two tenants of one shard: no single tenant GUC");
-        let cross = r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&read]).await.unwrap_err();
+        let cross =
+            r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&read], &mut memo).await.unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: false, .. }));
         assert!(cross.to_string().contains("scatter-gather"), "{cross}");
-        let cross = r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&write]).await.unwrap_err();
+        let cross =
+            r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&write], &mut memo).await.unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: true, .. }));
-        let other = r.route(Some(&TenantId::Int(3)), &[TenantId::Int(4)], &[&read]).await.unwrap_err();
+        let other =
+            r.route(Some(&TenantId::Int(3)), &[TenantId::Int(4)], &[&read], &mut memo).await.unwrap_err();
         assert_eq!(other, RouteError::OtherTenant { session: TenantId::Int(3), named: TenantId::Int(4) });
     }
 }

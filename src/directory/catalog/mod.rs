@@ -182,4 +182,8 @@ impl Directory for CatalogDirectory {
     fn version(&self) -> i64 {
         self.inner.version.load(Ordering::Acquire)
     }
+
+    fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
 }

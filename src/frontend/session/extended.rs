@@ -258,7 +258,8 @@ impl Session {
         named: &[TenantId],
     ) -> Result<(), FrontendError> {
         let statements: Vec<&Analysis> = analyses.iter().map(|a| a.as_ref()).collect();
-        let route: Route = self.shared.router.route(self.tenant.as_ref(), named, &statements).await?;
+        let route: Route =
+            self.shared.router.route(self.tenant.as_ref(), named, &statements, &mut self.placement).await?;
         self.begin_on(route).await
     }
 

@@ -33,7 +33,7 @@ use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::{Analysis, PinReason, RecentAnalyses, Route};
+use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route};
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER: usize = 1 << 20;
@@ -93,8 +93,10 @@ pub struct Session {
     unnamed: Option<Arc<Analysis>>,
     server: Option<Attached>,
     /// Pool handles of the shards this session used, so a checkout skips the pool
-    /// lookup; valid for the topology they were taken from.
-    pools: (Arc<Topology>, Vec<(ShardId, ServerPool)>),
+    /// lookup; valid for the topology (and directory generation) they were taken from.
+    pools: SessionPools,
+    /// The session tenant's placement, while the directory does not change.
+    placement: PlacementMemo,
     tx: ClientTx,
     /// Extended-protocol messages held until Sync/Flush while no server is attached.
     batch: Vec<Frame>,
@@ -108,6 +110,13 @@ pub struct Session {
     max_message: usize,
     /// Armed while the client sits idle inside a transaction (idle_transaction_timeout).
     idle_deadline: Option<Pin<Box<Sleep>>>,
+}
+
+/// The pools a session used, per shard, for the topology they belong to.
+struct SessionPools {
+    generation: u64,
+    topology: Arc<Topology>,
+    handles: Vec<(ShardId, ServerPool)>,
 }
 
 /// Everything a session starts with, from the login.
@@ -131,6 +140,7 @@ impl Session {
         let pool_mode = start.user.pool_mode.unwrap_or(shared.config.proxy.pool_mode);
         let max_message = shared.config.proxy.max_message_size;
         let topology = shared.router.topology();
+        let generation = shared.router.generation();
         Self {
             client,
             shared,
@@ -145,7 +155,8 @@ impl Session {
             recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
-            pools: (topology, Vec::new()),
+            pools: SessionPools { generation, topology, handles: Vec::new() },
+            placement: PlacementMemo::default(),
             tx: ClientTx::Idle,
             batch: Vec::new(),
             skip_until_sync: false,

@@ -108,17 +108,22 @@ impl Session {
     /// The pool of `shard`'s primary, from this session's handles while the topology
     /// they were taken from is still the one in force.
     fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
-        let topology = self.shared.router.topology();
-        if !Arc::ptr_eq(&self.pools.0, &topology) {
-            self.shared.prune_pools(&topology);
-            self.pools = (topology, Vec::new());
+        let generation = self.shared.router.generation();
+        if generation != self.pools.generation {
+            let topology = self.shared.router.topology();
+            if !Arc::ptr_eq(&self.pools.topology, &topology) {
+                self.shared.prune_pools(&topology);
+                self.pools.handles.clear();
+                self.pools.topology = topology;
+            }
+            self.pools.generation = generation;
         }
-        if let Some((_, pool)) = self.pools.1.iter().find(|(s, _)| *s == shard) {
+        if let Some((_, pool)) = self.pools.handles.iter().find(|(s, _)| *s == shard) {
             return Ok(pool.clone());
         }
-        let node = primary_node(&self.pools.0, shard)?;
+        let node = primary_node(&self.pools.topology, shard)?;
         let pool = self.shared.pools.pool(shard, node, &self.user, &self.database);
-        self.pools.1.push((shard, pool.clone()));
+        self.pools.handles.push((shard, pool.clone()));
         Ok(pool)
     }
 

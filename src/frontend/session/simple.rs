@@ -88,7 +88,11 @@ impl Session {
                 self.reply_done("BEGIN");
                 return Ok(());
             }
-            let route = self.shared.router.route(self.tenant.as_ref(), &named, &[&analysis]).await;
+            let route = self
+                .shared
+                .router
+                .route(self.tenant.as_ref(), &named, &[&analysis], &mut self.placement)
+                .await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
             }
