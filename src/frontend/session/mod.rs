@@ -198,6 +198,9 @@ impl Session {
             let server = &mut self.server;
             let idle_deadline = &mut self.idle_deadline;
             let event = tokio::select! {
+                // Fixed order, no random start: the server's answers first (they free a
+                // connection), and no RNG call per event.
+                biased;
                 r = poll_fn(|cx| match server.as_mut() {
                     Some(a) => a.conn.io.poll_io(cx, server_read),
                     None => Poll::Pending,
