@@ -278,21 +278,24 @@ async fn text_tenant_keys_route_by_map_and_hash_groups_and_stay_isolated() {
         )
         .await
         .unwrap();
-    let s = crate::harness::shards();
-    for (i, port) in s.ports.iter().enumerate() {
-        let shard = crate::harness::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=app"))
-            .await
-            .unwrap();
-        let owner = if i == 0 { "globex" } else { "acme" };
+    for shard_number in [1, 2] {
+        let shard = crate::harness::shard_admin(shard_number, "app").await;
+        let owner = if shard_number == 1 { "globex" } else { "acme" };
         shard
             .batch_execute(&format!(
                 "CREATE TABLE IF NOT EXISTS text_notes (tenant_id text NOT NULL, note text);
                  ALTER TABLE text_notes OWNER TO app;
                  DELETE FROM text_notes;
-                 INSERT INTO text_notes VALUES ('{owner}', 'note of {owner}');"
+                 INSERT INTO text_notes VALUES ('{owner}', 'note of {owner}'), ('zz-other', 'not for {owner}');"
             ))
             .await
             .unwrap();
+        if shard_number == 2 {
+            // Row-level security on a text tenant column: the policy compares with the text
+            // GUC. (Shard 1's copy of sql/rls.sql belongs to the RLS test running alongside.)
+            shard.batch_execute(include_str!("../../sql/rls.sql")).await.unwrap();
+            shard.batch_execute("CALL pgtenant.enable_tenant_isolation('text_notes')").await.unwrap();
+        }
     }
     let proxy = start_catalog_proxy(catalog.config.clone(), |c| {
         c.proxy.tenant_key = pgtenant::config::TenantKey::Text;

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use crate::harness::{shards, sqlstate, start_proxy, stderr, stdout};
+use crate::harness::{shard_admin, sqlstate, start_proxy, stderr, stdout};
 
 /// The first column of the first row of a simple query's answer.
 fn first_value(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
@@ -198,11 +198,7 @@ async fn a_tenant_fixed_at_login_cannot_switch_when_the_config_says_so() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn row_level_security_shows_a_query_without_where_only_the_session_tenant() {
-    let s = shards();
-    let admin =
-        crate::harness::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", s.ports[0]))
-            .await
-            .unwrap();
+    let admin = shard_admin(1, "app").await;
     admin.batch_execute(include_str!("../../sql/rls.sql")).await.unwrap();
     admin
         .batch_execute(
@@ -236,11 +232,7 @@ async fn row_level_security_shows_a_query_without_where_only_the_session_tenant(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_default_for_the_tenant_guc_never_reaches_a_session() {
-    let s = shards();
-    let admin =
-        crate::harness::connect(&format!("host=127.0.0.1 port={} user=postgres dbname=postgres", s.ports[0]))
-            .await
-            .unwrap();
+    let admin = shard_admin(1, "postgres").await;
     let exists =
         admin.query_opt("SELECT 1 FROM pg_database WHERE datname = 'guc_default'", &[]).await.unwrap();
     if exists.is_none() {

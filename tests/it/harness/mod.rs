@@ -159,3 +159,11 @@ where
     }
     None
 }
+
+/// A superuser connection to shared shard `shard` (1 or 2), database `dbname`.
+pub async fn shard_admin(shard: usize, dbname: &str) -> tokio_postgres::Client {
+    let port = shards().ports[shard - 1];
+    connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}"))
+        .await
+        .expect("superuser connection")
+}
