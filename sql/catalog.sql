@@ -17,6 +17,8 @@
 -- {"version": N, "table": ..., "tenants": [...] | "all_tenants": true}; proxies apply
 -- it and report the version they serve (SHOW pgtenant.routing_version).
 
+-- Re-runs drop and recreate triggers; their "does not exist, skipping" notices are noise.
+SET client_min_messages = warning;
 CREATE SCHEMA IF NOT EXISTS pgtenant;
 SET search_path = pgtenant, public;
 
