@@ -60,7 +60,10 @@ pub enum FrontendError {
     TenantReadOnly { tenant: TenantId, shard: ShardId, state: &'static str },
     #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]
     PinnedElsewhere { shard: ShardId, reason: &'static str, other: ShardId },
-    #[error("{param} must be set in a request of its own, not together with other statements")]
+    #[error(
+        "SET/RESET {param} and SHOW pgtenant.routing_version are answered by pgtenant: send them in a request \
+         of their own, not together with other statements"
+    )]
     ExtendedTenantSet { param: String },
     #[error("SET/RESET {param} must be sent as a statement of its own, not in a multi-statement string")]
     TenantSetAmongMany { param: String },
