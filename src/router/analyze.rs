@@ -109,10 +109,6 @@ impl Analysis {
         self.pin.or(untracked_set.then_some(PinReason::UntrackedSet))
     }
 
-    pub fn sql(&self) -> &str {
-        &self.sql
-    }
-
     /// Whether the text contains the tenant column's name at all: when not, it names
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).

@@ -240,17 +240,6 @@ impl Router {
         named
     }
 
-    /// Whether a statement's tenant may depend on Bind parameters.
-    pub fn names_params(&self, analysis: &Analysis) -> bool {
-        analysis.mentions(self.facts.tenant_column())
-            && self
-                .facts_of(analysis)
-                .facts
-                .tenant_sources
-                .iter()
-                .any(|s| matches!(s, TenantSource::Param(_)))
-    }
-
     fn facts_of<'a>(&self, analysis: &'a Analysis) -> &'a Facts {
         analysis.facts.get_or_init(|| self.facts.facts(&analysis.sql))
     }
@@ -357,7 +346,6 @@ mod tests {
         assert_eq!(r.named_in_text(&a), vec![TenantId::Int(5), TenantId::Int(6), TenantId::Int(-7)]);
         let a = r.analyze(b"select * from t where TENANT_ID = $2 and id = $1");
         assert!(r.named_in_text(&a).is_empty());
-        assert!(r.names_params(&a));
         // Bind remainder: one format (binary) for both values: int4 1, int2 1500.
         let mut rest = vec![0, 1, 0, 1, 0, 2];
         rest.extend_from_slice(&4i32.to_be_bytes());
