@@ -53,8 +53,7 @@ impl Session {
         }
         let route = match self.batch_statements() {
             Ok(statements) => {
-                let all: Vec<_> = statements.parsed.iter().chain(&statements.executed).cloned().collect();
-                if self.answer_locally(&all).await? {
+                if self.answer_locally(&statements).await? {
                     return Ok(());
                 }
                 self.route_batch(&statements.executed, &statements.named).await
@@ -141,11 +140,12 @@ impl Session {
     /// Answers a held request whose statements pgtenant carries out itself, as a server
     /// would: a SET/RESET of the tenant parameter (drivers such as psycopg 3 and pgJDBC
     /// send SET through the extended protocol), or `SHOW pgtenant.routing_version`.
-    /// Such a statement mixed with others in one request is refused.
-    async fn answer_locally(&mut self, analyses: &[Arc<Analysis>]) -> Result<bool, FrontendError> {
-        let local = |a: &Arc<Analysis>| a.sets_tenant() || a.kind == StatementKind::ShowRoutingVersion;
-        let Some(last) = analyses.iter().rev().find(|a| local(a)) else { return Ok(false) };
-        if !analyses.iter().all(local) {
+    /// Such a statement mixed with others (or with the other kind) in one request is refused.
+    async fn answer_locally(&mut self, statements: &BatchStatements) -> Result<bool, FrontendError> {
+        let all = || statements.parsed.iter().chain(&statements.executed);
+        let Some(last) = all().rev().find(|a| local_kind(a).is_some()) else { return Ok(false) };
+        let kind = local_kind(last);
+        if !all().all(|a| local_kind(a) == kind) {
             return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
         let answer = match &last.kind {
@@ -441,6 +441,23 @@ struct BatchStatements {
     parsed: Vec<Arc<Analysis>>,
     /// The tenants they name, Bind parameters included.
     named: Vec<TenantId>,
+}
+
+/// The statements pgtenant answers itself, by kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LocalKind {
+    TenantSet,
+    RoutingVersion,
+}
+
+fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
+    if analysis.sets_tenant() {
+        Some(LocalKind::TenantSet)
+    } else if analysis.kind == StatementKind::ShowRoutingVersion {
+        Some(LocalKind::RoutingVersion)
+    } else {
+        None
+    }
 }
 
 /// What a request pgtenant answers itself does.
