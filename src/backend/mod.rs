@@ -14,6 +14,6 @@ pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_
 pub use error::{BackendError, CheckoutError};
 pub use pool::{PooledConn, Pools, ServerPool};
 pub use prepared::{PreparedStatement, StatementRegistry};
-pub use settings::{SettingValue, Settings, TenantGuc, quote_literal, sync_sql};
+pub use settings::{SettingValue, Settings, TenantGuc, quote_literal, settings_sql, tenant_sql};
 pub use state::{Effects, OnError, Pending, Reply, ResponseQueue};
 pub use tls::ServerTls;

@@ -100,46 +100,47 @@ pub enum TenantGuc {
     Known(Option<TenantId>),
 }
 
-/// The SQL that takes a server from (`from`, `from_tenant`) to (`to`, `to_tenant`),
-/// or `None` when nothing differs. `tenant_guc` is `None` when the tenant GUC is not set.
-pub fn sync_sql(
-    from: &Settings,
-    to: &Settings,
-    from_tenant: &TenantGuc,
-    to_tenant: Option<&TenantId>,
-    tenant_guc: Option<&str>,
-) -> Option<String> {
+/// The SQL that takes a server's session settings from `from` to `to`, or `None`
+/// when nothing differs. A value the server rejects fails the whole string, which
+/// runs as one implicit transaction: keep the tenant GUC out of it (`tenant_sql`).
+pub fn settings_sql(from: &Settings, to: &Settings) -> Option<String> {
+    if from.version == to.version {
+        return None;
+    }
     let mut sql = String::new();
-    if from.version != to.version {
-        for (name, _) in &from.list {
-            if to.get(name).is_none() {
-                sql.push_str(&format!("RESET {name};"));
-            }
-        }
-        for (name, value) in &to.list {
-            if from.get(name) == Some(value) {
-                continue;
-            }
-            match value {
-                SettingValue::Config(v) => sql.push_str(&format!(
-                    "SELECT pg_catalog.set_config({}, {}, false);",
-                    quote_literal(name),
-                    quote_literal(v)
-                )),
-                SettingValue::Sql(v) => sql.push_str(&format!("SET {name} = {v};")),
-            }
+    for (name, _) in &from.list {
+        if to.get(name).is_none() {
+            sql.push_str(&format!("RESET {name};"));
         }
     }
-    if let Some(guc) = tenant_guc
-        && !matches!(from_tenant, TenantGuc::Known(t) if t.as_ref() == to_tenant)
-    {
-        match to_tenant {
-            Some(t) => sql.push_str(&format!("SET {guc} = {};", quote_literal(&t.key_text()))),
-            // Empty, not RESET: RESET would restore a default that ALTER ROLE/DATABASE may have set.
-            None => sql.push_str(&format!("SET {guc} = '';")),
+    for (name, value) in &to.list {
+        if from.get(name) == Some(value) {
+            continue;
+        }
+        match value {
+            SettingValue::Config(v) => sql.push_str(&format!(
+                "SELECT pg_catalog.set_config({}, {}, false);",
+                quote_literal(name),
+                quote_literal(v)
+            )),
+            SettingValue::Sql(v) => sql.push_str(&format!("SET {name} = {v};")),
         }
     }
     (!sql.is_empty()).then_some(sql)
+}
+
+/// The SQL that sets the tenant GUC (named `tenant_guc`; `None` when it is not set)
+/// from `from` to `to`, or `None` when it already holds it.
+pub fn tenant_sql(from: &TenantGuc, to: Option<&TenantId>, tenant_guc: Option<&str>) -> Option<String> {
+    let guc = tenant_guc?;
+    if matches!(from, TenantGuc::Known(t) if t.as_ref() == to) {
+        return None;
+    }
+    Some(match to {
+        Some(t) => format!("SET {guc} = {};", quote_literal(&t.key_text())),
+        // Empty, not RESET: RESET would restore a default that ALTER ROLE/DATABASE may have set.
+        None => format!("SET {guc} = '';"),
+    })
 }
 
 #[cfg(test)]
@@ -167,24 +168,23 @@ mod tests {
     fn sync_sets_resets_and_switches_tenant() {
         let from = Settings::intern(vec![("search_path".into(), cfg("a")), ("work_mem".into(), cfg("4MB"))]);
         let to = Settings::intern(vec![("search_path".into(), SettingValue::Sql("b, public".into()))]);
+        assert_eq!(settings_sql(&from, &to).unwrap(), "RESET work_mem;SET search_path = b, public;");
+        assert_eq!(settings_sql(&to, &to), None);
         let one = TenantGuc::Known(Some(TenantId::Int(1)));
-        let sql = sync_sql(&from, &to, &one, Some(&TenantId::Int(2)), Some("pgtenant.tenant_id")).unwrap();
-        assert_eq!(sql, "RESET work_mem;SET search_path = b, public;SET pgtenant.tenant_id = '2';");
-        assert_eq!(sync_sql(&to, &to, &TenantGuc::Known(None), None, Some("g")), None);
+        let sql = tenant_sql(&one, Some(&TenantId::Int(2)), Some("pgtenant.tenant_id")).unwrap();
+        assert_eq!(sql, "SET pgtenant.tenant_id = '2';");
+        assert_eq!(tenant_sql(&TenantGuc::Known(None), None, Some("g")), None);
         let three = TenantGuc::Known(Some(TenantId::Int(3)));
-        assert_eq!(sync_sql(&to, &to, &three, None, Some("g")).unwrap(), "SET g = '';");
-        assert_eq!(sync_sql(&to, &to, &three, None, None), None);
+        assert_eq!(tenant_sql(&three, None, Some("g")).unwrap(), "SET g = '';");
+        assert_eq!(tenant_sql(&three, None, None), None);
         // A connection whose GUC pgtenant did not set gets it set, even to "none".
-        assert_eq!(sync_sql(&to, &to, &TenantGuc::Unknown, None, Some("g")).unwrap(), "SET g = '';");
+        assert_eq!(tenant_sql(&TenantGuc::Unknown, None, Some("g")).unwrap(), "SET g = '';");
         // Text keys are quoted as literals.
         let text = TenantId::Text("o'brien".into());
-        assert_eq!(sync_sql(&to, &to, &three, Some(&text), Some("g")).unwrap(), "SET g = 'o''brien';");
-        let quoted = sync_sql(
+        assert_eq!(tenant_sql(&three, Some(&text), Some("g")).unwrap(), "SET g = 'o''brien';");
+        let quoted = settings_sql(
             &Settings::empty(),
             &Settings::intern(vec![("application_name".into(), cfg("it's"))]),
-            &TenantGuc::Unknown,
-            None,
-            None,
         );
         assert_eq!(quoted.unwrap(), "SELECT pg_catalog.set_config('application_name', 'it''s', false);");
     }

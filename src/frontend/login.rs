@@ -15,7 +15,9 @@ use super::params::parse_startup;
 use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
 use super::{Shared, primary_node};
-use crate::backend::{BackendError, CheckoutError, SettingValue, Settings, TenantGuc, send_cancel, sync_sql};
+use crate::backend::{
+    BackendError, CheckoutError, SettingValue, Settings, TenantGuc, send_cancel, settings_sql, tenant_sql,
+};
 use crate::net::Duplex;
 use crate::protocol::{self, TxStatus};
 
@@ -168,7 +170,12 @@ async fn first_login(
         other => FrontendError::Checkout(other),
     })?;
     let guc = config.proxy.set_tenant_guc.then_some(config.proxy.tenant_parameter.as_str());
-    if let Some(sql) = sync_sql(&conn.settings, settings, &conn.tenant, tenant, guc) {
+    // One string is fine here: a rejected setting refuses the login, and nothing is recorded.
+    let sql: String = [settings_sql(&conn.settings, settings), tenant_sql(&conn.tenant, tenant, guc)]
+        .into_iter()
+        .flatten()
+        .collect();
+    if !sql.is_empty() {
         let applied = conn.run_sql(&sql).await;
         let refused = applied.map_err(|e| FrontendError::ServerLost { shard, reason: e.to_string() })?;
         if let Some(fields) = refused {

@@ -257,3 +257,23 @@ async fn a_server_default_for_the_tenant_guc_never_reaches_a_session() {
     assert_eq!(guc, "7");
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_client_setting_never_undoes_the_tenant_guc() {
+    // One server connection per shard, so the second client gets the first one's.
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let first = proxy.connect(Some(42)).await;
+    let guc: String =
+        first.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "42");
+    // A later login is answered from the cached server parameters, so a setting the
+    // server rejects is only found when it is applied with the tenant, at checkout.
+    let second =
+        crate::harness::connect(&proxy.conninfo("options='-c pgtenant.tenant_id=1500 -c work_mem=banana'"))
+            .await
+            .unwrap();
+    let guc: String =
+        second.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+    assert_eq!(guc, "1500", "the tenant GUC must not roll back with the rejected setting");
+    proxy.shutdown().await;
+}

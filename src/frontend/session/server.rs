@@ -9,7 +9,7 @@ use deadpool::managed::Object;
 use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
     MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
-    record_param, sync_sql,
+    record_param, settings_sql, tenant_sql,
 };
 use crate::config::PoolMode;
 use crate::directory::{ShardId, TenantId};
@@ -61,33 +61,26 @@ impl Session {
         };
         a.route = route.clone();
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
-        if let Some(sql) =
-            sync_sql(&a.conn.settings, &self.settings, &a.conn.tenant, route.tenant.as_ref(), tenant_guc)
-        {
-            protocol::query(&mut a.conn.io.wbuf, &sql);
-            a.conn.queue.push(Pending::Injected {
-                reply: Reply::Query,
-                on_error: OnError::Swallow,
-                prepares: None,
-            });
+        if let Some(sql) = settings_sql(&a.conn.settings, &self.settings) {
+            inject_sql(&mut a.conn, &sql);
             a.conn.settings = self.settings.clone();
-            a.conn.tenant = TenantGuc::Known(route.tenant.clone());
         }
+        // The tenant GUC and read-only mode go in a query of their own: a client setting the
+        // server rejects rolls back its whole query, and must not take the tenant with it.
+        let mut guard = tenant_sql(&a.conn.tenant, route.tenant.as_ref(), tenant_guc).unwrap_or_default();
         let read_only = !route.state.allows_writes();
         if a.conn.read_only != read_only {
             // The server's own wall behind pgtenant's check of each statement: it also
             // stops writes that hide in functions.
-            let sql = if read_only {
-                "SET default_transaction_read_only = on"
+            guard.push_str(if read_only {
+                "SET default_transaction_read_only = on;"
             } else {
-                "RESET default_transaction_read_only"
-            };
-            protocol::query(&mut a.conn.io.wbuf, sql);
-            a.conn.queue.push(Pending::Injected {
-                reply: Reply::Query,
-                on_error: OnError::Swallow,
-                prepares: None,
+                "RESET default_transaction_read_only;"
             });
+        }
+        if !guard.is_empty() {
+            inject_sql(&mut a.conn, &guard);
+            a.conn.tenant = TenantGuc::Known(route.tenant.clone());
             a.conn.read_only = read_only;
         }
         if let ClientTx::DeferredBegin(begin) = std::mem::replace(&mut self.tx, ClientTx::Idle) {
@@ -376,4 +369,10 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
     };
     conn.io.rbuf.advance(at);
     result
+}
+
+/// Sends `sql` ahead of the client's messages; its answer is swallowed.
+fn inject_sql(conn: &mut ServerConn, sql: &str) {
+    protocol::query(&mut conn.io.wbuf, sql);
+    conn.queue.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, prepares: None });
 }
