@@ -113,10 +113,7 @@ impl Analysis {
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).
     pub(super) fn mentions(&self, column: &str) -> bool {
-        *self.mentions_column.get_or_init(|| {
-            let (sql, col) = (self.sql.as_bytes(), column.as_bytes());
-            !col.is_empty() && sql.windows(col.len()).any(|w| w.eq_ignore_ascii_case(col))
-        })
+        *self.mentions_column.get_or_init(|| contains_ignore_case(self.sql.as_bytes(), column.as_bytes()))
     }
 
     /// Whether the statement may change data or schema (refused for read-only tenants).
@@ -203,11 +200,12 @@ fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
 /// `ALTER ROLE/DATABASE ... SET <tenant parameter>`: a default that server connections
 /// would start with, behind pgtenant's back.
 fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
-    w.is(0, "alter") && {
-        let text = w.rest_from(0).as_bytes();
-        let param = tenant_param.as_bytes();
-        !param.is_empty() && text.windows(param.len()).any(|x| x.eq_ignore_ascii_case(param))
-    }
+    w.is(0, "alter") && contains_ignore_case(w.rest_from(0).as_bytes(), tenant_param.as_bytes())
+}
+
+/// Whether `needle` (non-empty) occurs in `hay`, ASCII case ignored.
+fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
 }
 
 /// The setting name under which the proxy reports the routing version it serves.
@@ -268,7 +266,7 @@ fn is_plain_dml(sql: &[u8]) -> bool {
     }
     let body = rest.trim_ascii_end();
     let body = body.strip_suffix(b";").unwrap_or(body);
-    let suspicious = |w: &[u8]| body.windows(w.len()).any(|x| x.eq_ignore_ascii_case(w));
+    let suspicious = |w: &[u8]| contains_ignore_case(body, w);
     // `$1` is a parameter; `$$` or `$tag$` would start a dollar-quoted string.
     let dollar_quote = body.windows(2).any(|w| w[0] == b'$' && !w[1].is_ascii_digit());
     !dollar_quote

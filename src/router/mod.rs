@@ -118,10 +118,8 @@ impl Router {
         statements: &[&Analysis],
         memo: &mut PlacementMemo,
     ) -> Result<Route, RouteError> {
+        Self::check_bound(session, named)?;
         if let Some(s) = session {
-            if let Some(other) = named.iter().find(|&t| t != s) {
-                return Err(RouteError::OtherTenant { session: s.clone(), named: other.clone() });
-            }
             let placement = self.placement_remembered(s, memo).await?;
             let route = Route { tenant: Some(s.clone()), shard: placement.shard, state: placement.state };
             log_route(&route, Why::SessionTenant);
@@ -155,18 +153,13 @@ impl Router {
         Ok(route)
     }
 
-    /// The tenant of a request: the session's, else the one a statement names.
-    /// A bound session tenant never yields to another named tenant.
-    pub fn pick_tenant(
-        session: Option<&TenantId>,
-        named: Option<&TenantId>,
-    ) -> Result<Option<TenantId>, RouteError> {
-        match (session, named) {
-            (Some(session), Some(named)) if session != named => {
-                Err(RouteError::OtherTenant { session: session.clone(), named: named.clone() })
+    /// A bound session tenant admits no other tenant in what a statement names.
+    pub fn check_bound(session: Option<&TenantId>, named: &[TenantId]) -> Result<(), RouteError> {
+        match (session, named.iter().find(|&t| Some(t) != session)) {
+            (Some(session), Some(other)) => {
+                Err(RouteError::OtherTenant { session: session.clone(), named: other.clone() })
             }
-            (Some(t), _) | (None, Some(t)) => Ok(Some(t.clone())),
-            (None, None) => Ok(None),
+            _ => Ok(()),
         }
     }
 

@@ -146,10 +146,8 @@ impl Inner {
 
     /// Everything may have changed: new topology, empty cache.
     fn replace_all(&self, topology: Topology, version: i64) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        *self.topology.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(topology);
-        self.cache.clear();
-        self.version.store(version, Ordering::Release);
+        self.replace_topology(topology);
+        self.forget_tenants(version);
     }
 
     /// Many tenants changed at once: empty the cache.

@@ -142,8 +142,8 @@ impl Session {
         let Some(current) = self.server.as_ref().map(|a| a.route.shard) else {
             return Ok(());
         };
+        Router::check_bound(self.tenant.as_ref(), named)?;
         for t in named {
-            Router::pick_tenant(self.tenant.as_ref(), Some(t))?;
             let placement =
                 self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
             if placement.shard != current {
