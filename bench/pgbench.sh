@@ -20,26 +20,10 @@ SHARD_PORT=${SHARD_PORT:-6542}
 BOUNCER_PORT=${BOUNCER_PORT:-6552}
 UNIX_PROXY_PORT=${UNIX_PROXY_PORT:-6562}
 
-cargo build --release --quiet
-BIN=target/release/pgtenant
-STATE=$(mktemp -d /tmp/pgtenant-bench.XXXXXX)
-chmod 755 "$STATE"
-"$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "${WORKERS:-1}" >"$STATE/proxy.log" 2>&1 &
-PROXY_PID=$!
+source bench/common.sh
+start_dev bench "${WORKERS:-1}"
 BOUNCER_PID=""
 UNIX_PID=""
-cleanup() {
-  if [ -n "$BOUNCER_PID" ]; then kill "$BOUNCER_PID" 2>/dev/null || true; fi
-  if [ -n "$UNIX_PID" ]; then kill -INT "$UNIX_PID" 2>/dev/null || true; fi
-  kill -INT "$PROXY_PID" 2>/dev/null || true
-  wait "$PROXY_PID" 2>/dev/null || true
-  rm -rf "$STATE"
-}
-trap cleanup EXIT
-
-export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
-for _ in $(seq 100); do psql -p "$PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
-[ -d "/proc/$PROXY_PID" ] || { echo "pgtenant dev did not start:" >&2; cat "$STATE/proxy.log" >&2; exit 1; }
 # Tenant 7 lives on shard 1, whose cluster listens on SHARD_PORT.
 pgbench -p "$SHARD_PORT" -i -q -s "$SCALE" >/dev/null 2>&1
 
@@ -66,31 +50,38 @@ INI
   [ "$(id -u)" = 0 ] && RUN_AS="runuser -u postgres --" && chown postgres "$STATE/bouncer"
   $RUN_AS pgbouncer "$STATE/pgbouncer.ini" >/dev/null 2>&1 &
   BOUNCER_PID=$!
-  for _ in $(seq 50); do psql -p "$BOUNCER_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
+  wait_for_port "$BOUNCER_PORT" || true
   BOUNCER_PID=$(pgrep -n -x pgbouncer || echo "$BOUNCER_PID")
+  stop_on_exit "$BOUNCER_PID" TERM
   [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer did not start:" >&2; cat "$STATE/bouncer/pgbouncer.log" >&2; exit 1; }
   TARGETS="$TARGETS pgbouncer"
 fi
 
 if [ "${UNIX:-0}" = 1 ]; then
-  # The configuration dev wrote, with the shards reached through their socket directories.
-  python3 - "$STATE" "$UNIX_PROXY_PORT" "${WORKERS:-1}" <<'PY'
+  # The configuration dev wrote, with the demo layout in the file (instead of the
+  # catalog) and the shards reached through their socket directories.
+  python3 - "$STATE" "$UNIX_PROXY_PORT" "${WORKERS:-1}" "$SHARD_PORT" <<'PY'
 import re, sys
-state, port, workers = sys.argv[1:]
+state, port, workers, shard_port = sys.argv[1:]
 text = open(f"{state}/pgtenant.toml").read()
 text = re.sub(r'listen = ".*"', f'listen = "127.0.0.1:{port}"', text, count=1)
 text = re.sub(r"workers = \d+", f"workers = {workers}", text, count=1)
-shard = iter(range(1, 3))
-text = re.sub(r'host = "127.0.0.1"', lambda m: f'host = "{state}/shard{next(shard)}"', text)
+text = re.sub(r"^(shards|ranges|tenant_map) = \[\]\n", "", text, flags=re.M)
+text = re.sub(r"\n\[catalog\]\n(?:[^\[\n].*\n)*", "\n", text)
+for shard in (1, 2):
+    text += (f'\n[[shards]]\nid = {shard}\n[[shards.nodes]]\nhost = "{state}/shard{shard}"\n'
+             f'port = {int(shard_port) + shard - 1}\nrole = "primary"\n')
+text += '\n[[ranges]]\nmin = 1\nmax = 1000\nshard = 1\n\n[[ranges]]\nmin = 1001\nmax = 2000\nshard = 2\n'
+text += '\n[[tenant_map]]\ntenant = 42\nshard = 2\n'
 open(f"{state}/unix.toml", "w").write(text)
 PY
   "$BIN" serve --config "$STATE/unix.toml" >"$STATE/unix.log" 2>&1 &
   UNIX_PID=$!
-  for _ in $(seq 50); do psql -p "$UNIX_PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
+  stop_on_exit "$UNIX_PID"
+  wait_for_port "$UNIX_PROXY_PORT" || true
   TARGETS="$TARGETS pgtenant-unix"
 fi
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICKS=$(getconf CLK_TCK)
 RESULTS="$STATE/results"
 : >"$RESULTS"
@@ -133,7 +124,6 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round done" >&2
 done
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo
   printf "%-9s %7s | %12s %9s | %14s %9s %7s %10s\n" mode clients "direct tps" "lat ms" "$target tps" "lat ms" ratio "cpu us/tx"

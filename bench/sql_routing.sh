@@ -29,30 +29,15 @@ TENANTS_FROM=1000001
 TENANTS_TO=2000000
 
 cargo build --release --quiet --benches
-cargo build --release --quiet
-BIN=target/release/pgtenant
-STATE=$(mktemp -d /tmp/pgtenant-bench-sql.XXXXXX)
-chmod 755 "$STATE"
-"$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers 1 >"$STATE/proxy.log" 2>&1 &
-PROXY_PID=$!
-NOGUC_PID=""
-cleanup() {
-  if [ -n "$NOGUC_PID" ]; then kill -INT "$NOGUC_PID" 2>/dev/null || true; fi
-  kill -INT "$PROXY_PID" 2>/dev/null || true
-  wait "$PROXY_PID" 2>/dev/null || true
-  rm -rf "$STATE"
-}
-trap cleanup EXIT
-
-export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
-for _ in $(seq 150); do psql -p "$PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
-[ -d "/proc/$PROXY_PID" ] || { echo "pgtenant dev did not start:" >&2; cat "$STATE/proxy.log" >&2; exit 1; }
+source bench/common.sh
+start_dev bench-sql 1
 NOGUC_PORT=$((PROXY_PORT + 1))
 sed -e "s/^listen = .*/listen = \"127.0.0.1:$NOGUC_PORT\"/" -e "s/^set_tenant_guc = .*/set_tenant_guc = false/" \
   -e "s/^workers = .*/workers = 1/" "$STATE/pgtenant.toml" >"$STATE/noguc.toml"
 "$BIN" serve --config "$STATE/noguc.toml" >"$STATE/noguc.log" 2>&1 &
 NOGUC_PID=$!
-for _ in $(seq 50); do psql -p "$NOGUC_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
+stop_on_exit "$NOGUC_PID"
+wait_for_port "$NOGUC_PORT" || true
 
 echo "loading $((TENANTS_TO - TENANTS_FROM + 1)) tenants into tenant_shard_map ..." >&2
 psql -h 127.0.0.1 -p "$CATALOG_PORT" -U postgres -d pgtenant_catalog -Xq -c \
@@ -66,7 +51,6 @@ script "random(1, 2000)" sql-both
 script "random($TENANTS_FROM, $TENANTS_TO)" sql-1m
 cp "$STATE/sql.sql" "$STATE/sql-noguc.sql"
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 TICKS=$(getconf CLK_TCK)
 RESULTS="$STATE/results"
@@ -100,7 +84,6 @@ for round in $(seq "$ROUNDS"); do
 done
 echo "pgtenant RSS after: $(rss_mib "$PROXY_PID") MiB" >>"$STATE/memory"
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 printf "\n%-9s %-9s | %10s %8s | %10s\n" mode target tps "cpu us" "/session"
 for mode in simple extended prepared; do
   pick() { awk -v t="$1" -v m=$mode -v f="$2" '$1==t && $2==m {print $f}' "$RESULTS" | median; }

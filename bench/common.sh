@@ -1,0 +1,41 @@
+# Shared by the benchmark scripts (sourced, from the repository root): starts
+# `pgtenant dev` in a throwaway state directory and stops it, and whatever else a
+# script registered, when the script exits.
+#
+# Expects PROXY_PORT and SHARD_PORT; sets BIN, STATE and PROXY_PID.
+
+BIN=target/release/pgtenant
+export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
+STOP_ON_EXIT=()
+
+# wait_for_port PORT [TRIES]: until a query through PORT answers (0.2 s per try).
+wait_for_port() {
+  for _ in $(seq "${2:-50}"); do psql -p "$1" -XAtc "select 1" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+
+# stop_on_exit PID [SIGNAL]: signal PID (INT by default) when the script exits.
+stop_on_exit() { STOP_ON_EXIT+=("${2:-INT}:$1"); }
+
+stop_all() {
+  for entry in "${STOP_ON_EXIT[@]}"; do kill -"${entry%%:*}" "${entry#*:}" 2>/dev/null || true; done
+  kill -INT "$PROXY_PID" 2>/dev/null || true
+  wait "$PROXY_PID" 2>/dev/null || true
+  rm -rf "$STATE"
+}
+
+# start_dev NAME WORKERS: builds and starts `pgtenant dev` (proxy on PROXY_PORT,
+# shards from SHARD_PORT, the catalog after them) and waits until it serves.
+start_dev() {
+  cargo build --release --quiet
+  STATE=$(mktemp -d "/tmp/pgtenant-$1.XXXXXX")
+  chmod 755 "$STATE"
+  "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "$2" >"$STATE/proxy.log" 2>&1 &
+  PROXY_PID=$!
+  trap stop_all EXIT
+  wait_for_port "$PROXY_PORT" 150 || true
+  [ -d "/proc/$PROXY_PID" ] || { echo "pgtenant dev did not start:" >&2; cat "$STATE/proxy.log" >&2; exit 1; }
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
