@@ -22,17 +22,19 @@ pub struct ServerManager {
 }
 
 impl managed::Manager for ServerManager {
-    type Type = ServerConn;
+    // Boxed: deadpool moves the object by value between its queue, the checkout
+    // future and the guard, several times per checkout; a pointer moves cheaply.
+    type Type = Box<ServerConn>;
     type Error = BackendError;
 
-    async fn create(&self) -> Result<ServerConn, BackendError> {
+    async fn create(&self) -> Result<Box<ServerConn>, BackendError> {
         // Boxed: the login future is large, and every checkout future would carry its size.
         let conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
         let _ = self.startup_params.set(Arc::new(conn.params.clone()));
-        Ok(conn)
+        Ok(Box::new(conn))
     }
 
-    async fn recycle(&self, conn: &mut ServerConn, _: &Metrics) -> RecycleResult<BackendError> {
+    async fn recycle(&self, conn: &mut Box<ServerConn>, _: &Metrics) -> RecycleResult<BackendError> {
         if !conn.is_reusable() {
             return Err(RecycleError::message("server connection was not left idle"));
         }

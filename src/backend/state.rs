@@ -96,7 +96,15 @@ impl ResponseQueue {
     }
 
     /// Emits pgtenant's own replies that have reached the front.
+    #[inline]
     pub fn drain_synthetic(&mut self, out: &mut BytesMut) {
+        // Called after every message both ways; rarely has anything to do.
+        if matches!(self.pending.front(), Some(Pending::Synthetic(_) | Pending::CopyEnd)) {
+            self.drain_synthetic_front(out);
+        }
+    }
+
+    fn drain_synthetic_front(&mut self, out: &mut BytesMut) {
         loop {
             match self.pending.front() {
                 Some(Pending::Synthetic(bytes)) => out.extend_from_slice(bytes),

@@ -8,8 +8,9 @@ pub fn split_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&b[..nul], &b[nul + 1..]))
 }
 
+/// Query texts are scanned for their end on every Parse: a word-at-a-time search.
 fn memchr(b: &[u8]) -> Option<usize> {
-    b.iter().position(|c| *c == 0)
+    memchr::memchr(0, b)
 }
 
 /// Transaction status carried by ReadyForQuery (B).

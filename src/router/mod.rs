@@ -115,7 +115,7 @@ impl Router {
         &self,
         session: Option<&TenantId>,
         named: &[TenantId],
-        statements: &[&Analysis],
+        statements: &[Arc<Analysis>],
         memo: &mut PlacementMemo,
     ) -> Result<Route, RouteError> {
         Self::check_bound(session, named)?;
@@ -357,19 +357,29 @@ mod tests {
         let read = r.analyze(b"select 1 from t");
         let write = r.analyze(b"delete from t");
         let mut memo = PlacementMemo::default();
-        let route = r.route(None, &[TenantId::Int(1500)], &[&read], &mut memo).await.unwrap();
+        let route =
+            r.route(None, &[TenantId::Int(1500)], std::slice::from_ref(&read), &mut memo).await.unwrap();
         assert_eq!((route.tenant, route.shard), (Some(TenantId::Int(1500)), 2));
-        let route = r.route(None, &[TenantId::Int(3), TenantId::Int(4)], &[&read], &mut memo).await.unwrap();
+        let route = r
+            .route(None, &[TenantId::Int(3), TenantId::Int(4)], std::slice::from_ref(&read), &mut memo)
+            .await
+            .unwrap();
         assert_eq!((route.tenant, route.shard), (None, 1), "two tenants of one shard: no single tenant GUC");
-        let cross =
-            r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&read], &mut memo).await.unwrap_err();
+        let cross = r
+            .route(None, &[TenantId::Int(3), TenantId::Int(1500)], std::slice::from_ref(&read), &mut memo)
+            .await
+            .unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: false, .. }));
         assert!(cross.to_string().contains("scatter-gather"), "{cross}");
-        let cross =
-            r.route(None, &[TenantId::Int(3), TenantId::Int(1500)], &[&write], &mut memo).await.unwrap_err();
+        let cross = r
+            .route(None, &[TenantId::Int(3), TenantId::Int(1500)], std::slice::from_ref(&write), &mut memo)
+            .await
+            .unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: true, .. }));
-        let other =
-            r.route(Some(&TenantId::Int(3)), &[TenantId::Int(4)], &[&read], &mut memo).await.unwrap_err();
+        let other = r
+            .route(Some(&TenantId::Int(3)), &[TenantId::Int(4)], std::slice::from_ref(&read), &mut memo)
+            .await
+            .unwrap_err();
         assert_eq!(other, RouteError::OtherTenant { session: TenantId::Int(3), named: TenantId::Int(4) });
     }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use super::{ClientStatement, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply};
@@ -16,6 +17,29 @@ use crate::protocol::{self, Frame};
 use crate::router::{Analysis, ROUTING_VERSION, Route, StatementKind};
 
 impl Session {
+    /// Keeps a message of a request that is held (see the module comment) and is not its
+    /// end; gives the message back when it needs `on_extended`.
+    pub(super) fn hold_extended(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
+        if self.skip_until_sync || matches!(frame.tag, b'S' | b'H') {
+            return Ok(Some(frame));
+        }
+        if self.batch.is_empty() && !self.at_transaction_start() {
+            return Ok(Some(frame));
+        }
+        self.hold(frame)?;
+        Ok(None)
+    }
+
+    fn hold(&mut self, frame: Frame) -> Result<(), FrontendError> {
+        if self.batch.len() >= MAX_HELD_MESSAGES {
+            return Err(FrontendError::Protocol(format!(
+                "more than {MAX_HELD_MESSAGES} messages without Sync"
+            )));
+        }
+        self.batch.push(frame);
+        Ok(())
+    }
+
     pub(super) async fn on_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
         if self.skip_until_sync {
             if frame.tag == b'S' {
@@ -41,11 +65,8 @@ impl Session {
             return self.forward_extended(frame);
         }
         let ends_request = matches!(frame.tag, b'S' | b'H');
-        self.batch.push(frame);
+        self.hold(frame)?;
         if !ends_request {
-            if self.batch.len() > 10_000 {
-                return Err(FrontendError::Protocol("more than 10000 messages without Sync".into()));
-            }
             return Ok(());
         }
         if self.server.is_none() && self.answer_without_server()? {
@@ -90,6 +111,10 @@ impl Session {
     /// that prepares synchronously (libpq's PQprepare) from waiting for a server while
     /// its own thread's other connections hold all of them.
     fn answer_without_server(&mut self) -> Result<bool, FrontendError> {
+        // Most requests execute something: tell by the tags alone, before any lookup.
+        if !self.batch.iter().all(|f| matches!(f.tag, b'P' | b'C' | b'S' | b'H')) {
+            return Ok(false);
+        }
         let mut parsed = Vec::new();
         for frame in &self.batch {
             match frame.tag {
@@ -209,10 +234,10 @@ impl Session {
     /// refers to the statement a Parse of the same request gave its name, if any. A
     /// request that only prepares needs no tenant: any shard can prepare it.
     fn batch_statements(&mut self) -> Result<BatchStatements, FrontendError> {
-        let mut analyses = Vec::new();
-        let mut parsed = Vec::new();
-        let mut named = Vec::new();
-        let mut parsed_here: Vec<(&[u8], Arc<Analysis>)> = Vec::new();
+        let mut analyses = SmallVec::new();
+        let mut parsed = SmallVec::new();
+        let mut named = SmallVec::new();
+        let mut parsed_here: SmallVec<[(&[u8], Arc<Analysis>); 2]> = SmallVec::new();
         let router = &self.shared.router;
         for frame in &self.batch {
             let (analysis, tenants) = match frame.tag {
@@ -257,9 +282,8 @@ impl Session {
         analyses: &[Arc<Analysis>],
         named: &[TenantId],
     ) -> Result<(), FrontendError> {
-        let statements: Vec<&Analysis> = analyses.iter().map(|a| a.as_ref()).collect();
         let route: Route =
-            self.shared.router.route(self.tenant.as_ref(), named, &statements, &mut self.placement).await?;
+            self.shared.router.route(self.tenant.as_ref(), named, analyses, &mut self.placement).await?;
         self.begin_on(route).await
     }
 
@@ -434,13 +458,14 @@ impl Session {
 }
 
 /// The statements of a held request.
+/// Inline for the common request of one statement: no allocation per request.
 struct BatchStatements {
     /// Those its Bind messages execute.
-    executed: Vec<Arc<Analysis>>,
+    executed: SmallVec<[Arc<Analysis>; 2]>,
     /// Those its Parse messages prepare.
-    parsed: Vec<Arc<Analysis>>,
+    parsed: SmallVec<[Arc<Analysis>; 2]>,
     /// The tenants they name, Bind parameters included.
-    named: Vec<TenantId>,
+    named: SmallVec<[TenantId; 2]>,
 }
 
 /// The statements pgtenant answers itself, by kind.
@@ -467,13 +492,17 @@ enum LocalAnswer {
     RoutingVersion,
 }
 
-fn add_new(named: &mut Vec<TenantId>, tenants: Vec<TenantId>) {
+fn add_new(named: &mut SmallVec<[TenantId; 2]>, tenants: Vec<TenantId>) {
     for t in tenants {
         if !named.contains(&t) {
             named.push(t);
         }
     }
 }
+
+/// Messages held for one request at most (a client that never syncs must not grow
+/// the session without bound).
+const MAX_HELD_MESSAGES: usize = 10_000;
 
 fn malformed(what: &str) -> FrontendError {
     FrontendError::Protocol(format!("malformed {what} message"))

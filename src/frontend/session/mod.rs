@@ -265,7 +265,14 @@ impl Session {
             tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), "client message");
             match frame.tag {
                 b'Q' => self.on_query(frame).await?,
-                b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => self.on_extended(frame).await?,
+                b'P' | b'B' | b'D' | b'E' | b'C' => {
+                    // Held until Sync or Flush without entering the async handler: most
+                    // messages of a request only need to be kept.
+                    if let Some(frame) = self.hold_extended(frame)? {
+                        self.on_extended(frame).await?
+                    }
+                }
+                b'H' | b'S' => self.on_extended(frame).await?,
                 b'F' => self.on_function_call(frame).await?,
                 b'd' | b'c' | b'f' => {
                     // Copy data goes to the server in COPY FROM STDIN; outside COPY it is ignored.

@@ -91,7 +91,7 @@ impl Session {
             let route = self
                 .shared
                 .router
-                .route(self.tenant.as_ref(), &named, &[&analysis], &mut self.placement)
+                .route(self.tenant.as_ref(), &named, std::slice::from_ref(&analysis), &mut self.placement)
                 .await;
             if !self.begin_or_reply(route).await {
                 return Ok(());
