@@ -202,3 +202,49 @@ END $$;
 DROP TRIGGER IF EXISTS routing_state_notify ON routing_state;
 CREATE TRIGGER routing_state_notify BEFORE UPDATE ON routing_state
     FOR EACH ROW EXECUTE FUNCTION notify_routing_state();
+
+-- Snowflake instance numbers: each proxy leases one (1..2^instance_bits-1; 0 is the
+-- servers' own SQL function) and renews it; an expired row's number may be taken by
+-- another proxy, which then mints only after the old expiry (floor_unix_ms).
+CREATE TABLE IF NOT EXISTS snowflake_lease (
+    instance    smallint PRIMARY KEY CHECK (instance >= 1),
+    holder      text NOT NULL,
+    acquired_at timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+
+-- The number `p_holder` holds, or the lowest free one; no row when all are taken.
+CREATE OR REPLACE FUNCTION acquire_snowflake_instance(p_holder text, p_max_instance int, p_ttl_ms bigint)
+RETURNS TABLE (instance int, floor_unix_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    chosen int;
+    previous_expiry timestamptz;
+BEGIN
+    -- One acquisition at a time: two proxies must not both see the same number free.
+    PERFORM pg_advisory_xact_lock(hashtext('pgtenant.snowflake_lease'));
+    SELECT l.instance INTO chosen FROM pgtenant.snowflake_lease l
+        WHERE l.holder = p_holder AND l.expires_at > now() ORDER BY l.instance LIMIT 1;
+    IF chosen IS NULL THEN
+        SELECT i INTO chosen FROM generate_series(1, p_max_instance) AS i
+            WHERE NOT EXISTS (SELECT 1 FROM pgtenant.snowflake_lease l
+                              WHERE l.instance = i AND l.expires_at > now())
+            ORDER BY i LIMIT 1;
+    END IF;
+    IF chosen IS NULL THEN
+        RETURN;
+    END IF;
+    -- Another holder's last expiry; its IDs may reach up to it.
+    SELECT l.expires_at INTO previous_expiry FROM pgtenant.snowflake_lease l
+        WHERE l.instance = chosen AND l.holder <> p_holder;
+    INSERT INTO pgtenant.snowflake_lease AS l (instance, holder, acquired_at, expires_at)
+        VALUES (chosen, p_holder, now(), now() + make_interval(secs => p_ttl_ms / 1000.0))
+        ON CONFLICT ON CONSTRAINT snowflake_lease_pkey DO UPDATE
+        SET holder = EXCLUDED.holder,
+            acquired_at = CASE WHEN l.holder = EXCLUDED.holder THEN l.acquired_at ELSE EXCLUDED.acquired_at END,
+            expires_at = EXCLUDED.expires_at;
+    instance := chosen;
+    floor_unix_ms := CASE WHEN previous_expiry IS NULL THEN 0
+                          ELSE (extract(epoch FROM previous_expiry) * 1000)::bigint END;
+    RETURN NEXT;
+END $$;

@@ -9,6 +9,7 @@
 //! - `frontend`: listener, TLS, startup, client auth, the per-client `Session` loop.
 //! - `router`: the tenant of a request and the route it takes.
 //! - `directory`: tenant -> shard resolution.
+//! - `snowflake`: IDs minted by the proxy, and the instance number's lease.
 //! - `backend`: server connections, pools, what each server still owes.
 //! - `net`: socket streams and buffered duplex I/O shared by frontend and backend.
 //! - `protocol`: I/O-free framing and the few message views and builders needed.
@@ -26,6 +27,7 @@ pub mod observe;
 pub mod protocol;
 pub mod router;
 pub mod server;
+pub mod snowflake;
 
 #[cfg(test)]
 mod fuzz_tests;

@@ -37,6 +37,52 @@ pub struct Config {
     /// A catalog database that holds shards and placements instead of this file.
     #[serde(default)]
     pub catalog: Option<CatalogConfig>,
+    #[serde(default)]
+    pub snowflake: SnowflakeConfig,
+}
+
+/// Snowflake IDs minted by the proxy (`SELECT pgtenant.next_id()`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnowflakeConfig {
+    /// Of the 12 sequence bits, those that number the minters; the rest count IDs
+    /// within a millisecond. Every proxy and `sql/snowflake.sql` must agree.
+    #[serde(default = "default_instance_bits")]
+    pub instance_bits: u32,
+    /// This proxy's instance number when there is no catalog to lease one from
+    /// (1..2^instance_bits - 1; 0 belongs to the servers' SQL function).
+    #[serde(default = "default_instance")]
+    pub instance: i64,
+    /// How long a leased instance number lasts without renewal (renewed every third).
+    #[serde(default = "default_lease_ttl_ms")]
+    pub lease_ttl_ms: u64,
+    /// How far back the clock may jump and be waited out; further is an error.
+    #[serde(default = "default_max_clock_backwards_ms")]
+    pub max_clock_backwards_ms: u64,
+}
+
+impl Default for SnowflakeConfig {
+    fn default() -> Self {
+        Self {
+            instance_bits: default_instance_bits(),
+            instance: default_instance(),
+            lease_ttl_ms: default_lease_ttl_ms(),
+            max_clock_backwards_ms: default_max_clock_backwards_ms(),
+        }
+    }
+}
+
+fn default_instance_bits() -> u32 {
+    4
+}
+fn default_instance() -> i64 {
+    1
+}
+fn default_lease_ttl_ms() -> u64 {
+    30_000
+}
+fn default_max_clock_backwards_ms() -> u64 {
+    1_000
 }
 
 /// The catalog database (schema in `sql/catalog.sql`) and its tenant cache.

@@ -28,6 +28,20 @@ pub fn validate(config: &Config) -> Vec<String> {
     } else if config.shards.is_empty() {
         problems.push("no shards are configured".to_string());
     }
+    let sf = &config.snowflake;
+    if !(1..=11).contains(&sf.instance_bits) {
+        problems.push(format!("[snowflake] instance_bits is {}; it must be 1..11", sf.instance_bits));
+    } else if !(1..(1i64 << sf.instance_bits)).contains(&sf.instance) {
+        problems.push(format!(
+            "[snowflake] instance is {}; with {} instance bits it must be 1..{} (0 is the servers' SQL function)",
+            sf.instance,
+            sf.instance_bits,
+            (1i64 << sf.instance_bits) - 1
+        ));
+    }
+    if sf.lease_ttl_ms < 300 {
+        problems.push("[snowflake] lease_ttl_ms must be at least 300".to_string());
+    }
     for shard in &config.shards {
         if shard.id > MAX_SHARD_ID {
             problems.push(format!("shard id {} is outside 0..{MAX_SHARD_ID}", shard.id));

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::config::{
     AuthMethod, CatalogConfig, Config, MappedKey, NodeConfig, NodeRole, ProxyConfig, RangeConfig,
-    ServerTlsConfig, ShardConfig, TenantMapping, TlsConfig, UserConfig,
+    ServerTlsConfig, ShardConfig, SnowflakeConfig, TenantMapping, TlsConfig, UserConfig,
 };
 
 pub const DEMO_USER: &str = "app";
@@ -51,6 +51,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         ],
         tenant_map: vec![TenantMapping { tenant: MappedKey::Int(42), shard: 2 }],
         catalog: None,
+        snowflake: SnowflakeConfig::default(),
     }
 }
 

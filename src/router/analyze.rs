@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use super::facts::Facts;
 use super::lexer::{Token, TokenKind, tokenize};
+use super::snowflake_call::SnowflakeSelect;
 use crate::directory::{TenantId, TenantKey};
 
 /// The statement kinds the session acts on.
@@ -32,6 +33,8 @@ pub enum StatementKind {
     DiscardAll,
     /// `SHOW pgtenant.routing_version`: answered by the proxy.
     ShowRoutingVersion,
+    /// A snowflake call (`SELECT pgtenant.next_id()` and kin): answered by the proxy.
+    Snowflake(SnowflakeSelect),
     Other,
 }
 
@@ -275,6 +278,7 @@ fn is_plain_dml(sql: &[u8]) -> bool {
         && !suspicious(b"advisory")
         && !suspicious(b"temp")
         && !suspicious(b"set_config")
+        && !suspicious(b"pgtenant.")
 }
 
 fn is_tenant_set(kind: &StatementKind) -> bool {
@@ -329,6 +333,11 @@ fn classify(
     }
     if w.is(0, "deallocate") && (w.is(1, "all") || (w.is(1, "prepare") && w.is(2, "all"))) {
         return StatementKind::DiscardAll;
+    }
+    if w.is(0, "select")
+        && let Some(call) = super::snowflake_call::recognise(w.sql, w.tokens)
+    {
+        return StatementKind::Snowflake(call);
     }
     if w.is(0, "show") {
         let (name, next) = setting_name(w, 1);

@@ -5,11 +5,13 @@ mod analyze;
 mod facts;
 mod lexer;
 mod recent;
+mod snowflake_call;
 
 use std::sync::Arc;
 
 pub use analyze::{Analysis, PinReason, ROUTING_VERSION, StatementKind};
 pub use recent::RecentAnalyses;
+pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};
 
 /// The analysis with the default tenant parameter, for tests outside this layer.
 #[cfg(test)]

@@ -1,0 +1,23 @@
+//! Why an ID could not be minted or a call was refused.
+
+use super::layout::MAX_SHARD;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnowflakeError {
+    #[error("shard id {shard} is out of range for a snowflake ID (0..{MAX_SHARD})")]
+    ShardOutOfRange { shard: i64 },
+    #[error("cannot mint {n} IDs in one call (1..{max})")]
+    CountOutOfRange { n: i64, max: i64 },
+    #[error("no snowflake instance number yet: the lease from the catalog has not been granted")]
+    NoInstance,
+    #[error(
+        "the lease on snowflake instance {instance} expired or was taken; minting stopped until a new lease"
+    )]
+    LeaseExpired { instance: i64 },
+    #[error(
+        "the clock went back {behind_ms} ms, more than the {bound_ms} ms pgtenant waits out; not minting"
+    )]
+    ClockBackwards { behind_ms: i64, bound_ms: i64 },
+    #[error("the clock reads {unix_ms} ms since 1970, outside what a snowflake ID can carry")]
+    ClockOutOfRange { unix_ms: i64 },
+}
