@@ -14,6 +14,7 @@ use crate::config::{self, Config};
 use crate::directory::{CatalogDirectory, CatalogError, Directory, StaticDirectory};
 use crate::frontend::{self, Shared};
 use crate::router::Router;
+use crate::snowflake::{self, lease::LeaseKeeper};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -75,14 +76,31 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     };
     let router = Router::new(&config, directory);
     let pools = Pools::new(config.clone(), server_tls);
-    let shared = Arc::new(Shared::new(config.clone(), router, pools, tls));
     let listener = TcpListener::bind(config.proxy.listen)
         .await
         .map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;
     let addr =
         listener.local_addr().map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;
     let (shutdown, rx) = watch::channel(false);
-    let task = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
+    let minter = snowflake::minter_for(&config);
+    // The lease outlives the sessions: it is given back once the last one has ended.
+    let (lease_stop, lease_rx) = watch::channel(false);
+    let lease = match &config.catalog {
+        Some(catalog) => {
+            let holder = format!("{addr} pid {} #{:08x}", std::process::id(), rand::random::<u32>());
+            Some(LeaseKeeper::new(catalog, &config.snowflake, holder, minter.clone()).start(lease_rx).await)
+        }
+        None => None,
+    };
+    let shared = Arc::new(Shared::new(config.clone(), router, pools, tls, minter));
+    let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
+    let task = tokio::spawn(async move {
+        let _ = listening.await;
+        let _ = lease_stop.send(true);
+        if let Some(lease) = lease {
+            let _ = lease.await;
+        }
+    });
     tracing::info!(%addr, "pgtenant is serving");
     Ok(RunningProxy { addr, shutdown, task })
 }

@@ -5,6 +5,7 @@ use crate::backend::CheckoutError;
 use crate::directory::{ShardId, TenantId};
 use crate::protocol::{ErrorFields, FrameError};
 use crate::router::RouteError;
+use crate::snowflake::SnowflakeError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrontendError {
@@ -65,6 +66,8 @@ pub enum FrontendError {
          of their own, not together with other statements"
     )]
     ExtendedTenantSet { param: String },
+    #[error("{0}")]
+    Snowflake(#[from] SnowflakeError),
     #[error("SET/RESET {param} must be sent as a statement of its own, not in a multi-statement string")]
     TenantSetAmongMany { param: String },
 }

@@ -8,6 +8,7 @@ use crate::backend::CheckoutError;
 use crate::directory::DirectoryError;
 use crate::protocol::{self, Severity, sqlstate};
 use crate::router::RouteError;
+use crate::snowflake::SnowflakeError;
 
 /// SQLSTATE and message for `err`.
 pub fn to_error_info(err: &FrontendError) -> (String, String) {
@@ -46,6 +47,20 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::ServerLost { .. } => sqlstate::CONNECTION_FAILURE,
         E::InFailedTransaction => sqlstate::IN_FAILED_SQL_TRANSACTION,
         E::TenantChangeInTransaction { .. } => sqlstate::ACTIVE_SQL_TRANSACTION,
+        E::Snowflake(
+            SnowflakeError::ShardOutOfRange { .. }
+            | SnowflakeError::CountOutOfRange { .. }
+            | SnowflakeError::ParameterInSimpleQuery,
+        ) => sqlstate::INVALID_PARAMETER_VALUE,
+        E::Snowflake(SnowflakeError::NullArgument) => sqlstate::NULL_VALUE_NOT_ALLOWED,
+        E::Snowflake(SnowflakeError::TooManyPortals { .. }) => sqlstate::PROGRAM_LIMIT_EXCEEDED,
+        E::Snowflake(SnowflakeError::BadArgument { .. }) => sqlstate::INVALID_TEXT_REPRESENTATION,
+        E::Snowflake(
+            SnowflakeError::NoInstance
+            | SnowflakeError::LeaseExpired { .. }
+            | SnowflakeError::ClockBackwards { .. }
+            | SnowflakeError::ClockOutOfRange { .. },
+        ) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
     };
     (code.to_string(), format!("pgtenant: {err}"))
 }

@@ -27,6 +27,7 @@ use crate::backend::{CheckoutError, Pools, StatementRegistry};
 use crate::config::{Config, NodeConfig};
 use crate::directory::{ShardId, Topology};
 use crate::router::Router;
+use crate::snowflake::Minter;
 
 /// The node that takes a shard's transactions.
 pub(crate) fn primary_node(topology: &Topology, shard: ShardId) -> Result<&NodeConfig, CheckoutError> {
@@ -41,6 +42,8 @@ pub struct Shared {
     pub statements: StatementRegistry,
     pub cancels: Arc<CancelRegistry>,
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Mints the snowflake IDs the sessions answer for.
+    pub minter: Arc<Minter>,
     auth: HashMap<String, auth::UserAuth>,
     /// The topology whose departed nodes' pools were last closed (its address).
     pruned_for: AtomicUsize,
@@ -52,6 +55,7 @@ impl Shared {
         router: Router,
         pools: Pools,
         tls: Option<tokio_rustls::TlsAcceptor>,
+        minter: Arc<Minter>,
     ) -> Self {
         let auth = config.users.iter().map(|u| (u.name.clone(), auth::UserAuth::from_config(u))).collect();
         Self {
@@ -61,6 +65,7 @@ impl Shared {
             statements: StatementRegistry::new(100_000),
             cancels: Arc::new(CancelRegistry::default()),
             tls,
+            minter,
             auth,
             pruned_for: AtomicUsize::new(0),
         }

@@ -113,6 +113,21 @@ pub fn bind_param(rest: &[u8], n: u16) -> Option<(bool, Option<&[u8]>)> {
     None
 }
 
+/// The result format codes at the end of a Bind's remainder (`BindView::rest`).
+pub fn bind_result_formats(rest: &[u8]) -> Option<Vec<i16>> {
+    let read_i16 = |at: usize| rest.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]));
+    let format_count = usize::try_from(read_i16(0)?).ok()?;
+    let mut at = 2 + 2 * format_count;
+    let value_count = usize::try_from(read_i16(at)?).ok()?;
+    at += 2;
+    for _ in 0..value_count {
+        let len = rest.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))?;
+        at = at.checked_add(4 + usize::try_from(len).unwrap_or(0))?;
+    }
+    let result_count = usize::try_from(read_i16(at)?).ok()?;
+    (0..result_count).map(|i| read_i16(at + 2 + 2 * i)).collect()
+}
+
 /// Describe (F) and Close (F): `S` for a statement or `P` for a portal, and its name.
 pub fn target_view(body: &[u8]) -> Option<(u8, &[u8])> {
     let (&kind, rest) = body.split_first()?;

@@ -9,7 +9,11 @@ mod build;
 mod frame;
 mod messages;
 pub mod sqlstate;
+mod values;
 
 pub use build::*;
 pub use frame::{Frame, FrameError, StartupPacket, frame_header, read_startup_frame, try_parse_frame};
 pub use messages::*;
+pub use values::{
+    Column, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, Value, data_row, int8_parameter_description, row_description,
+};

@@ -18,6 +18,14 @@ pub enum SnowflakeError {
         "the clock went back {behind_ms} ms, more than the {bound_ms} ms pgtenant waits out; not minting"
     )]
     ClockBackwards { behind_ms: i64, bound_ms: i64 },
+    #[error("a snowflake call's argument must not be NULL")]
+    NullArgument,
+    #[error("a snowflake call's argument must be an integer, not \"{value}\"")]
+    BadArgument { value: String },
+    #[error("a snowflake call with a $n parameter needs the extended protocol")]
+    ParameterInSimpleQuery,
+    #[error("more than {max} snowflake portals open in one session; close some")]
+    TooManyPortals { max: usize },
     #[error("the clock reads {unix_ms} ms since 1970, outside what a snowflake ID can carry")]
     ClockOutOfRange { unix_ms: i64 },
 }

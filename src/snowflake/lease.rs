@@ -42,15 +42,20 @@ impl LeaseKeeper {
     /// Takes the first lease (so that a proxy mints from its first client on) and
     /// keeps it renewed in a task until `shutdown`, then gives it back.
     pub async fn start(self, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
-        let mut held = None;
-        if let Ok(client) = self.connect().await {
-            held = self.keep(&client, held).await;
-        }
-        tokio::spawn(self.run(held, shutdown))
+        let client = self.connect().await.ok();
+        let held = match &client {
+            Some(c) => self.keep(c, None).await,
+            None => None,
+        };
+        tokio::spawn(self.run(client, held, shutdown))
     }
 
-    async fn run(self, mut held: Option<i64>, mut shutdown: watch::Receiver<bool>) {
-        let mut client: Option<Client> = None;
+    async fn run(
+        self,
+        mut client: Option<Client>,
+        mut held: Option<i64>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.ttl / 3) => {}

@@ -8,5 +8,6 @@ mod clients;
 mod drivers;
 mod failures;
 mod routing;
+mod snowflake;
 mod sql_routing;
 mod startup;

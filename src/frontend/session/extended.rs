@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
+use super::snowflake::snowflake_select;
 use super::{ClientStatement, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply};
 use crate::directory::TenantId;
@@ -55,6 +56,7 @@ impl Session {
             return Ok(());
         }
         if self.batch.is_empty() && !self.at_transaction_start() {
+            let Some(frame) = self.answer_if_snowflake(frame).await? else { return Ok(()) };
             if frame.tag == b'B'
                 && let Err(err) = self.check_bind(&frame).await
             {
@@ -95,7 +97,7 @@ impl Session {
         for frame in batch.drain(..) {
             if self.skip_until_sync {
                 Box::pin(self.on_extended(frame)).await?;
-            } else {
+            } else if let Some(frame) = self.answer_if_snowflake(frame).await? {
                 self.forward_extended(frame)?;
             }
         }
@@ -170,12 +172,20 @@ impl Session {
         let all = || statements.parsed.iter().chain(&statements.executed);
         let Some(last) = all().rev().find(|a| local_kind(a).is_some()) else { return Ok(false) };
         let kind = local_kind(last);
+        if kind == Some(LocalKind::Snowflake) && all().all(|a| local_kind(a) != Some(LocalKind::TenantSet)) {
+            if self.request_is_local() {
+                self.answer_local_request().await?;
+                return Ok(true);
+            }
+            // Mixed with statements for a server: routed by those, answered in line.
+            return Ok(false);
+        }
         if !all().all(|a| local_kind(a) == kind) {
             return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
         let answer = match &last.kind {
             StatementKind::SetTenant(t) => LocalAnswer::TenantSet { tenant: Some(t.clone()), tag: "SET" },
-            StatementKind::ShowRoutingVersion => LocalAnswer::RoutingVersion,
+            StatementKind::ShowRoutingVersion | StatementKind::Snowflake(_) => LocalAnswer::RoutingVersion,
             _ => LocalAnswer::TenantSet { tenant: self.startup_tenant.clone(), tag: "RESET" },
         };
         let mut reply = BytesMut::new();
@@ -302,7 +312,7 @@ impl Session {
     }
 
     /// The analysis of the statement a Bind names (`""` is the last unnamed Parse).
-    fn bound_analysis(&self, name: &[u8]) -> Option<Arc<Analysis>> {
+    pub(super) fn bound_analysis(&self, name: &[u8]) -> Option<Arc<Analysis>> {
         if name.is_empty() {
             self.unnamed.clone()
         } else {
@@ -311,7 +321,7 @@ impl Session {
     }
 
     /// Remembers a client's named statement under its shared server-side identity.
-    fn register_statement(
+    pub(super) fn register_statement(
         &mut self,
         name: &[u8],
         query: &[u8],
@@ -411,13 +421,23 @@ impl Session {
     fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
         let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
         if p.name.is_empty() {
-            self.unnamed = Some(self.recent.get_or_analyze(&self.shared.router, p.query));
+            let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+            let snowflake = snowflake_select(&analysis).is_some();
+            self.unnamed = Some(analysis);
+            if snowflake {
+                self.parsed_snowflake();
+                return Ok(());
+            }
             let a = self.server.as_mut().ok_or_else(no_server)?;
             a.conn.io.wbuf.extend_from_slice(&frame.raw);
             a.conn.queue.push(Pending::client(Reply::Parse));
             return Ok(());
         }
         let stmt = self.register_statement(p.name, p.query, p.param_types);
+        if self.statements.get(p.name).is_some_and(|s| snowflake_select(&s.analysis).is_some()) {
+            self.parsed_snowflake();
+            return Ok(());
+        }
         let a = self.server.as_mut().ok_or_else(no_server)?;
         if a.conn.prepared.contains(&stmt.id) {
             let mut b = BytesMut::new();
@@ -433,6 +453,24 @@ impl Session {
             });
         }
         Ok(())
+    }
+
+    /// A snowflake statement was prepared: pgtenant answers for it, the server never sees it.
+    pub(super) fn parsed_snowflake(&mut self) {
+        self.snowflake_seen = true;
+        let mut b = BytesMut::new();
+        protocol::parse_complete(&mut b);
+        self.reply(b);
+    }
+
+    /// Answers a message about a snowflake statement or portal; gives back any other.
+    async fn answer_if_snowflake(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
+        // Parse is checked where it is forwarded; the rest only once a snowflake
+        // statement exists in this session.
+        if !self.snowflake_seen || frame.tag == b'P' {
+            return Ok(Some(frame));
+        }
+        self.answer_snowflake_message(frame).await
     }
 
     /// The server-side statement for a client statement name, prepared on the
@@ -473,6 +511,7 @@ struct BatchStatements {
 enum LocalKind {
     TenantSet,
     RoutingVersion,
+    Snowflake,
 }
 
 fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
@@ -480,6 +519,8 @@ fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
         Some(LocalKind::TenantSet)
     } else if analysis.kind == StatementKind::ShowRoutingVersion {
         Some(LocalKind::RoutingVersion)
+    } else if snowflake_select(analysis).is_some() {
+        Some(LocalKind::Snowflake)
     } else {
         None
     }

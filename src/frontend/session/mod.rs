@@ -12,6 +12,7 @@
 mod extended;
 mod server;
 mod simple;
+mod snowflake;
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, poll_fn};
@@ -102,6 +103,11 @@ pub struct Session {
     batch: Vec<Frame>,
     /// After an error pgtenant raised in an extended batch: drop messages until Sync.
     skip_until_sync: bool,
+    /// A snowflake statement was prepared in this session: extended messages may
+    /// concern it (until then, none is checked).
+    snowflake_seen: bool,
+    /// Portals bound to snowflake statements, answered by pgtenant.
+    local_portals: HashMap<Bytes, snowflake::LocalPortal>,
     /// Changes of forwarded tracked statements, oldest first.
     setting_changes: VecDeque<SettingChange>,
     /// Changes made inside the current transaction; kept only if it commits.
@@ -160,6 +166,8 @@ impl Session {
             tx: ClientTx::Idle,
             batch: Vec::new(),
             skip_until_sync: false,
+            snowflake_seen: false,
+            local_portals: HashMap::new(),
             setting_changes: VecDeque::new(),
             tx_setting_changes: Vec::new(),
             cancel: start.cancel,

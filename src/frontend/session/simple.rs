@@ -24,6 +24,10 @@ impl Session {
                 StatementKind::ResetTenant => {
                     return self.set_tenant(self.startup_tenant.clone(), "RESET").await;
                 }
+                StatementKind::Snowflake(select) => {
+                    let select = select.clone();
+                    return self.answer_snowflake_query(&select, &analysis).await;
+                }
                 StatementKind::ShowRoutingVersion => {
                     let version = self.shared.router.routing_version().to_string();
                     let mut b = BytesMut::new();

@@ -1,0 +1,383 @@
+//! The snowflake calls pgtenant answers itself (`SELECT pgtenant.next_id()`,
+//! `next_ids(n)`, `decode_id(id)`; see `router::SnowflakeCall`), in the simple and
+//! the extended protocol, inside or outside a transaction, without a server.
+//!
+//! In the extended protocol a snowflake statement never reaches a server: its Parse,
+//! Bind, Describe, Execute and Close are answered here. Their replies go through
+//! `Session::reply`, so they take their place after whatever an attached server
+//! still owes. A Bind creates a local portal that Execute runs (minting then) and
+//! that may be fetched in parts (Execute with a row limit).
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+
+use super::Session;
+use crate::directory::ShardId;
+use crate::frontend::error::FrontendError;
+use crate::protocol::{self, Column, Frame, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, TxStatus, Value};
+use crate::router::{Analysis, CallArg, SnowflakeCall, SnowflakeSelect, StatementKind};
+use crate::snowflake::SnowflakeError;
+
+/// Open snowflake portals per session at most: each may hold up to 10,000 rows.
+const MAX_LOCAL_PORTALS: usize = 64;
+
+/// A portal bound to a snowflake statement.
+pub(super) struct LocalPortal {
+    select: SnowflakeSelect,
+    /// The argument's value, parameters resolved.
+    arg: Option<i64>,
+    formats: Vec<i16>,
+    /// Rows not fetched yet, once executed.
+    rows: Option<VecDeque<Vec<Value>>>,
+}
+
+/// The snowflake call of a statement, if it is one.
+pub(super) fn snowflake_select(analysis: &Analysis) -> Option<&SnowflakeSelect> {
+    match &analysis.kind {
+        StatementKind::Snowflake(s) if !analysis.is_multi => Some(s),
+        _ => None,
+    }
+}
+
+/// The result columns of a call.
+fn columns(select: &SnowflakeSelect) -> Vec<Column> {
+    match select.call {
+        SnowflakeCall::NextId { .. } | SnowflakeCall::NextIds { .. } => {
+            vec![Column::new(select.column.clone(), INT8_OID)]
+        }
+        SnowflakeCall::DecodeId { .. } => vec![
+            Column::new("timestamp", TIMESTAMPTZ_OID),
+            Column::new("shard_id", INT4_OID),
+            Column::new("instance", INT4_OID),
+            Column::new("sequence", INT4_OID),
+        ],
+    }
+}
+
+/// How many parameters a call's text uses (`$n`: n).
+fn parameter_count(select: &SnowflakeSelect) -> usize {
+    let arg = match select.call {
+        SnowflakeCall::NextId { shard } => shard,
+        SnowflakeCall::NextIds { count } => Some(count),
+        SnowflakeCall::DecodeId { id } => Some(id),
+    };
+    match arg {
+        Some(CallArg::Param(i)) => i + 1,
+        _ => 0,
+    }
+}
+
+impl Session {
+    /// A Query (F) that is a snowflake call: the whole answer, ReadyForQuery included.
+    pub(super) async fn answer_snowflake_query(
+        &mut self,
+        select: &SnowflakeSelect,
+        analysis: &Analysis,
+    ) -> Result<(), FrontendError> {
+        // Answers follow everything sent before, and carry the final transaction status.
+        self.settle().await;
+        if self.client_status() == TxStatus::Failed {
+            self.reply_error(&FrontendError::InFailedTransaction, true);
+            return Ok(());
+        }
+        let arg = match select.call {
+            SnowflakeCall::NextId { shard } => shard,
+            SnowflakeCall::NextIds { count } => Some(count),
+            SnowflakeCall::DecodeId { id } => Some(id),
+        };
+        let arg = match arg {
+            Some(CallArg::Literal(v)) => Some(v),
+            Some(CallArg::Param(_)) => {
+                let err = FrontendError::Snowflake(SnowflakeError::ParameterInSimpleQuery);
+                self.reply_error(&err, true);
+                return Ok(());
+            }
+            None => None,
+        };
+        match self.run_call(select, arg, Some(analysis)).await {
+            Ok(rows) => {
+                let mut b = BytesMut::new();
+                protocol::row_description(&mut b, &columns(select), &[]);
+                for row in &rows {
+                    protocol::data_row(&mut b, row, &[]);
+                }
+                self.reply(b);
+                self.reply_done(&format!("SELECT {}", rows.len()));
+            }
+            Err(err) => self.reply_error(&err, true),
+        }
+        Ok(())
+    }
+
+    /// Mints or decodes: the rows of a call whose argument is `arg`.
+    async fn run_call(
+        &mut self,
+        select: &SnowflakeSelect,
+        arg: Option<i64>,
+        analysis: Option<&Analysis>,
+    ) -> Result<VecDeque<Vec<Value>>, FrontendError> {
+        let minter = self.shared.minter.clone();
+        let (shard, count) = match select.call {
+            SnowflakeCall::NextId { shard: Some(_) } => (arg.ok_or(SnowflakeError::NullArgument)?, 1),
+            SnowflakeCall::NextId { shard: None } => (self.tenant_shard(analysis).await? as i64, 1),
+            SnowflakeCall::NextIds { .. } => {
+                let n = arg.ok_or(SnowflakeError::NullArgument)?;
+                if !(1..=crate::snowflake::MAX_BATCH).contains(&n) {
+                    return Err(
+                        SnowflakeError::CountOutOfRange { n, max: crate::snowflake::MAX_BATCH }.into()
+                    );
+                }
+                (self.tenant_shard(analysis).await? as i64, n)
+            }
+            SnowflakeCall::DecodeId { .. } => {
+                let d = minter.layout().decode(arg.ok_or(SnowflakeError::NullArgument)?);
+                let row = vec![
+                    Value::Timestamptz(d.unix_ms),
+                    Value::Int4(d.shard as i32),
+                    Value::Int4(d.instance as i32),
+                    Value::Int4(d.counter as i32),
+                ];
+                return Ok(VecDeque::from([row]));
+            }
+        };
+        let ids = minter.mint(shard, count).await?;
+        Ok(ids.into_iter().map(|id| vec![Value::Int8(id)]).collect())
+    }
+
+    /// The shard whose IDs `next_id()` mints: the open transaction's, else the tenant's
+    /// (the session's, or the one the statement's comment names).
+    async fn tenant_shard(&mut self, analysis: Option<&Analysis>) -> Result<ShardId, FrontendError> {
+        if let Some(a) = &self.server {
+            return Ok(a.route.shard);
+        }
+        let router = &self.shared.router;
+        let named = analysis.map(|a| router.named_in_text(a)).unwrap_or_default();
+        let route = router.route(self.tenant.as_ref(), &named, &[], &mut self.placement).await;
+        // No statement that needs a tenant was given: insist on one here.
+        match route {
+            Ok(route) if route.tenant.is_none() && self.tenant.is_none() => {
+                let needs = || true;
+                Ok(router.route_tenant(None, needs).await?.shard)
+            }
+            Ok(route) => Ok(route.shard),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Handles an extended-protocol message if it concerns a snowflake statement or a
+    /// local portal; gives the frame back otherwise. Errors are reported here, as a
+    /// server would: the rest of the request up to Sync is skipped.
+    pub(super) async fn answer_snowflake_message(
+        &mut self,
+        frame: Frame,
+    ) -> Result<Option<Frame>, FrontendError> {
+        match self.snowflake_message(&frame).await {
+            Ok(true) => Ok(None),
+            Ok(false) => Ok(Some(frame)),
+            Err(err) if err.is_fatal() => Err(err),
+            Err(err) => {
+                self.reply_error(&err, false);
+                self.skip_until_sync = true;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn snowflake_message(&mut self, frame: &Frame) -> Result<bool, FrontendError> {
+        let body = frame.body();
+        match frame.tag {
+            b'P' => {
+                let p = protocol::parse_view(body).ok_or_else(|| malformed("Parse"))?;
+                let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+                if snowflake_select(&analysis).is_none() {
+                    return Ok(false);
+                }
+                if p.name.is_empty() {
+                    self.unnamed = Some(analysis);
+                } else {
+                    self.register_statement(p.name, p.query, p.param_types);
+                }
+                self.parsed_snowflake();
+                Ok(true)
+            }
+            b'B' => {
+                let bind = protocol::bind_view(body).ok_or_else(|| malformed("Bind"))?;
+                let Some(analysis) = self.bound_analysis(bind.statement) else {
+                    self.local_portals.remove(bind.portal);
+                    return Ok(false);
+                };
+                let Some(select) = snowflake_select(&analysis) else {
+                    // The name now belongs to a server portal.
+                    if !self.local_portals.is_empty() {
+                        self.local_portals.remove(bind.portal);
+                    }
+                    return Ok(false);
+                };
+                let select = select.clone();
+                let arg = match select.call {
+                    SnowflakeCall::NextId { shard } => shard,
+                    SnowflakeCall::NextIds { count } => Some(count),
+                    SnowflakeCall::DecodeId { id } => Some(id),
+                };
+                let arg = match arg {
+                    None => None,
+                    Some(CallArg::Literal(v)) => Some(v),
+                    Some(CallArg::Param(i)) => bound_integer(bind.rest, i)?,
+                };
+                let formats = protocol::bind_result_formats(bind.rest).ok_or_else(|| malformed("Bind"))?;
+                if self.local_portals.len() >= MAX_LOCAL_PORTALS
+                    && !self.local_portals.contains_key(bind.portal)
+                {
+                    return Err(SnowflakeError::TooManyPortals { max: MAX_LOCAL_PORTALS }.into());
+                }
+                let portal = LocalPortal { select, arg, formats, rows: None };
+                self.local_portals.insert(Bytes::copy_from_slice(bind.portal), portal);
+                let mut b = BytesMut::new();
+                protocol::put_message(&mut b, b'2', |_| {});
+                self.reply(b);
+                Ok(true)
+            }
+            b'D' => {
+                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Describe"))?;
+                let mut b = BytesMut::new();
+                if kind == b'P' {
+                    let Some(portal) = self.local_portals.get(name) else { return Ok(false) };
+                    protocol::row_description(&mut b, &columns(&portal.select), &portal.formats);
+                } else {
+                    let Some(analysis) = self.bound_analysis(name) else { return Ok(false) };
+                    let Some(select) = snowflake_select(&analysis) else { return Ok(false) };
+                    protocol::int8_parameter_description(&mut b, parameter_count(select));
+                    protocol::row_description(&mut b, &columns(select), &[]);
+                }
+                self.reply(b);
+                Ok(true)
+            }
+            b'E' => {
+                let (name, rest) = protocol::split_cstr(body).ok_or_else(|| malformed("Execute"))?;
+                let Some(mut portal) = self.local_portals.remove(name) else { return Ok(false) };
+                let max_rows =
+                    rest.get(..4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]])).unwrap_or(0);
+                if self.client_status() == TxStatus::Failed {
+                    return Err(FrontendError::InFailedTransaction);
+                }
+                let rows = match portal.rows.take() {
+                    Some(rows) => rows,
+                    None => self.run_call(&portal.select, portal.arg, None).await?,
+                };
+                let mut rows = rows;
+                let take = if max_rows > 0 { (max_rows as usize).min(rows.len()) } else { rows.len() };
+                let mut b = BytesMut::new();
+                for row in rows.drain(..take) {
+                    protocol::data_row(&mut b, &row, &portal.formats);
+                }
+                if rows.is_empty() {
+                    protocol::command_complete(&mut b, &format!("SELECT {take}"));
+                } else {
+                    protocol::put_message(&mut b, b's', |_| {});
+                }
+                portal.rows = Some(rows);
+                self.local_portals.insert(Bytes::copy_from_slice(name), portal);
+                self.reply(b);
+                Ok(true)
+            }
+            b'C' => {
+                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Close"))?;
+                if kind != b'P' || self.local_portals.remove(name).is_none() {
+                    return Ok(false);
+                }
+                let mut b = BytesMut::new();
+                protocol::close_complete(&mut b);
+                self.reply(b);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Whether every message of the held request is answered here (none needs a server).
+    pub(super) fn request_is_local(&mut self) -> bool {
+        // The Parse messages' statements, analyzed first (that needs `&mut self.recent`).
+        let mut parsed: Vec<(Bytes, bool)> = Vec::new();
+        for frame in &self.batch {
+            if frame.tag == b'P' {
+                let Some(p) = protocol::parse_view(frame.body()) else { return false };
+                let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+                parsed.push((Bytes::copy_from_slice(p.name), snowflake_select(&analysis).is_some()));
+            }
+        }
+        let mut parsed_so_far = 0;
+        let mut bound: Vec<&[u8]> = Vec::new();
+        let is_snowflake_statement =
+            |parsed: &[(Bytes, bool)], name: &[u8]| match parsed.iter().rev().find(|(n, _)| n == name) {
+                Some((_, sf)) => *sf,
+                None => self.bound_analysis(name).is_some_and(|a| snowflake_select(&a).is_some()),
+            };
+        let mut any = false;
+        for frame in &self.batch {
+            let body = frame.body();
+            let local = match frame.tag {
+                b'P' => {
+                    parsed_so_far += 1;
+                    parsed[parsed_so_far - 1].1
+                }
+                b'B' => protocol::bind_view(body).is_some_and(|b| {
+                    bound.push(b.portal);
+                    is_snowflake_statement(&parsed[..parsed_so_far], b.statement)
+                }),
+                b'D' | b'C' => match protocol::target_view(body) {
+                    Some((b'S', name)) => is_snowflake_statement(&parsed[..parsed_so_far], name),
+                    Some((_, name)) => bound.contains(&name) || self.local_portals.contains_key(name),
+                    None => false,
+                },
+                b'E' => protocol::split_cstr(body)
+                    .is_some_and(|(name, _)| bound.contains(&name) || self.local_portals.contains_key(name)),
+                _ => true,
+            };
+            if !local {
+                return false;
+            }
+            any |= !matches!(frame.tag, b'S' | b'H');
+        }
+        any
+    }
+
+    /// Answers a held request that `request_is_local` accepted.
+    pub(super) async fn answer_local_request(&mut self) -> Result<(), FrontendError> {
+        for frame in std::mem::take(&mut self.batch) {
+            if frame.tag == b'S' {
+                self.skip_until_sync = false;
+                let mut b = BytesMut::new();
+                protocol::ready_for_query(&mut b, self.client_status());
+                self.reply(b);
+            } else if !self.skip_until_sync && frame.tag != b'H' {
+                self.answer_snowflake_message(frame).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parameter `index` (zero-based) of a Bind as an integer: text, or binary int2/int4/int8.
+fn bound_integer(rest: &[u8], index: usize) -> Result<Option<i64>, FrontendError> {
+    let n = u16::try_from(index + 1).map_err(|_| malformed("Bind"))?;
+    let (binary, value) = protocol::bind_param(rest, n).ok_or_else(|| malformed("Bind"))?;
+    let Some(value) = value else { return Ok(None) };
+    let parsed = if binary {
+        match value.len() {
+            2 => Some(i16::from_be_bytes([value[0], value[1]]) as i64),
+            4 => Some(i32::from_be_bytes([value[0], value[1], value[2], value[3]]) as i64),
+            8 => value.try_into().ok().map(i64::from_be_bytes),
+            _ => None,
+        }
+    } else {
+        std::str::from_utf8(value).ok().and_then(|s| s.trim().parse().ok())
+    };
+    parsed
+        .map(Some)
+        .ok_or_else(|| SnowflakeError::BadArgument { value: String::from_utf8_lossy(value).into() }.into())
+}
+
+fn malformed(what: &str) -> FrontendError {
+    FrontendError::Protocol(format!("malformed {what} message"))
+}

@@ -1,0 +1,326 @@
+//! Snowflake IDs minted by the proxy: both protocols, inside transactions, bad input,
+//! three proxies leasing instance numbers from one catalog, a lost lease, and the
+//! servers' own SQL function (`sql/snowflake.sql`) agreeing with the proxy.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+use pgtenant::snowflake::Layout;
+use postgres_protocol::message::frontend;
+
+use crate::harness::raw::RawClient;
+use crate::harness::{
+    self, eventually, new_catalog, shard_admin, sqlstate, start_catalog_proxy, start_proxy,
+};
+
+fn unix_ms_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[tokio::test]
+async fn ids_are_minted_in_both_protocols_for_the_tenants_shard() {
+    let proxy = start_proxy(|c| c.snowflake.instance = 3).await;
+    let layout = Layout::default();
+    let client = proxy.connect(Some(42)).await; // tenant 42 lives on shard 2
+    let before = unix_ms_now();
+
+    // Simple protocol.
+    let rows = client.simple_query("SELECT pgtenant.next_id()").await.unwrap();
+    let simple_id: i64 = match &rows[1] {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).unwrap().parse().unwrap(),
+        other => panic!("expected a row, got {other:?}"),
+    };
+    let d = layout.decode(simple_id);
+    assert_eq!((d.shard, d.instance), (2, 3));
+    assert!(d.unix_ms >= before - 1 && d.unix_ms <= unix_ms_now() + 1, "timestamp is now: {d:?}");
+
+    // Extended protocol, binary results (tokio-postgres asks for binary).
+    let id: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    assert!(id > simple_id, "monotonic per shard");
+    let explicit: i64 =
+        client.query_one("SELECT pgtenant.next_id($1) AS id", &[&7i64]).await.unwrap().get("id");
+    assert_eq!(layout.decode(explicit).shard, 7);
+
+    // A prepared statement used many times: 1000 rows each, ascending, never repeated.
+    let stmt = client.prepare("SELECT * FROM pgtenant.next_ids($1)").await.unwrap();
+    assert_eq!(stmt.columns()[0].name(), "next_ids");
+    assert_eq!(stmt.columns()[0].type_(), &tokio_postgres::types::Type::INT8);
+    let mut seen = HashSet::new();
+    for _ in 0..5 {
+        let ids: Vec<i64> =
+            client.query(&stmt, &[&1000i64]).await.unwrap().iter().map(|r| r.get(0)).collect();
+        assert_eq!(ids.len(), 1000);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        for id in ids {
+            assert_eq!(layout.decode(id).shard, 2);
+            assert!(seen.insert(id));
+        }
+    }
+
+    // decode_id, with a typed timestamp.
+    let row = client.query_one("SELECT * FROM pgtenant.decode_id($1)", &[&explicit]).await.unwrap();
+    let ts: SystemTime = row.get("timestamp");
+    let d = layout.decode(explicit);
+    assert_eq!(ts.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64, d.unix_ms);
+    assert_eq!(
+        (row.get::<_, i32>("shard_id"), row.get::<_, i32>("instance"), row.get::<_, i32>("sequence")),
+        (7, 3, d.counter as i32)
+    );
+    let text = client.simple_query("SELECT * FROM pgtenant.decode_id(4194304)").await.unwrap();
+    match &text[1] {
+        tokio_postgres::SimpleQueryMessage::Row(r) => {
+            assert_eq!(r.get("timestamp"), Some("2024-01-01 00:00:00.001+00"));
+            assert_eq!(
+                (r.get("shard_id"), r.get("instance"), r.get("sequence")),
+                (Some("0"), Some("0"), Some("0"))
+            );
+        }
+        other => panic!("expected a row, got {other:?}"),
+    }
+
+    // Inside a transaction on shard 2: the answer comes in order, the transaction goes on.
+    client.batch_execute("BEGIN").await.unwrap();
+    let shard = harness::shard_of(&client).await;
+    let in_tx: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    assert_eq!(layout.decode(in_tx).shard as i32, shard);
+    let status = client.query_one("SELECT now() = statement_timestamp()", &[]).await.unwrap();
+    assert!(!status.get::<_, bool>(0), "still the same transaction");
+    client.batch_execute("COMMIT").await.unwrap();
+
+    // Bad input: clear errors, the session goes on.
+    for (sql, code) in [
+        ("SELECT pgtenant.next_id(1024)", "22023"),
+        ("SELECT pgtenant.next_id(-1)", "22023"),
+        ("SELECT * FROM pgtenant.next_ids(0)", "22023"),
+        ("SELECT * FROM pgtenant.next_ids(10001)", "22023"),
+    ] {
+        let err = client.simple_query(sql).await.unwrap_err();
+        assert_eq!(sqlstate(&err), code, "{sql}: {err}");
+        let err = client.query(sql, &[]).await.unwrap_err();
+        assert_eq!(sqlstate(&err), code, "{sql} (extended): {err}");
+    }
+    let err = client.query_one("SELECT pgtenant.next_id($1)", &[&None::<i64>]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22004");
+    let one: i64 = client.query_one("SELECT 1::int8", &[]).await.unwrap().get(0);
+    assert_eq!(one, 1);
+
+    // Without a tenant there is no shard to mint for.
+    let anonymous = proxy.connect(None).await;
+    let err = anonymous.simple_query("SELECT pgtenant.next_id()").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    let id: i64 = anonymous.query_one("SELECT pgtenant.next_id(1)", &[]).await.unwrap().get(0);
+    assert_eq!(layout.decode(id).shard, 1);
+    proxy.shutdown().await;
+}
+
+/// One request (one Sync) mixing a statement for the server with a snowflake call, and
+/// a portal fetched in parts: the replies come in the order of the messages.
+#[tokio::test]
+async fn snowflake_messages_keep_their_place_in_a_pipelined_request() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut raw = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let mut out = BytesMut::new();
+    for sql in ["SELECT shard_id FROM pgtenant_shard", "SELECT pgtenant.next_id()", "SELECT 2"] {
+        frontend::parse("", sql, std::iter::empty(), &mut out).unwrap();
+        bind_unnamed(&mut out);
+        frontend::describe(b'P', "", &mut out).unwrap();
+        frontend::execute("", 0, &mut out).unwrap();
+    }
+    frontend::sync(&mut out);
+    raw.send(&out).await;
+    let msgs = raw.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag as char).collect();
+    assert_eq!(tags, "12TDC12TDC12TDCZ");
+    let values = harness::raw::first_column(&msgs);
+    assert_eq!(values[0], "1", "tenant 7 is on shard 1");
+    let id: i64 = values[1].parse().unwrap();
+    assert_eq!(Layout::default().decode(id).shard, 1);
+    assert_eq!(values[2], "2");
+
+    // next_ids(5) fetched two rows at a time: D D s, D D s, D C.
+    let mut out = BytesMut::new();
+    frontend::parse("", "SELECT * FROM pgtenant.next_ids(5)", std::iter::empty(), &mut out).unwrap();
+    bind_unnamed(&mut out);
+    for _ in 0..3 {
+        frontend::execute("", 2, &mut out).unwrap();
+    }
+    frontend::sync(&mut out);
+    raw.send(&out).await;
+    let msgs = raw.until_ready().await;
+    let tags: String = msgs.iter().map(|m| m.tag as char).collect();
+    assert_eq!(tags, "12DDsDDsDCZ");
+    let ids: Vec<i64> = harness::raw::first_column(&msgs).iter().map(|v| v.parse().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]) && ids.len() == 5);
+    proxy.shutdown().await;
+}
+
+/// Bind (F) of the unnamed statement to the unnamed portal: no parameters, text results.
+fn bind_unnamed(out: &mut BytesMut) {
+    let no_values = std::iter::empty::<()>();
+    let serialize = |_: (),
+                     _: &mut BytesMut|
+     -> Result<postgres_protocol::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(postgres_protocol::IsNull::Yes)
+    };
+    if frontend::bind("", "", std::iter::empty(), no_values, serialize, [0i16], out).is_err() {
+        panic!("bind encodes");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_proxies_on_one_catalog_never_mint_the_same_id() {
+    let catalog = new_catalog("snowflake_three").await;
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        proxies.push(start_catalog_proxy(catalog.config.clone(), |_| {}).await);
+    }
+    let leased: Vec<i32> = catalog
+        .admin
+        .query("SELECT instance::int FROM pgtenant.snowflake_lease WHERE expires_at > now() ORDER BY 1", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(leased, vec![1, 2, 3], "one instance number each");
+    // Every proxy mints for the same shard (tenant 42, shard 2) at once: 3 x 1,000,000 IDs.
+    let mut tasks = Vec::new();
+    for proxy in &proxies {
+        let client = proxy.connect(Some(42)).await;
+        tasks.push(tokio::spawn(async move {
+            let stmt = client.prepare("SELECT * FROM pgtenant.next_ids($1)").await.unwrap();
+            let mut ids = Vec::with_capacity(1_000_000);
+            for _ in 0..100 {
+                ids.extend(
+                    client.query(&stmt, &[&10_000i64]).await.unwrap().iter().map(|r| r.get::<_, i64>(0)),
+                );
+            }
+            ids
+        }));
+    }
+    let mut all = Vec::new();
+    let mut instances = HashSet::new();
+    for t in tasks {
+        let ids = t.await.unwrap();
+        assert_eq!(ids.len(), 1_000_000);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "one proxy's IDs ascend");
+        instances.insert(Layout::default().decode(ids[0]).instance);
+        all.extend(ids);
+    }
+    assert_eq!(instances.len(), 3, "three different instance numbers: {instances:?}");
+    all.sort_unstable();
+    let total = all.len();
+    all.dedup();
+    assert_eq!(all.len(), total, "no duplicate among {total} IDs");
+    for p in proxies {
+        p.shutdown().await;
+    }
+    // Shutdown gave the numbers back (expired now), for the next proxies.
+    let live: i64 = catalog
+        .admin
+        .query_one("SELECT count(*) FROM pgtenant.snowflake_lease WHERE expires_at > now()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, 0);
+}
+
+#[tokio::test]
+async fn a_lost_lease_stops_minting_until_a_new_one() {
+    let catalog = new_catalog("snowflake_lease").await;
+    let proxy = start_catalog_proxy(catalog.config.clone(), |c| c.snowflake.lease_ttl_ms = 600).await;
+    let client = proxy.connect(Some(7)).await;
+    let first: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    assert_eq!(Layout::default().decode(first).instance, 1);
+    // Another holder takes every number, ours included (as an operator or a split brain might).
+    catalog
+        .admin
+        .batch_execute(
+            "INSERT INTO pgtenant.snowflake_lease (instance, holder, expires_at)
+             SELECT i, 'thief', now() + interval '1 hour' FROM generate_series(1, 15) i
+             ON CONFLICT (instance) DO UPDATE SET holder = 'thief', expires_at = now() + interval '1 hour'",
+        )
+        .await
+        .unwrap();
+    let stopped = eventually(Duration::from_secs(3), || async {
+        matches!(client.query_one("SELECT pgtenant.next_id()", &[]).await, Err(e) if sqlstate(&e) == "55000")
+    })
+    .await;
+    assert!(stopped.is_some(), "minting must stop once the lease is gone");
+    let err = client.simple_query("SELECT pgtenant.next_id()").await.unwrap_err();
+    let message = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+    assert!(message.contains("lease"), "{message}");
+    // Other statements are not affected.
+    assert_eq!(harness::shard_of(&client).await, 1);
+    // Numbers free again: the proxy leases one and mints after the old holder's expiry.
+    catalog.admin.batch_execute("DELETE FROM pgtenant.snowflake_lease WHERE holder = 'thief'").await.unwrap();
+    let resumed = eventually(Duration::from_secs(3), || async {
+        client.query_one("SELECT pgtenant.next_id()", &[]).await.is_ok()
+    })
+    .await;
+    assert!(resumed.is_some(), "minting resumes with a new lease");
+    let next: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    assert!(next > first);
+    proxy.shutdown().await;
+}
+
+/// The servers' SQL function mints as instance 0 with the same layout: IDs from both
+/// never collide, and each side decodes the other's IDs alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_function_and_the_proxy_agree_and_never_collide() {
+    let direct = shard_admin(2, "app").await;
+    direct.batch_execute(include_str!("../../sql/snowflake.sql")).await.unwrap();
+    direct.batch_execute("SELECT pgtenant.set_snowflake_shard(2)").await.unwrap();
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(Some(42)).await;
+
+    let on_server = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.extend(
+                direct
+                    .query("SELECT * FROM pgtenant.next_ids(5000)", &[])
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get::<_, i64>(0)),
+            );
+        }
+        (direct, ids)
+    });
+    let mut via_proxy = Vec::new();
+    for _ in 0..30 {
+        via_proxy.extend(
+            client
+                .query("SELECT * FROM pgtenant.next_ids(500)", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get::<_, i64>(0)),
+        );
+    }
+    let (direct, server_ids) = on_server.await.unwrap();
+    assert!(server_ids.windows(2).all(|w| w[0] < w[1]), "the server's IDs ascend");
+    let layout = Layout::default();
+    let mut all: HashSet<i64> = HashSet::new();
+    for id in server_ids.iter().chain(&via_proxy) {
+        assert!(all.insert(*id), "duplicate {id}");
+    }
+    // Each side decodes the other's IDs to the same parts.
+    let server_id = server_ids[100];
+    let row = client.query_one("SELECT * FROM pgtenant.decode_id($1)", &[&server_id]).await.unwrap();
+    assert_eq!((row.get::<_, i32>("shard_id"), row.get::<_, i32>("instance")), (2, 0));
+    let d = layout.decode(via_proxy[7]);
+    let row = direct.query_one("SELECT * FROM pgtenant.decode_id($1)", &[&via_proxy[7]]).await.unwrap();
+    let ts: SystemTime = row.get("timestamp");
+    assert_eq!(ts.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64, d.unix_ms);
+    assert_eq!(
+        (row.get::<_, i32>("shard_id"), row.get::<_, i32>("instance"), row.get::<_, i32>("sequence")),
+        (2, 1, d.counter as i32)
+    );
+    // Their timestamps are the same clock: within a second of each other.
+    let server_ms = layout.decode(*server_ids.last().unwrap()).unix_ms;
+    assert!((server_ms - layout.decode(*via_proxy.last().unwrap()).unix_ms).abs() < 5_000);
+    proxy.shutdown().await;
+}
