@@ -144,9 +144,10 @@ impl Minter {
         Ok(if out.len() == n { Attempt::Done } else { Attempt::WaitUntil(now_ms + 1 + EPOCH_UNIX_MS) })
     }
 
-    /// Mints `n` IDs for `shard`, waiting for the clock where needed. Waits of a
-    /// millisecond yield to other tasks instead of sleeping (the timer's granularity
-    /// would halve the rate); longer ones sleep.
+    /// Mints `n` IDs for `shard`, waiting for the clock where needed. A wait for the
+    /// next millisecond sleeps on a blocking-pool thread: tokio's timer rounds up to
+    /// whole milliseconds, which would cost a third of the rate, and spinning would
+    /// cost a core. Longer waits (a clock gone back) use the timer.
     pub async fn mint(&self, shard: i64, n: i64) -> Result<Vec<i64>, SnowflakeError> {
         if !(1..=MAX_BATCH).contains(&n) {
             return Err(SnowflakeError::CountOutOfRange { n, max: MAX_BATCH });
@@ -157,9 +158,13 @@ impl Minter {
             match self.try_mint(shard, n, &mut out)? {
                 Attempt::Done => return Ok(out),
                 Attempt::WaitUntil(unix_ms) => {
-                    let wait = unix_ms - self.clock.now_unix_ms();
-                    if wait > 2 {
-                        tokio::time::sleep(Duration::from_millis(wait as u64 - 1)).await;
+                    let wait_ms = unix_ms - self.clock.now_unix_ms();
+                    if wait_ms > 2 {
+                        tokio::time::sleep(Duration::from_millis(wait_ms as u64 - 1)).await;
+                    } else if wait_ms > 0 {
+                        let _ =
+                            tokio::task::spawn_blocking(move || std::thread::sleep(until_unix_ms(unix_ms)))
+                                .await;
                     } else {
                         tokio::task::yield_now().await;
                     }
@@ -167,6 +172,12 @@ impl Minter {
             }
         }
     }
+}
+
+/// How long until the system clock reaches `unix_ms` (zero if it has).
+fn until_unix_ms(unix_ms: i64) -> Duration {
+    let target = std::time::UNIX_EPOCH + Duration::from_millis(unix_ms.max(0) as u64);
+    target.duration_since(std::time::SystemTime::now()).unwrap_or_default()
 }
 
 #[cfg(test)]
