@@ -137,8 +137,20 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
              WHERE NOT EXISTS (SELECT 1 FROM accounts WHERE tenant_id = {tenant});"
         ));
     }
-    db.batch_execute(&sql).await.map_err(|e| format!("demo tables: {e}"))
+    db.batch_execute(&sql).await.map_err(|e| format!("demo tables: {e}"))?;
+    // The servers' own snowflake functions (instance 0), for clients that bypass the proxy.
+    db.batch_execute(SNOWFLAKE_SQL).await.map_err(|e| format!("snowflake functions: {e}"))?;
+    let grants = format!(
+        "SELECT pgtenant.set_snowflake_shard({shard_id});
+         GRANT USAGE ON SCHEMA pgtenant TO {DEMO_USER};
+         GRANT SELECT ON pgtenant.snowflake_shard TO {DEMO_USER};
+         GRANT USAGE, UPDATE ON SEQUENCE pgtenant.snowflake_clock TO {DEMO_USER};"
+    );
+    db.batch_execute(&grants).await.map_err(|e| format!("snowflake functions: {e}"))
 }
+
+/// The shards' snowflake functions, as in `sql/snowflake.sql`.
+pub const SNOWFLAKE_SQL: &str = include_str!("../../sql/snowflake.sql");
 
 /// Creates database `name` owned by `owner` unless it exists.
 async fn ensure_database(admin: &tokio_postgres::Client, name: &str, owner: &str) -> Result<(), String> {

@@ -64,12 +64,12 @@ pub fn row_description(buf: &mut BytesMut, columns: &[Column], formats: &[i16]) 
     });
 }
 
-/// ParameterDescription (B): `count` parameters of type int8.
-pub fn int8_parameter_description(buf: &mut BytesMut, count: usize) {
+/// ParameterDescription (B) of parameters of the types `oids`.
+pub fn parameter_description(buf: &mut BytesMut, oids: &[i32]) {
     put_message(buf, b't', |b| {
-        b.put_i16(count as i16);
-        for _ in 0..count {
-            b.put_i32(INT8_OID);
+        b.put_i16(oids.len() as i16);
+        for oid in oids {
+            b.put_i32(*oid);
         }
     });
 }

@@ -11,6 +11,10 @@
 
 use super::lexer::{Token, TokenKind};
 
+const INT2_OID: i32 = 21;
+const INT4_OID: i32 = 23;
+const INT8_OID: i32 = 20;
+
 /// What a recognised call does.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SnowflakeCall {
@@ -25,8 +29,12 @@ pub enum SnowflakeCall {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallArg {
     Literal(i64),
-    /// `$n`, zero-based.
-    Param(usize),
+    /// `$n` (`index` zero-based) and the type it was cast to (int8 when not cast), as
+    /// a Describe reports it.
+    Param {
+        index: usize,
+        type_oid: i32,
+    },
 }
 
 /// A recognised call with the name of its result column (for `next_id`, `next_ids`).
@@ -118,14 +126,14 @@ pub fn recognise(sql: &str, tokens: &[Token]) -> Option<SnowflakeSelect> {
 /// An integer literal (with a sign) or `$n`, with an optional integer cast.
 fn argument(c: &mut Cursor) -> Option<CallArg> {
     let negative = c.eat_punct("-");
-    let arg = match c.kind()? {
+    let mut arg = match c.kind()? {
         TokenKind::Number => {
             let v: i64 = c.text().parse().ok()?;
             CallArg::Literal(if negative { -v } else { v })
         }
         TokenKind::Punct if !negative && c.text().len() > 1 && c.text().starts_with('$') => {
             let n: usize = c.text()[1..].parse().ok()?;
-            CallArg::Param(n.checked_sub(1)?)
+            CallArg::Param { index: n.checked_sub(1)?, type_oid: INT8_OID }
         }
         _ => return None,
     };
@@ -134,9 +142,18 @@ fn argument(c: &mut Cursor) -> Option<CallArg> {
         if !c.eat_punct(":") {
             return None;
         }
-        const INTEGER_TYPES: [&str; 7] = ["bigint", "int8", "int", "integer", "int4", "smallint", "int2"];
-        if !INTEGER_TYPES.iter().any(|t| c.eat_word(t)) {
-            return None;
+        const INTEGER_TYPES: [(&str, i32); 7] = [
+            ("bigint", INT8_OID),
+            ("int8", INT8_OID),
+            ("int", INT4_OID),
+            ("integer", INT4_OID),
+            ("int4", INT4_OID),
+            ("smallint", INT2_OID),
+            ("int2", INT2_OID),
+        ];
+        let (_, oid) = INTEGER_TYPES.iter().find(|(name, _)| c.eat_word(name))?;
+        if let CallArg::Param { type_oid, .. } = &mut arg {
+            *type_oid = *oid;
         }
     }
     Some(arg)
@@ -166,7 +183,7 @@ mod tests {
         );
         assert_eq!(
             call("select pgtenant.next_id($1::int)").unwrap().call,
-            SnowflakeCall::NextId { shard: Some(Param(0)) }
+            SnowflakeCall::NextId { shard: Some(Param { index: 0, type_oid: 23 }) }
         );
         assert_eq!(
             call("SELECT * FROM pgtenant.next_ids(1000)").unwrap().call,
@@ -178,7 +195,7 @@ mod tests {
         );
         assert_eq!(
             call("SELECT * FROM pgtenant.decode_id($2)").unwrap().call,
-            SnowflakeCall::DecodeId { id: Param(1) }
+            SnowflakeCall::DecodeId { id: Param { index: 1, type_oid: 20 } }
         );
         assert_eq!(call("SELECT pgtenant.next_id() AS id").unwrap().column, "id");
         assert_eq!(call("SELECT pgtenant.next_id() \"Id\"").unwrap().column, "Id");

@@ -10,15 +10,13 @@ use pgtenant::snowflake::Layout;
 use postgres_protocol::message::frontend;
 
 use crate::harness::raw::RawClient;
-use crate::harness::{
-    self, eventually, new_catalog, shard_admin, sqlstate, start_catalog_proxy, start_proxy,
-};
+use crate::harness::{self, eventually, new_catalog, sqlstate, start_catalog_proxy, start_proxy};
 
 fn unix_ms_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_are_minted_in_both_protocols_for_the_tenants_shard() {
     let proxy = start_proxy(|c| c.snowflake.instance = 3).await;
     let layout = Layout::default();
@@ -41,6 +39,15 @@ async fn ids_are_minted_in_both_protocols_for_the_tenants_shard() {
     let explicit: i64 =
         client.query_one("SELECT pgtenant.next_id($1) AS id", &[&7i64]).await.unwrap().get("id");
     assert_eq!(layout.decode(explicit).shard, 7);
+    // A parameter cast to int is described as int4, so the driver sends an i32.
+    let typed: i64 = client.query_one("SELECT pgtenant.next_id($1::int)", &[&9i32]).await.unwrap().get(0);
+    assert_eq!(layout.decode(typed).shard, 9);
+
+    // psql, as an application would type it.
+    let out = proxy.psql(Some(42), &["-At", "-c", "SELECT pgtenant.next_id()"], "");
+    let psql_id: i64 =
+        harness::stdout(&out).trim().parse().unwrap_or_else(|_| panic!("{}", harness::stderr(&out)));
+    assert_eq!((layout.decode(psql_id).shard, layout.decode(psql_id).instance), (2, 3));
 
     // A prepared statement used many times: 1000 rows each, ascending, never repeated.
     let stmt = client.prepare("SELECT * FROM pgtenant.next_ids($1)").await.unwrap();
@@ -269,9 +276,13 @@ async fn a_lost_lease_stops_minting_until_a_new_one() {
 /// never collide, and each side decodes the other's IDs alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_function_and_the_proxy_agree_and_never_collide() {
-    let direct = shard_admin(2, "app").await;
-    direct.batch_execute(include_str!("../../sql/snowflake.sql")).await.unwrap();
-    direct.batch_execute("SELECT pgtenant.set_snowflake_shard(2)").await.unwrap();
+    // The demo shards carry sql/snowflake.sql (dev's setup); the application role mints.
+    let direct = harness::connect(&format!(
+        "host=127.0.0.1 port={} user=app password=app dbname=app",
+        harness::shards().ports[1]
+    ))
+    .await
+    .unwrap();
     let proxy = start_proxy(|_| {}).await;
     let client = proxy.connect(Some(42)).await;
 

@@ -55,16 +55,23 @@ fn columns(select: &SnowflakeSelect) -> Vec<Column> {
     }
 }
 
-/// How many parameters a call's text uses (`$n`: n).
-fn parameter_count(select: &SnowflakeSelect) -> usize {
-    let arg = match select.call {
+/// The types of the parameters a call's text uses (`$n`: n of them), as Describe reports them.
+fn parameter_types(select: &SnowflakeSelect) -> Vec<i32> {
+    match call_arg(select) {
+        Some(CallArg::Param { index, type_oid }) => {
+            let mut types = vec![INT8_OID; index + 1];
+            types[index] = type_oid;
+            types
+        }
+        _ => Vec::new(),
+    }
+}
+
+fn call_arg(select: &SnowflakeSelect) -> Option<CallArg> {
+    match select.call {
         SnowflakeCall::NextId { shard } => shard,
         SnowflakeCall::NextIds { count } => Some(count),
         SnowflakeCall::DecodeId { id } => Some(id),
-    };
-    match arg {
-        Some(CallArg::Param(i)) => i + 1,
-        _ => 0,
     }
 }
 
@@ -81,14 +88,9 @@ impl Session {
             self.reply_error(&FrontendError::InFailedTransaction, true);
             return Ok(());
         }
-        let arg = match select.call {
-            SnowflakeCall::NextId { shard } => shard,
-            SnowflakeCall::NextIds { count } => Some(count),
-            SnowflakeCall::DecodeId { id } => Some(id),
-        };
-        let arg = match arg {
+        let arg = match call_arg(select) {
             Some(CallArg::Literal(v)) => Some(v),
-            Some(CallArg::Param(_)) => {
+            Some(CallArg::Param { .. }) => {
                 let err = FrontendError::Snowflake(SnowflakeError::ParameterInSimpleQuery);
                 self.reply_error(&err, true);
                 return Ok(());
@@ -215,15 +217,10 @@ impl Session {
                     return Ok(false);
                 };
                 let select = select.clone();
-                let arg = match select.call {
-                    SnowflakeCall::NextId { shard } => shard,
-                    SnowflakeCall::NextIds { count } => Some(count),
-                    SnowflakeCall::DecodeId { id } => Some(id),
-                };
-                let arg = match arg {
+                let arg = match call_arg(&select) {
                     None => None,
                     Some(CallArg::Literal(v)) => Some(v),
-                    Some(CallArg::Param(i)) => bound_integer(bind.rest, i)?,
+                    Some(CallArg::Param { index, .. }) => bound_integer(bind.rest, index)?,
                 };
                 let formats = protocol::bind_result_formats(bind.rest).ok_or_else(|| malformed("Bind"))?;
                 if self.local_portals.len() >= MAX_LOCAL_PORTALS
@@ -247,7 +244,7 @@ impl Session {
                 } else {
                     let Some(analysis) = self.bound_analysis(name) else { return Ok(false) };
                     let Some(select) = snowflake_select(&analysis) else { return Ok(false) };
-                    protocol::int8_parameter_description(&mut b, parameter_count(select));
+                    protocol::parameter_description(&mut b, &parameter_types(select));
                     protocol::row_description(&mut b, &columns(select), &[]);
                 }
                 self.reply(b);
