@@ -335,3 +335,39 @@ async fn the_sql_function_and_the_proxy_agree_and_never_collide() {
     assert!((server_ms - layout.decode(*via_proxy.last().unwrap()).unix_ms).abs() < 5_000);
     proxy.shutdown().await;
 }
+
+/// A proxy that cannot reach the catalog cannot renew its lease: minting stops when
+/// the lease runs out (another proxy could be given the number), and resumes once
+/// the catalog is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_catalog_lets_the_lease_run_out() {
+    let cluster = harness::private_cluster("snowflake-catalog", 0);
+    pgtenant::dev::demo::setup_catalog(cluster.port, "pgtenant_catalog", harness::shards().ports)
+        .await
+        .unwrap();
+    let config = pgtenant::dev::demo::local_catalog(cluster.port, "pgtenant_catalog");
+    let proxy = start_catalog_proxy(config, |c| c.snowflake.lease_ttl_ms = 900).await;
+    let client = proxy.connect(Some(42)).await;
+    let first: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    let conninfo = format!("host=127.0.0.1 port={} user=postgres dbname=pgtenant_catalog", cluster.port);
+    harness::connect(&conninfo).await.unwrap().batch_execute("CHECKPOINT").await.unwrap();
+
+    cluster.kill().unwrap();
+    let stopped = eventually(Duration::from_secs(3), || async {
+        matches!(client.query_one("SELECT pgtenant.next_id()", &[]).await, Err(e) if sqlstate(&e) == "55000")
+    })
+    .await;
+    assert!(stopped.is_some(), "minting stops once the lease can no longer be renewed");
+    assert_eq!(harness::shard_of(&client).await, 2, "routing a cached tenant goes on");
+
+    cluster.start().unwrap();
+    let resumed = eventually(Duration::from_secs(10), || async {
+        client.query_one("SELECT pgtenant.next_id()", &[]).await.is_ok()
+    })
+    .await;
+    assert!(resumed.is_some(), "minting resumes once the catalog is back");
+    let next: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    assert!(next > first);
+    proxy.shutdown().await;
+    cluster.stop().unwrap();
+}
