@@ -56,7 +56,13 @@ impl Session {
             return Ok(());
         }
         if self.batch.is_empty() && !self.at_transaction_start() {
-            let Some(frame) = self.answer_if_snowflake(frame).await? else { return Ok(()) };
+            let frame = match self.may_concern_snowflake(&frame) {
+                true => match self.answer_snowflake_message(frame).await? {
+                    Some(frame) => frame,
+                    None => return Ok(()),
+                },
+                false => frame,
+            };
             if frame.tag == b'B'
                 && let Err(err) = self.check_bind(&frame).await
             {
@@ -97,7 +103,9 @@ impl Session {
         for frame in batch.drain(..) {
             if self.skip_until_sync {
                 Box::pin(self.on_extended(frame)).await?;
-            } else if let Some(frame) = self.answer_if_snowflake(frame).await? {
+            } else if !self.may_concern_snowflake(&frame) {
+                self.forward_extended(frame)?;
+            } else if let Some(frame) = self.answer_snowflake_message(frame).await? {
                 self.forward_extended(frame)?;
             }
         }
@@ -463,14 +471,12 @@ impl Session {
         self.reply(b);
     }
 
-    /// Answers a message about a snowflake statement or portal; gives back any other.
-    async fn answer_if_snowflake(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
-        // Parse is checked where it is forwarded; the rest only once a snowflake
-        // statement exists in this session.
-        if !self.snowflake_seen || frame.tag == b'P' {
-            return Ok(Some(frame));
-        }
-        self.answer_snowflake_message(frame).await
+    /// Whether a message to forward may be about a snowflake statement or portal. Parse
+    /// is checked where it is forwarded; the rest only once this session prepared a
+    /// snowflake statement. Checked before awaiting anything: the common path stays
+    /// synchronous.
+    fn may_concern_snowflake(&self, frame: &Frame) -> bool {
+        self.snowflake_seen && frame.tag != b'P'
     }
 
     /// The server-side statement for a client statement name, prepared on the
