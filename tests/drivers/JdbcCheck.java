@@ -43,6 +43,20 @@ public class JdbcCheck {
         s.execute("set application_name = 'jdbc-check'");
         try (ResultSet r = s.executeQuery("show application_name")) { r.next(); check(r.getString(1).equals("jdbc-check"), "SET"); }
       }
+      // Snowflake IDs answered by pgtenant, also once pgJDBC prepares on the "server".
+      long last = 0;
+      try (PreparedStatement ps = c.prepareStatement("select pgtenant.next_id(?)")) {
+        for (int i = 0; i < 4; i++) {
+          ps.setLong(1, 3 + i);
+          try (ResultSet r = ps.executeQuery()) {
+            r.next();
+            long id = r.getLong(1);
+            check(((id >> 12) & 1023) == 3 + i, "snowflake shard id");
+            check(id > last, "ascending snowflake IDs");
+            last = id;
+          }
+        }
+      }
     }
     try {
       DriverManager.getConnection(url + "?user=app&password=bad&sslmode=disable");

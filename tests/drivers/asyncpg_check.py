@@ -56,6 +56,13 @@ async def main():
         assert e.sqlstate == "28P01"
     tls = await connect(7, ssl="require")
     assert await tls.fetchval("select shard_id from pgtenant_shard") == 1
+    # Snowflake IDs answered by pgtenant: the tenant's shard (2), prepared and binary.
+    sid = await c.fetchval("select pgtenant.next_id()")
+    assert (sid >> 12) & 1023 == 2, sid
+    ids = [r[0] for r in await c.fetch("select * from pgtenant.next_ids($1)", 100)]
+    assert len(ids) == 100 and ids == sorted(set(ids)) and ids[0] > sid
+    row = await c.fetchrow("select * from pgtenant.decode_id($1)", sid)
+    assert (row["shard_id"], row["instance"]) == (2, 1) and row["timestamp"].year >= 2024, row
     print("asyncpg ok")
 
 

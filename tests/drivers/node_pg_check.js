@@ -25,6 +25,14 @@ const opts = (tenant, extra = {}) => ({ host: '127.0.0.1', port, user: 'app', pa
   const t = new Client(opts(7, { ssl: { rejectUnauthorized: false } }));
   await t.connect();
   assert.deepStrictEqual((await t.query('select shard_id from pgtenant_shard')).rows[0], { shard_id: 1 });
+  // Snowflake IDs answered by pgtenant (int8 arrives as a string).
+  const id = BigInt((await c.query('select pgtenant.next_id() as id')).rows[0].id);
+  assert.strictEqual((id >> 12n) & 1023n, 2n);
+  for (let i = 0; i < 3; i++) {
+    const r = await c.query({ name: 'ids', text: 'select * from pgtenant.next_ids($1)', values: [5] });
+    assert.strictEqual(r.rows.length, 5);
+    assert.ok(BigInt(r.rows[0].next_ids) > id);
+  }
   await c.end(); await l.end(); await t.end();
   console.log('node-postgres ok');
 })().catch(e => { console.error(e); process.exit(1); });

@@ -70,4 +70,15 @@ except psycopg.OperationalError as e:
 tls = psycopg.connect(f"host=127.0.0.1 port={PORT} user=app password=app dbname=app sslmode=require options='-c pgtenant.tenant_id=7'")
 assert tls.info.pgconn.ssl_in_use
 assert tls.execute("select shard_id from pgtenant_shard").fetchone() == (1,)
+# Snowflake IDs answered by pgtenant, also once psycopg prepares the statement.
+last = 0
+for i in range(7):
+    cur.execute("select * from pgtenant.next_ids(%s)", (10,))
+    ids = [r[0] for r in cur.fetchall()]
+    assert len(ids) == 10 and ids == sorted(set(ids)) and ids[0] > last
+    assert all((x >> 12) & 1023 == 2 for x in ids), ids
+    last = ids[-1]
+cur.execute("select pgtenant.next_id(%s)", (5,))
+assert (cur.fetchone()[0] >> 12) & 1023 == 5
+conn.rollback()
 print("psycopg ok")

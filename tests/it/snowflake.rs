@@ -12,6 +12,15 @@ use postgres_protocol::message::frontend;
 use crate::harness::raw::RawClient;
 use crate::harness::{self, eventually, new_catalog, sqlstate, start_catalog_proxy, start_proxy};
 
+/// The IDs `sql` returns, run `times` times.
+async fn minted(client: &tokio_postgres::Client, sql: &str, times: usize) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for _ in 0..times {
+        ids.extend(client.query(sql, &[]).await.unwrap().iter().map(|r| r.get::<_, i64>(0)));
+    }
+    ids
+}
+
 fn unix_ms_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -287,30 +296,10 @@ async fn the_sql_function_and_the_proxy_agree_and_never_collide() {
     let client = proxy.connect(Some(42)).await;
 
     let on_server = tokio::spawn(async move {
-        let mut ids = Vec::new();
-        for _ in 0..3 {
-            ids.extend(
-                direct
-                    .query("SELECT * FROM pgtenant.next_ids(5000)", &[])
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get::<_, i64>(0)),
-            );
-        }
+        let ids = minted(&direct, "SELECT * FROM pgtenant.next_ids(5000)", 3).await;
         (direct, ids)
     });
-    let mut via_proxy = Vec::new();
-    for _ in 0..30 {
-        via_proxy.extend(
-            client
-                .query("SELECT * FROM pgtenant.next_ids(500)", &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get::<_, i64>(0)),
-        );
-    }
+    let via_proxy = minted(&client, "SELECT * FROM pgtenant.next_ids(500)", 30).await;
     let (direct, server_ids) = on_server.await.unwrap();
     assert!(server_ids.windows(2).all(|w| w[0] < w[1]), "the server's IDs ascend");
     let layout = Layout::default();

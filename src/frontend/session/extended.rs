@@ -56,12 +56,11 @@ impl Session {
             return Ok(());
         }
         if self.batch.is_empty() && !self.at_transaction_start() {
-            let frame = match self.may_concern_snowflake(&frame) {
-                true => match self.answer_snowflake_message(frame).await? {
-                    Some(frame) => frame,
-                    None => return Ok(()),
-                },
-                false => frame,
+            let frame = if self.may_concern_snowflake(&frame) {
+                let Some(frame) = self.answer_snowflake_message(frame).await? else { return Ok(()) };
+                frame
+            } else {
+                frame
             };
             if frame.tag == b'B'
                 && let Err(err) = self.check_bind(&frame).await
@@ -180,7 +179,9 @@ impl Session {
         let all = || statements.parsed.iter().chain(&statements.executed);
         let Some(last) = all().rev().find(|a| local_kind(a).is_some()) else { return Ok(false) };
         let kind = local_kind(last);
-        if kind == Some(LocalKind::Snowflake) && all().all(|a| local_kind(a) != Some(LocalKind::TenantSet)) {
+        let others_local =
+            all().any(|a| matches!(local_kind(a), Some(LocalKind::TenantSet | LocalKind::RoutingVersion)));
+        if kind == Some(LocalKind::Snowflake) && !others_local {
             if self.request_is_local() {
                 self.answer_local_request().await?;
                 return Ok(true);
@@ -193,7 +194,7 @@ impl Session {
         }
         let answer = match &last.kind {
             StatementKind::SetTenant(t) => LocalAnswer::TenantSet { tenant: Some(t.clone()), tag: "SET" },
-            StatementKind::ShowRoutingVersion | StatementKind::Snowflake(_) => LocalAnswer::RoutingVersion,
+            StatementKind::ShowRoutingVersion => LocalAnswer::RoutingVersion,
             _ => LocalAnswer::TenantSet { tenant: self.startup_tenant.clone(), tag: "RESET" },
         };
         let mut reply = BytesMut::new();
