@@ -148,6 +148,29 @@ pub fn bind_renamed(buf: &mut BytesMut, portal: &[u8], statement: &[u8], rest: &
     });
 }
 
+/// Bind (F) of `statement` to the unnamed portal, with text parameters and text results.
+pub fn bind_text(buf: &mut BytesMut, statement: &[u8], params: &[&[u8]]) {
+    put_message(buf, b'B', |b| {
+        put_cstr(b, b"");
+        put_cstr(b, statement);
+        b.put_i16(0); // every parameter in text
+        b.put_i16(params.len() as i16);
+        for p in params {
+            b.put_i32(p.len() as i32);
+            b.put_slice(p);
+        }
+        b.put_i16(0); // every result column in text
+    });
+}
+
+/// Execute (F) of the unnamed portal, all rows.
+pub fn execute(buf: &mut BytesMut) {
+    put_message(buf, b'E', |b| {
+        put_cstr(b, b"");
+        b.put_i32(0);
+    });
+}
+
 /// Describe (F) of a statement under another name.
 pub fn describe_statement(buf: &mut BytesMut, statement: &[u8]) {
     put_message(buf, b'D', |b| {

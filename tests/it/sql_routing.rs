@@ -277,3 +277,30 @@ async fn a_failing_client_setting_never_undoes_the_tenant_guc() {
     assert_eq!(guc, "1500", "the tenant GUC must not roll back with the rejected setting");
     proxy.shutdown().await;
 }
+
+/// The tenant GUC of an extended request is set inside that request; when the request
+/// fails, the SET rolls back with it, and the next request must set it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_request_takes_its_tenant_guc_along_and_the_next_sets_it_again() {
+    // One server connection per shard: every request below reuses the same one.
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let client = proxy.connect(None).await;
+    // Prepared once: each query below is one request (Bind, Execute, Sync).
+    let stmt = client
+        .prepare("SELECT current_setting('pgtenant.tenant_id'), count(*) FROM accounts WHERE tenant_id = $1")
+        .await
+        .unwrap();
+    let failing =
+        client.prepare("SELECT (1 / (count(*) * 0))::int FROM accounts WHERE tenant_id = $1").await.unwrap();
+    let guc_of = |tenant: i64| {
+        let (client, stmt) = (&client, &stmt);
+        async move { client.query_one(stmt, &[&tenant]).await.unwrap().get::<_, String>(0) }
+    };
+    assert_eq!(guc_of(5).await, "5");
+    let err = client.query_one(&failing, &[&6i64]).await.unwrap_err();
+    assert_eq!(crate::harness::sqlstate(&err), "22012");
+    assert_eq!(guc_of(6).await, "6", "the failed request's SET was rolled back; it must be sent again");
+    assert_eq!(guc_of(6).await, "6");
+    assert_eq!(guc_of(7).await, "7");
+    proxy.shutdown().await;
+}

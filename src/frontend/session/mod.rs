@@ -75,6 +75,16 @@ struct Attached {
     saw_commit: bool,
     /// Extended-protocol messages were sent without their Sync yet.
     open_request: bool,
+    /// The tenant GUC was set inside the client's request (see `begin_on`): it holds
+    /// only if that request commits without an error.
+    tenant_in_request: bool,
+}
+
+/// What kind of client request a transaction starts with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RequestKind {
+    Simple,
+    Extended,
 }
 
 pub struct Session {

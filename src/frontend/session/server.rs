@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::{Buf, BytesMut};
 use deadpool::managed::Object;
 
-use super::{Attached, ClientTx, Session, SettingChange};
+use super::{Attached, ClientTx, RequestKind, Session, SettingChange};
 use crate::backend::{
     MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
     record_param, settings_sql, tenant_sql,
@@ -29,7 +29,7 @@ impl Session {
 
     /// Attaches a server of `route`'s shard (checking one out if needed) and queues the
     /// SETs that give it this client's settings and tenant.
-    pub(super) async fn begin_on(&mut self, route: Route) -> Result<(), FrontendError> {
+    pub(super) async fn begin_on(&mut self, route: Route, request: RequestKind) -> Result<(), FrontendError> {
         if let Some(a) = &self.server
             && a.route.shard != route.shard
         {
@@ -53,6 +53,7 @@ impl Session {
                 request_failed: false,
                 saw_commit: false,
                 open_request: false,
+                tenant_in_request: false,
             });
         }
         let tenant_guc = self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
@@ -61,14 +62,33 @@ impl Session {
         };
         a.route = route.clone();
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
-        if let Some(sql) = settings_sql(&a.conn.settings, &self.settings) {
+        let settings = settings_sql(&a.conn.settings, &self.settings);
+        let read_only = !route.state.allows_writes();
+        let tenant_changes = tenant_guc.is_some()
+            && !matches!(&a.conn.tenant, TenantGuc::Known(t) if t.as_ref() == route.tenant.as_ref());
+        if request == RequestKind::Extended
+            && tenant_changes
+            && settings.is_none()
+            && a.conn.read_only == read_only
+            && matches!(self.tx, ClientTx::Idle)
+            && let Some(guc) = tenant_guc
+        {
+            // The common switch of tenant: set the GUC inside the client's own request (no
+            // Sync in between), which saves the server a transaction and the proxy a wakeup.
+            // It is undone with that request if it fails or rolls back: `on_ready` then
+            // forgets what the connection holds.
+            inject_tenant_in_request(&mut a.conn, guc, route.tenant.as_ref());
+            a.conn.tenant = TenantGuc::Known(route.tenant.clone());
+            a.tenant_in_request = true;
+            return Ok(());
+        }
+        if let Some(sql) = settings {
             inject_sql(&mut a.conn, &sql);
             a.conn.settings = self.settings.clone();
         }
         // The tenant GUC and read-only mode go in a query of their own: a client setting the
         // server rejects rolls back its whole query, and must not take the tenant with it.
         let mut guard = tenant_sql(&a.conn.tenant, route.tenant.as_ref(), tenant_guc).unwrap_or_default();
-        let read_only = !route.state.allows_writes();
         if a.conn.read_only != read_only {
             // The server's own wall behind pgtenant's check of each statement: it also
             // stops writes that hide in functions.
@@ -124,7 +144,7 @@ impl Session {
     /// checkout fails, answers the error with its ReadyForQuery and returns false.
     pub(super) async fn begin_or_reply(&mut self, route: Result<Route, RouteError>) -> bool {
         let attached = match route {
-            Ok(route) => self.begin_on(route).await,
+            Ok(route) => self.begin_on(route, RequestKind::Simple).await,
             Err(e) => Err(e.into()),
         };
         match attached {
@@ -186,6 +206,11 @@ impl Session {
             return;
         };
         let failed = std::mem::take(&mut a.request_failed);
+        if std::mem::take(&mut a.tenant_in_request) && (failed || status != TxStatus::Idle) {
+            // Rolled back with the request, or inside a transaction that may still roll
+            // back: the connection's tenant GUC is not known any more.
+            a.conn.tenant = TenantGuc::Unknown;
+        }
         if tracked_done && let Some(change) = self.setting_changes.pop_front() {
             match (failed, status) {
                 (true, _) => {}
@@ -369,6 +394,36 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
     };
     conn.io.rbuf.advance(at);
     result
+}
+
+/// The statement that sets the tenant GUC inside a client's extended request, and its
+/// id in `ServerConn::prepared` (client statements' ids count up from 1).
+const SET_TENANT_STATEMENT: &[u8] = b"pgtenant_set_tenant";
+const SET_TENANT_STATEMENT_ID: u64 = u64::MAX;
+
+/// Sets the tenant GUC ahead of the client's extended messages, without a Sync: it runs
+/// in the client's implicit transaction. Its answers are swallowed; an error (none is
+/// expected) reaches the client, and the server then skips the request as it should.
+fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&TenantId>) {
+    if conn.prepared.insert(SET_TENANT_STATEMENT_ID) {
+        protocol::parse(
+            &mut conn.io.wbuf,
+            SET_TENANT_STATEMENT,
+            b"SELECT pg_catalog.set_config($1, $2, false)",
+            b"\0\0",
+        );
+        conn.queue.push(Pending::Injected {
+            reply: Reply::Parse,
+            on_error: OnError::Forward,
+            prepares: None,
+        });
+    }
+    let value = tenant.map(|t| t.key_text()).unwrap_or_default();
+    // The unnamed portal: the client's own Bind, which follows, replaces it.
+    protocol::bind_text(&mut conn.io.wbuf, SET_TENANT_STATEMENT, &[guc.as_bytes(), value.as_bytes()]);
+    conn.queue.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Forward, prepares: None });
+    protocol::execute(&mut conn.io.wbuf);
+    conn.queue.push(Pending::Injected { reply: Reply::Execute, on_error: OnError::Forward, prepares: None });
 }
 
 /// Sends `sql` ahead of the client's messages; its answer is swallowed.
