@@ -1,7 +1,6 @@
 //! A server connection: opened, optionally upgraded to TLS, and authenticated by
 //! pgtenant (trust, cleartext, md5, SCRAM-SHA-256), then used as a relay target.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -62,7 +61,7 @@ pub struct ServerConn {
     /// ParameterStatus values, as reported at startup and updated since.
     pub params: Vec<(String, String)>,
     /// Statement ids prepared on this server (`pgt_<id>`).
-    pub prepared: HashSet<u64>,
+    pub prepared: foldhash::HashSet<u64>,
     pub settings: Arc<Settings>,
     pub tenant: TenantGuc,
     /// `default_transaction_read_only` was turned on for a tenant that may not write.
@@ -288,7 +287,7 @@ async fn login(
         addr: addr.to_string(),
         cancel: CancelTarget { addr: peer, pid: key.0, key: key.1 },
         params,
-        prepared: HashSet::new(),
+        prepared: foldhash::HashSet::default(),
         settings: Settings::empty(),
         tenant: TenantGuc::Unknown,
         read_only: false,

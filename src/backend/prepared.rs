@@ -2,7 +2,6 @@
 //! text and parameter types) from any client share one id and one server name, so
 //! a server that prepared it for one client serves all of them.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -33,14 +32,14 @@ impl PreparedStatement {
 
 /// Interns statements; bounded so that clients inventing endless statements cannot grow it without limit.
 pub struct StatementRegistry {
-    by_text: Mutex<HashMap<(Bytes, Bytes), Arc<PreparedStatement>>>,
+    by_text: Mutex<foldhash::HashMap<(Bytes, Bytes), Arc<PreparedStatement>>>,
     next_id: AtomicU64,
     capacity: usize,
 }
 
 impl StatementRegistry {
     pub fn new(capacity: usize) -> Self {
-        Self { by_text: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1), capacity }
+        Self { by_text: Mutex::new(foldhash::HashMap::default()), next_id: AtomicU64::new(1), capacity }
     }
 
     pub fn intern(&self, query: &[u8], param_types: &[u8]) -> Arc<PreparedStatement> {

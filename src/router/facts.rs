@@ -13,7 +13,6 @@
 //! in the simple protocol, where every statement text is new. A map that reaches its
 //! capacity starts over.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::ops::{ControlFlow, Range};
 use std::sync::{Arc, RwLock};
@@ -60,7 +59,7 @@ pub struct Facts {
 }
 
 pub struct FactsCache {
-    shapes: RwLock<HashMap<Box<str>, Arc<SqlFacts>>>,
+    shapes: RwLock<foldhash::HashMap<Box<str>, Arc<SqlFacts>>>,
     capacity: usize,
     tenant_column: String,
 }
@@ -68,7 +67,7 @@ pub struct FactsCache {
 impl FactsCache {
     pub fn new(capacity: u64, tenant_column: &str) -> Self {
         Self {
-            shapes: RwLock::new(HashMap::new()),
+            shapes: RwLock::new(foldhash::HashMap::default()),
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX).max(1),
             tenant_column: tenant_column.to_ascii_lowercase(),
         }

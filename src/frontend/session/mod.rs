@@ -14,7 +14,7 @@ mod server;
 mod simple;
 mod snowflake;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -35,6 +35,10 @@ use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route};
+
+/// Maps keyed by what a client names (statements, portals): looked up on every Bind,
+/// so a fast hasher (seeded per process) instead of SipHash.
+type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// Stop reading from one side while this much is waiting to be written to the other.
 const HIGH_WATER: usize = 1 << 20;
@@ -97,7 +101,7 @@ pub struct Session {
     tenant: Option<TenantId>,
     startup_settings: Arc<Settings>,
     settings: Arc<Settings>,
-    statements: HashMap<Bytes, ClientStatement>,
+    statements: FastMap<Bytes, ClientStatement>,
     /// Analyses of the statement texts this session sent last.
     recent: RecentAnalyses,
     /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
@@ -117,7 +121,7 @@ pub struct Session {
     /// concern it (until then, none is checked).
     snowflake_seen: bool,
     /// Portals bound to snowflake statements, answered by pgtenant.
-    local_portals: HashMap<Bytes, snowflake::LocalPortal>,
+    local_portals: FastMap<Bytes, snowflake::LocalPortal>,
     /// Changes of forwarded tracked statements, oldest first.
     setting_changes: VecDeque<SettingChange>,
     /// Changes made inside the current transaction; kept only if it commits.
@@ -167,7 +171,7 @@ impl Session {
             tenant: start.tenant,
             startup_settings: start.settings.clone(),
             settings: start.settings,
-            statements: HashMap::new(),
+            statements: FastMap::default(),
             recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
@@ -177,7 +181,7 @@ impl Session {
             batch: Vec::new(),
             skip_until_sync: false,
             snowflake_seen: false,
-            local_portals: HashMap::new(),
+            local_portals: FastMap::default(),
             setting_changes: VecDeque::new(),
             tx_setting_changes: Vec::new(),
             cancel: start.cancel,
