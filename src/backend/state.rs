@@ -90,6 +90,12 @@ impl ResponseQueue {
         self.pending.is_empty()
     }
 
+    /// Whether the oldest entry is a client message, whose rows pass through as they come.
+    #[inline]
+    pub fn front_is_client(&self) -> bool {
+        matches!(self.pending.front(), Some(Pending::Client { .. }))
+    }
+
     /// Whether a ReadyForQuery is owed to the client.
     pub fn owes_ready(&self) -> bool {
         self.pending.iter().any(|p| matches!(p, Pending::Client { reply: Reply::Sync | Reply::Query, .. }))

@@ -281,7 +281,7 @@ async fn a_failing_client_setting_never_undoes_the_tenant_guc() {
 /// The tenant GUC of an extended request is set inside that request; when the request
 /// fails, the SET rolls back with it, and the next request must set it again.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_failed_request_takes_its_tenant_guc_along_and_the_next_sets_it_again() {
+async fn a_failed_or_pipelined_request_never_leaves_another_on_a_wrong_tenant_guc() {
     // One server connection per shard: every request below reuses the same one.
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let client = proxy.connect(None).await;
@@ -302,5 +302,57 @@ async fn a_failed_request_takes_its_tenant_guc_along_and_the_next_sets_it_again(
     assert_eq!(guc_of(6).await, "6", "the failed request's SET was rolled back; it must be sent again");
     assert_eq!(guc_of(6).await, "6");
     assert_eq!(guc_of(7).await, "7");
+    // The same with the next request pipelined behind the failing one (sent before its
+    // answer): it must not run on the GUC that the failure rolled back.
+    assert_eq!(guc_of(5).await, "5");
+    let (failed, next) = futures_util::join!(client.query_one(&failing, &[&6i64]), guc_of(6));
+    assert_eq!(crate::harness::sqlstate(&failed.unwrap_err()), "22012");
+    assert_eq!(next, "6", "a pipelined request saw the tenant GUC of a rolled-back SET");
+    // Pipelined requests of two tenants of one shard: each runs with its own GUC (the
+    // first needs no SET, the connection already holds tenant 8).
+    assert_eq!(guc_of(8).await, "8");
+    let (a, b) = futures_util::join!(guc_of(8), guc_of(9));
+    assert_eq!((a.as_str(), b.as_str()), ("8", "9"));
+    proxy.shutdown().await;
+}
+
+/// Two requests in one write, for two tenants of one shard, no session tenant: the
+/// second must not ride on the server connection (and tenant GUC) of the first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_pipelined_behind_another_tenants_is_routed_on_its_own() {
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let mut raw = crate::harness::raw::RawClient::login(proxy.addr, &[]).await;
+    let request = |tenant: i64, out: &mut BytesMut| {
+        let sql = format!(
+            "SELECT current_setting('pgtenant.tenant_id'), count(*) FROM accounts WHERE tenant_id = {tenant}"
+        );
+        frontend::parse("", &sql, std::iter::empty(), out).unwrap();
+        let serialize =
+            |_: (),
+             _: &mut BytesMut|
+             -> Result<postgres_protocol::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+                Ok(postgres_protocol::IsNull::Yes)
+            };
+        if frontend::bind("", "", std::iter::empty(), std::iter::empty::<()>(), serialize, [0i16], out)
+            .is_err()
+        {
+            panic!("bind encodes");
+        }
+        frontend::execute("", 0, out).unwrap();
+        frontend::sync(out);
+    };
+    let mut first = BytesMut::new();
+    request(8, &mut first);
+    raw.send(&first).await;
+    assert_eq!(crate::harness::raw::first_column(&raw.until_ready().await), vec!["8"]);
+    let mut both = BytesMut::new();
+    request(8, &mut both);
+    request(9, &mut both);
+    raw.send(&both).await;
+    let mut gucs = crate::harness::raw::first_column(&raw.until_ready().await);
+    gucs.extend(crate::harness::raw::first_column(&raw.until_ready().await));
+    assert_eq!(gucs, vec!["8", "9"]);
     proxy.shutdown().await;
 }

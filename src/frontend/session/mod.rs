@@ -285,6 +285,11 @@ impl Session {
     async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
         while let Some(frame) = self.client.next_frame(self.max_message)? {
             tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), "client message");
+            if !matches!(frame.tag, b'S' | b'H' | b'd' | b'c' | b'f') && self.next_request_must_wait() {
+                // A request pipelined behind one the server has not answered yet: wait for
+                // that answer, so that this one is routed (and its tenant GUC set) afresh.
+                self.settle().await;
+            }
             match frame.tag {
                 b'Q' => self.on_query(frame).await?,
                 b'P' | b'B' | b'D' | b'E' | b'C' => {
@@ -315,6 +320,18 @@ impl Session {
             }
         }
         Ok(true)
+    }
+
+    /// Whether a new request must wait until the server has answered the previous one
+    /// (which ended with its Sync or Query). It may ride on the same server only when
+    /// the session tenant binds it to that server's tenant, and the tenant GUC there is
+    /// certain: one set inside the previous request rolls back if that request fails.
+    fn next_request_must_wait(&self) -> bool {
+        self.server.as_ref().is_some_and(|a| {
+            !a.open_request
+                && !a.conn.queue.is_empty()
+                && (a.tenant_in_request || self.tenant.is_none() || self.tenant != a.route.tenant)
+        })
     }
 
     /// Waits until the attached server has answered everything sent to it, relaying

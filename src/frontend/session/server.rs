@@ -356,14 +356,25 @@ enum Relay {
 fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) -> Relay {
     let conn: &mut ServerConn = &mut a.conn;
     let mut at = 0;
+    // DataRows for the client, not yet copied: `rbuf[rows_from..at]`, one copy per run.
+    let mut rows_from = 0;
     let result = loop {
         let (tag, total) = match protocol::frame_header(&conn.io.rbuf[at..], MAX_SERVER_MESSAGE) {
             Ok(Some(header)) => header,
             Ok(None) => break Relay::NeedMore,
             Err(e) => break Relay::Lost(format!("bad message from server: {e}")),
         };
+        if tag == b'D' && conn.queue.front_is_client() {
+            // What `on_server_message` would do with it: forward, and nothing else.
+            at += total;
+            continue;
+        }
+        if rows_from < at {
+            out.extend_from_slice(&conn.io.rbuf[rows_from..at]);
+        }
         let raw = &conn.io.rbuf[at..at + total];
         at += total;
+        rows_from = at;
         match tag {
             b'S' => {
                 if let Some((name, value)) = protocol::parameter_status(&raw[5..]) {
@@ -392,6 +403,9 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
             break Relay::Ready { status, tracked: fx.tracked_done };
         }
     };
+    if rows_from < at {
+        out.extend_from_slice(&conn.io.rbuf[rows_from..at]);
+    }
     conn.io.rbuf.advance(at);
     result
 }
