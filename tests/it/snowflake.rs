@@ -21,6 +21,26 @@ async fn minted(client: &tokio_postgres::Client, sql: &str, times: usize) -> Vec
     ids
 }
 
+/// Whether `next_id()` is refused for want of a lease (55000) within `within`.
+async fn minting_stops(client: &tokio_postgres::Client, within: Duration) -> bool {
+    eventually(within, || async {
+        matches!(client.query_one("SELECT pgtenant.next_id()", &[]).await, Err(e) if sqlstate(&e) == "55000")
+    })
+    .await
+    .is_some()
+}
+
+/// Whether `next_id()` works again within `within`, with IDs above `before`.
+async fn minting_resumes(client: &tokio_postgres::Client, within: Duration, before: i64) -> bool {
+    let works =
+        eventually(within, || async { client.query_one("SELECT pgtenant.next_id()", &[]).await.is_ok() });
+    if works.await.is_none() {
+        return false;
+    }
+    let next: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    next > before
+}
+
 fn unix_ms_now() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -139,7 +159,7 @@ async fn snowflake_messages_keep_their_place_in_a_pipelined_request() {
     let mut out = BytesMut::new();
     for sql in ["SELECT shard_id FROM pgtenant_shard", "SELECT pgtenant.next_id()", "SELECT 2"] {
         frontend::parse("", sql, std::iter::empty(), &mut out).unwrap();
-        bind_unnamed(&mut out);
+        harness::raw::bind_unnamed(&mut out);
         frontend::describe(b'P', "", &mut out).unwrap();
         frontend::execute("", 0, &mut out).unwrap();
     }
@@ -157,7 +177,7 @@ async fn snowflake_messages_keep_their_place_in_a_pipelined_request() {
     // next_ids(5) fetched two rows at a time: D D s, D D s, D C.
     let mut out = BytesMut::new();
     frontend::parse("", "SELECT * FROM pgtenant.next_ids(5)", std::iter::empty(), &mut out).unwrap();
-    bind_unnamed(&mut out);
+    harness::raw::bind_unnamed(&mut out);
     for _ in 0..3 {
         frontend::execute("", 2, &mut out).unwrap();
     }
@@ -169,19 +189,6 @@ async fn snowflake_messages_keep_their_place_in_a_pipelined_request() {
     let ids: Vec<i64> = harness::raw::first_column(&msgs).iter().map(|v| v.parse().unwrap()).collect();
     assert!(ids.windows(2).all(|w| w[0] < w[1]) && ids.len() == 5);
     proxy.shutdown().await;
-}
-
-/// Bind (F) of the unnamed statement to the unnamed portal: no parameters, text results.
-fn bind_unnamed(out: &mut BytesMut) {
-    let no_values = std::iter::empty::<()>();
-    let serialize = |_: (),
-                     _: &mut BytesMut|
-     -> Result<postgres_protocol::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        Ok(postgres_protocol::IsNull::Yes)
-    };
-    if frontend::bind("", "", std::iter::empty(), no_values, serialize, [0i16], out).is_err() {
-        panic!("bind encodes");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -259,11 +266,7 @@ async fn a_lost_lease_stops_minting_until_a_new_one() {
         )
         .await
         .unwrap();
-    let stopped = eventually(Duration::from_secs(3), || async {
-        matches!(client.query_one("SELECT pgtenant.next_id()", &[]).await, Err(e) if sqlstate(&e) == "55000")
-    })
-    .await;
-    assert!(stopped.is_some(), "minting must stop once the lease is gone");
+    assert!(minting_stops(&client, Duration::from_secs(3)).await, "minting must stop once the lease is gone");
     let err = client.simple_query("SELECT pgtenant.next_id()").await.unwrap_err();
     let message = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
     assert!(message.contains("lease"), "{message}");
@@ -271,13 +274,10 @@ async fn a_lost_lease_stops_minting_until_a_new_one() {
     assert_eq!(harness::shard_of(&client).await, 1);
     // Numbers free again: the proxy leases one and mints after the old holder's expiry.
     catalog.admin.batch_execute("DELETE FROM pgtenant.snowflake_lease WHERE holder = 'thief'").await.unwrap();
-    let resumed = eventually(Duration::from_secs(3), || async {
-        client.query_one("SELECT pgtenant.next_id()", &[]).await.is_ok()
-    })
-    .await;
-    assert!(resumed.is_some(), "minting resumes with a new lease");
-    let next: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
-    assert!(next > first);
+    assert!(
+        minting_resumes(&client, Duration::from_secs(3), first).await,
+        "minting resumes with a new lease"
+    );
     proxy.shutdown().await;
 }
 
@@ -342,21 +342,17 @@ async fn an_unreachable_catalog_lets_the_lease_run_out() {
     harness::connect(&conninfo).await.unwrap().batch_execute("CHECKPOINT").await.unwrap();
 
     cluster.kill().unwrap();
-    let stopped = eventually(Duration::from_secs(3), || async {
-        matches!(client.query_one("SELECT pgtenant.next_id()", &[]).await, Err(e) if sqlstate(&e) == "55000")
-    })
-    .await;
-    assert!(stopped.is_some(), "minting stops once the lease can no longer be renewed");
+    assert!(
+        minting_stops(&client, Duration::from_secs(3)).await,
+        "minting stops once the lease cannot be renewed"
+    );
     assert_eq!(harness::shard_of(&client).await, 2, "routing a cached tenant goes on");
 
     cluster.start().unwrap();
-    let resumed = eventually(Duration::from_secs(10), || async {
-        client.query_one("SELECT pgtenant.next_id()", &[]).await.is_ok()
-    })
-    .await;
-    assert!(resumed.is_some(), "minting resumes once the catalog is back");
-    let next: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
-    assert!(next > first);
+    assert!(
+        minting_resumes(&client, Duration::from_secs(10), first).await,
+        "minting resumes once the catalog is back"
+    );
     proxy.shutdown().await;
     cluster.stop().unwrap();
 }

@@ -329,17 +329,7 @@ async fn a_request_pipelined_behind_another_tenants_is_routed_on_its_own() {
             "SELECT current_setting('pgtenant.tenant_id'), count(*) FROM accounts WHERE tenant_id = {tenant}"
         );
         frontend::parse("", &sql, std::iter::empty(), out).unwrap();
-        let serialize =
-            |_: (),
-             _: &mut BytesMut|
-             -> Result<postgres_protocol::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-                Ok(postgres_protocol::IsNull::Yes)
-            };
-        if frontend::bind("", "", std::iter::empty(), std::iter::empty::<()>(), serialize, [0i16], out)
-            .is_err()
-        {
-            panic!("bind encodes");
-        }
+        crate::harness::raw::bind_unnamed(out);
         frontend::execute("", 0, out).unwrap();
         frontend::sync(out);
     };

@@ -126,3 +126,16 @@ pub fn first_column(msgs: &[Msg]) -> Vec<String> {
         })
         .collect()
 }
+
+/// Bind (F) of the unnamed statement to the unnamed portal: no parameters, text results.
+pub fn bind_unnamed(out: &mut BytesMut) {
+    let no_values = std::iter::empty::<()>();
+    let serialize = |_: (),
+                     _: &mut BytesMut|
+     -> Result<postgres_protocol::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(postgres_protocol::IsNull::Yes)
+    };
+    if frontend::bind("", "", std::iter::empty(), no_values, serialize, [0i16], out).is_err() {
+        panic!("bind encodes");
+    }
+}
