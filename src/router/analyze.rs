@@ -136,7 +136,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             sets_tenant_among_many: false,
             bad_tenant_value: None,
             tampers_tenant_guc: false,
-            sql: String::from_utf8_lossy(sql).into(),
+            sql: text_of(sql),
             facts: OnceLock::new(),
             may_write: OnceLock::new(),
             mentions_column: OnceLock::new(),
@@ -208,7 +208,12 @@ fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
 
 /// Whether `needle` (non-empty) occurs in `hay`, ASCII case ignored.
 fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && hay.windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle))
+    // Run on every statement text a session sends: jump between the places where the
+    // first byte occurs (either case) instead of comparing at every position.
+    let Some((&first, rest)) = needle.split_first() else { return false };
+    let Some(last_start) = hay.len().checked_sub(needle.len()) else { return false };
+    memchr::memchr2_iter(first.to_ascii_lowercase(), first.to_ascii_uppercase(), &hay[..=last_start])
+        .any(|i| hay[i + 1..i + needle.len()].eq_ignore_ascii_case(rest))
 }
 
 /// The setting name under which the proxy reports the routing version it serves.
@@ -269,16 +274,30 @@ fn is_plain_dml(sql: &[u8]) -> bool {
     }
     let body = rest.trim_ascii_end();
     let body = body.strip_suffix(b";").unwrap_or(body);
-    let suspicious = |w: &[u8]| contains_ignore_case(body, w);
-    // `$1` is a parameter; `$$` or `$tag$` would start a dollar-quoted string.
-    let dollar_quote = body.windows(2).any(|w| w[0] == b'$' && !w[1].is_ascii_digit());
-    !dollar_quote
-        && !body.iter().any(|b| matches!(b, b';' | b'\\'))
-        && !body.windows(2).any(|w| w == b"/*" || w == b"--")
-        && !suspicious(b"advisory")
-        && !suspicious(b"temp")
-        && !suspicious(b"set_config")
-        && !suspicious(b"pgtenant.")
+    // One pass (this runs on every statement text a session sends): a second statement,
+    // a backslash, a comment, a dollar-quoted string (`$1` is a parameter, `$$` or
+    // `$tag$` is not), or a word that may pin a connection or touch the tenant GUC.
+    const SUSPICIOUS: [&[u8]; 4] = [b"advisory", b"temp", b"set_config", b"pgtenant."];
+    let next_is = |i: usize, c: u8| body.get(i + 1) == Some(&c);
+    !body.iter().enumerate().any(|(i, &b)| match b {
+        b';' | b'\\' => true,
+        b'$' => !body.get(i + 1).is_some_and(u8::is_ascii_digit),
+        b'/' => next_is(i, b'*'),
+        b'-' => next_is(i, b'-'),
+        // The first letters of SUSPICIOUS, in either case.
+        _ if matches!(b | 0x20, b'a' | b't' | b's' | b'p') => SUSPICIOUS
+            .iter()
+            .any(|w| body.get(i..i + w.len()).is_some_and(|here| here.eq_ignore_ascii_case(w))),
+        _ => false,
+    })
+}
+
+/// The statement as text; invalid UTF-8 (which the server will refuse) replaced.
+fn text_of(sql: &[u8]) -> Box<str> {
+    match std::str::from_utf8(sql) {
+        Ok(text) => text.into(),
+        Err(_) => String::from_utf8_lossy(sql).into(),
+    }
 }
 
 fn is_tenant_set(kind: &StatementKind) -> bool {
@@ -603,6 +622,18 @@ mod tests {
         assert!(!is_plain_dml(b"select pg_advisory_lock(1)"));
         assert!(!is_plain_dml(b"select * into temp t from x"));
         assert!(!is_plain_dml(b"SET x = 1"));
+        assert!(!is_plain_dml(b"select 1 -- note"));
+        assert!(!is_plain_dml(b"select $tag$x$tag$"));
+        assert!(!is_plain_dml(b"select $"));
+        assert!(!is_plain_dml(b"select E'a\\b'"));
+        assert!(!is_plain_dml(b"SELECT SET_CONFIG('a', 'b', false)"));
+        assert!(!is_plain_dml(b"SELECT PGTENANT.next_id()"));
+        assert!(!is_plain_dml(b"create temp table t (a int)"));
+        assert!(is_plain_dml(b"select a - b, c / d from t where x = $12"));
+        // Case-insensitive search by first byte, at the end and past it.
+        assert!(contains_ignore_case(b"xx TENANT_id", b"tenant_id"));
+        assert!(!contains_ignore_case(b"tenant_i", b"tenant_id"));
+        assert!(!contains_ignore_case(b"", b"a") && !contains_ignore_case(b"abc", b""));
         // Both paths agree on what they share.
         for sql in ["select * from t where id = 5", "insert into t values (1)"] {
             let a = analyze(sql.as_bytes(), P, TenantKey::Bigint);
