@@ -72,6 +72,9 @@ pub enum IoEvent {
     Read,
     /// The peer closed its side.
     Closed,
+    /// The write buffer fell below a mark the caller watches (reported by the caller's
+    /// poll wrapper, never by `poll_io`), so it may read from the other side again.
+    Drained,
 }
 
 /// A stream with its buffers.

@@ -132,8 +132,9 @@ fn argument(c: &mut Cursor) -> Option<CallArg> {
             CallArg::Literal(if negative { -v } else { v })
         }
         TokenKind::Punct if !negative && c.text().len() > 1 && c.text().starts_with('$') => {
-            let n: usize = c.text()[1..].parse().ok()?;
-            CallArg::Param { index: n.checked_sub(1)?, type_oid: INT8_OID }
+            let n: u16 = c.text()[1..].parse().ok()?;
+            // $1..$65535, as PostgreSQL allows: a Describe lists that many types.
+            CallArg::Param { index: usize::from(n).checked_sub(1)?, type_oid: INT8_OID }
         }
         _ => return None,
     };
@@ -213,6 +214,8 @@ mod tests {
             "SELECT pgtenant.next_id('5')",
             "SELECT pgtenant.next_id(a)",
             "SELECT pgtenant.next_id($0)",
+            "SELECT pgtenant.next_id($65536)",
+            "SELECT pgtenant.next_id($4000000000)",
             "SELECT pgtenant.next_id(5::text)",
             "SELECT other.next_id()",
             "SELECT pgtenant.current_tenant()",

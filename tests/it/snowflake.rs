@@ -356,3 +356,35 @@ async fn an_unreachable_catalog_lets_the_lease_run_out() {
     proxy.shutdown().await;
     cluster.stop().unwrap();
 }
+
+/// Many large answers asked for without reading them: pgtenant stops taking requests
+/// while the client's unread answers pile up (instead of holding them all), and every
+/// answer arrives, whole and in order, once the client reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_answers_hold_back_further_requests_and_all_arrive() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut raw = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let mut out = BytesMut::new();
+    for _ in 0..40 {
+        frontend::query("SELECT * FROM pgtenant.next_ids(10000)", &mut out).unwrap();
+    }
+    raw.send(&out).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut last = 0i64;
+    for _ in 0..40 {
+        let ids: Vec<i64> =
+            harness::raw::first_column(&raw.until_ready().await).iter().map(|v| v.parse().unwrap()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(ids[0] > last && ids.windows(2).all(|w| w[0] < w[1]));
+        last = ids[9_999];
+    }
+    // The same for a server's answer larger than what pgtenant buffers for a client.
+    let mut out = BytesMut::new();
+    frontend::query("SELECT repeat('x', 1000) FROM generate_series(1, 5000)", &mut out).unwrap();
+    raw.send(&out).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rows = harness::raw::first_column(&raw.until_ready().await);
+    assert_eq!(rows.len(), 5000);
+    assert!(rows.iter().all(|r| r.len() == 1000));
+    proxy.shutdown().await;
+}

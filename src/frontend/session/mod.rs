@@ -130,6 +130,9 @@ pub struct Session {
     max_message: usize,
     /// Armed while the client sits idle inside a transaction (idle_transaction_timeout).
     idle_deadline: Option<Pin<Box<Sleep>>>,
+    /// Complete client messages wait in the read buffer until the client has read
+    /// enough of its answers.
+    client_backlog: bool,
 }
 
 /// The pools a session used, per shard, for the topology they belong to.
@@ -187,6 +190,7 @@ impl Session {
             cancel: start.cancel,
             max_message,
             idle_deadline: None,
+            client_backlog: false,
         }
     }
 
@@ -214,8 +218,21 @@ impl Session {
                 return Err(FrontendError::ShuttingDown);
             }
             self.arm_idle_deadline();
+            if self.client_backlog && self.client.wbuf.len() < HIGH_WATER {
+                // The client read enough of its answers: go on with the messages it sent.
+                self.client_backlog = false;
+                if !self.on_client_bytes().await? {
+                    return Ok(());
+                }
+                continue;
+            }
             let server_read = self.client.wbuf.len() < HIGH_WATER;
-            let client_read = self.server.as_ref().is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
+            let client_read = !self.client_backlog
+                && self.server.as_ref().is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
+            // A side that stopped reading because the other's output piled up must start
+            // again once that output is written: watch for it.
+            let watch_client_drain = !server_read || self.client_backlog;
+            let watch_server_drain = self.server.as_ref().is_some_and(|a| a.conn.io.wbuf.len() >= HIGH_WATER);
             let client = &mut self.client;
             let server = &mut self.server;
             let idle_deadline = &mut self.idle_deadline;
@@ -224,10 +241,20 @@ impl Session {
                 // connection), and no RNG call per event.
                 biased;
                 r = poll_fn(|cx| match server.as_mut() {
-                    Some(a) => a.conn.io.poll_io(cx, server_read),
+                    Some(a) => match a.conn.io.poll_io(cx, server_read) {
+                        Poll::Pending if watch_server_drain && a.conn.io.wbuf.len() < HIGH_WATER => {
+                            Poll::Ready(Ok(IoEvent::Drained))
+                        }
+                        r => r,
+                    },
                     None => Poll::Pending,
                 }) => Event::Server(r),
-                r = poll_fn(|cx| client.poll_io(cx, client_read)) => Event::Client(r),
+                r = poll_fn(|cx| match client.poll_io(cx, client_read) {
+                    Poll::Pending if watch_client_drain && client.wbuf.len() < HIGH_WATER => {
+                        Poll::Ready(Ok(IoEvent::Drained))
+                    }
+                    r => r,
+                }) => Event::Client(r),
                 _ = &mut stop_signal, if !stopping => Event::Shutdown,
                 _ = poll_fn(|cx| match idle_deadline.as_mut() {
                     Some(deadline) => deadline.as_mut().poll(cx),
@@ -241,6 +268,7 @@ impl Session {
                     }
                 }
                 Event::Client(Ok(IoEvent::Closed)) => return Ok(()),
+                Event::Client(Ok(IoEvent::Drained)) | Event::Server(Ok(IoEvent::Drained)) => {}
                 Event::Client(Err(e)) => return Err(e.into()),
                 Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes(),
                 Event::Server(Ok(IoEvent::Closed)) => {
@@ -283,7 +311,14 @@ impl Session {
 
     /// Handles every complete client message; `false` when the client sent Terminate.
     async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
-        while let Some(frame) = self.client.next_frame(self.max_message)? {
+        loop {
+            if self.client.wbuf.len() >= HIGH_WATER {
+                // Answers pgtenant gives itself (snowflake IDs) can be far larger than the
+                // requests: a client that does not read them must not grow this buffer.
+                self.client_backlog = true;
+                return Ok(true);
+            }
+            let Some(frame) = self.client.next_frame(self.max_message)? else { break };
             tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), "client message");
             if !matches!(frame.tag, b'S' | b'H' | b'd' | b'c' | b'f') && self.next_request_must_wait() {
                 // A request pipelined behind one the server has not answered yet: wait for
@@ -344,6 +379,7 @@ impl Session {
             match a.conn.io.read_more().await {
                 Ok(IoEvent::Read) => self.on_server_bytes(),
                 Ok(IoEvent::Closed) => self.on_server_lost("the server closed the connection".into()),
+                Ok(IoEvent::Drained) => {}
                 Err(e) => self.on_server_lost(e.to_string()),
             }
         }
