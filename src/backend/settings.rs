@@ -100,6 +100,13 @@ pub enum TenantGuc {
     Known(Option<TenantId>),
 }
 
+impl TenantGuc {
+    /// Whether the server is known to hold `to` (a tenant, or none) already.
+    pub fn holds(&self, to: Option<&TenantId>) -> bool {
+        matches!(self, TenantGuc::Known(t) if t.as_ref() == to)
+    }
+}
+
 /// The SQL that takes a server's session settings from `from` to `to`, or `None`
 /// when nothing differs. A value the server rejects fails the whole string, which
 /// runs as one implicit transaction: keep the tenant GUC out of it (`tenant_sql`).
@@ -133,7 +140,7 @@ pub fn settings_sql(from: &Settings, to: &Settings) -> Option<String> {
 /// from `from` to `to`, or `None` when it already holds it.
 pub fn tenant_sql(from: &TenantGuc, to: Option<&TenantId>, tenant_guc: Option<&str>) -> Option<String> {
     let guc = tenant_guc?;
-    if matches!(from, TenantGuc::Known(t) if t.as_ref() == to) {
+    if from.holds(to) {
         return None;
     }
     Some(match to {

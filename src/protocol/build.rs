@@ -86,25 +86,6 @@ pub fn authentication(buf: &mut BytesMut, code: i32, data: &[u8]) {
     });
 }
 
-/// ParseComplete (B).
-/// RowDescription (T) of text columns, as a server describes `SHOW` results.
-pub fn text_row_description(buf: &mut BytesMut, columns: &[&str]) {
-    const TEXT_OID: i32 = 25;
-    put_message(buf, b'T', |b| {
-        b.extend_from_slice(&(columns.len() as i16).to_be_bytes());
-        for name in columns {
-            b.extend_from_slice(name.as_bytes());
-            b.extend_from_slice(b"\0");
-            b.extend_from_slice(&0i32.to_be_bytes()); // table oid
-            b.extend_from_slice(&0i16.to_be_bytes()); // column number
-            b.extend_from_slice(&TEXT_OID.to_be_bytes());
-            b.extend_from_slice(&(-1i16).to_be_bytes()); // variable size
-            b.extend_from_slice(&(-1i32).to_be_bytes()); // no type modifier
-            b.extend_from_slice(&0i16.to_be_bytes()); // text format
-        }
-    });
-}
-
 /// DataRow (D) of text values.
 pub fn text_data_row(buf: &mut BytesMut, values: &[&str]) {
     put_message(buf, b'D', |b| {
@@ -116,6 +97,12 @@ pub fn text_data_row(buf: &mut BytesMut, values: &[&str]) {
     });
 }
 
+/// BindComplete (B).
+pub fn bind_complete(buf: &mut BytesMut) {
+    put_message(buf, b'2', |_| {});
+}
+
+/// ParseComplete (B).
 pub fn parse_complete(buf: &mut BytesMut) {
     put_message(buf, b'1', |_| {});
 }

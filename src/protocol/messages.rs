@@ -80,7 +80,6 @@ pub fn bind_view(body: &[u8]) -> Option<BindView<'_>> {
 /// binary, and its bytes (`None` for NULL). `None` when the message has no such
 /// parameter or is malformed.
 pub fn bind_param(rest: &[u8], n: u16) -> Option<(bool, Option<&[u8]>)> {
-    let read_i16 = |b: &[u8], at: usize| b.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]));
     let format_count = usize::try_from(read_i16(rest, 0)?).ok()?;
     let formats_end = 2 + 2 * format_count;
     let index = usize::from(n).checked_sub(1)?;
@@ -96,7 +95,7 @@ pub fn bind_param(rest: &[u8], n: u16) -> Option<(bool, Option<&[u8]>)> {
     }
     let mut at = formats_end + 2;
     for i in 0..=index {
-        let len = rest.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))?;
+        let len = read_i32(rest, at)?;
         at += 4;
         let value = if len < 0 {
             None
@@ -113,19 +112,36 @@ pub fn bind_param(rest: &[u8], n: u16) -> Option<(bool, Option<&[u8]>)> {
     None
 }
 
+fn read_i16(b: &[u8], at: usize) -> Option<i16> {
+    b.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]))
+}
+
+fn read_i32(b: &[u8], at: usize) -> Option<i32> {
+    b.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))
+}
+
+/// A binary int2, int4 or int8 parameter value (chosen by its length).
+pub fn binary_int(bytes: &[u8]) -> Option<i64> {
+    match bytes.len() {
+        2 => Some(i64::from(i16::from_be_bytes(bytes.try_into().ok()?))),
+        4 => Some(i64::from(i32::from_be_bytes(bytes.try_into().ok()?))),
+        8 => Some(i64::from_be_bytes(bytes.try_into().ok()?)),
+        _ => None,
+    }
+}
+
 /// The result format codes at the end of a Bind's remainder (`BindView::rest`).
 pub fn bind_result_formats(rest: &[u8]) -> Option<Vec<i16>> {
-    let read_i16 = |at: usize| rest.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]));
-    let format_count = usize::try_from(read_i16(0)?).ok()?;
+    let format_count = usize::try_from(read_i16(rest, 0)?).ok()?;
     let mut at = 2 + 2 * format_count;
-    let value_count = usize::try_from(read_i16(at)?).ok()?;
+    let value_count = usize::try_from(read_i16(rest, at)?).ok()?;
     at += 2;
     for _ in 0..value_count {
-        let len = rest.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))?;
+        let len = read_i32(rest, at)?;
         at = at.checked_add(4 + usize::try_from(len).unwrap_or(0))?;
     }
-    let result_count = usize::try_from(read_i16(at)?).ok()?;
-    (0..result_count).map(|i| read_i16(at + 2 + 2 * i)).collect()
+    let result_count = usize::try_from(read_i16(rest, at)?).ok()?;
+    (0..result_count).map(|i| read_i16(rest, at + 2 + 2 * i)).collect()
 }
 
 /// Describe (F) and Close (F): `S` for a statement or `P` for a portal, and its name.

@@ -15,5 +15,6 @@ pub use build::*;
 pub use frame::{Frame, FrameError, StartupPacket, frame_header, read_startup_frame, try_parse_frame};
 pub use messages::*;
 pub use values::{
-    Column, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, Value, data_row, parameter_description, row_description,
+    Column, INT2_OID, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, Value, data_row, parameter_description,
+    row_description, text_row_description,
 };

@@ -5,6 +5,8 @@ use bytes::{BufMut, BytesMut};
 
 use super::build::put_message;
 
+pub const TEXT_OID: i32 = 25;
+pub const INT2_OID: i32 = 21;
 pub const INT4_OID: i32 = 23;
 pub const INT8_OID: i32 = 20;
 pub const TIMESTAMPTZ_OID: i32 = 1184;
@@ -32,8 +34,10 @@ impl Column {
 
     fn type_len(&self) -> i16 {
         match self.type_oid {
+            INT2_OID => 2,
             INT4_OID => 4,
-            _ => 8,
+            INT8_OID | TIMESTAMPTZ_OID => 8,
+            _ => -1, // variable size
         }
     }
 }
@@ -62,6 +66,12 @@ pub fn row_description(buf: &mut BytesMut, columns: &[Column], formats: &[i16]) 
             b.put_i16(is_binary(formats, i) as i16);
         }
     });
+}
+
+/// RowDescription (B) of text columns, as a server describes `SHOW` results.
+pub fn text_row_description(buf: &mut BytesMut, columns: &[&str]) {
+    let columns: Vec<Column> = columns.iter().map(|name| Column::new(*name, TEXT_OID)).collect();
+    row_description(buf, &columns, &[]);
 }
 
 /// ParameterDescription (B) of parameters of the types `oids`.

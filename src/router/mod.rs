@@ -296,13 +296,7 @@ fn param_value(bind_rest: &[u8], n: u16, key: TenantKey) -> Option<TenantId> {
         ((false, Some(text)), _) | ((true, Some(text)), TenantKey::Text) => {
             TenantId::from_text_bytes(text, key)
         }
-        ((true, Some(bytes)), TenantKey::Bigint) => match bytes.len() {
-            2 => Some(i64::from(i16::from_be_bytes(bytes.try_into().ok()?))),
-            4 => Some(i64::from(i32::from_be_bytes(bytes.try_into().ok()?))),
-            8 => Some(i64::from_be_bytes(bytes.try_into().ok()?)),
-            _ => None,
-        }
-        .map(TenantId::Int),
+        ((true, Some(bytes)), TenantKey::Bigint) => protocol::binary_int(bytes).map(TenantId::Int),
         ((_, None), _) => None,
     }
 }

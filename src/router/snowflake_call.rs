@@ -10,10 +10,7 @@
 //! `sql/snowflake.sql` may answer it.
 
 use super::lexer::{Token, TokenKind};
-
-const INT2_OID: i32 = 21;
-const INT4_OID: i32 = 23;
-const INT8_OID: i32 = 20;
+use crate::protocol::{INT2_OID, INT4_OID, INT8_OID};
 
 /// What a recognised call does.
 #[derive(Clone, Debug, PartialEq, Eq)]

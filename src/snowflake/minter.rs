@@ -110,10 +110,7 @@ impl Minter {
         }
         let grant = self.current_grant()?;
         let now_ms = self.clock.now_unix_ms() - EPOCH_UNIX_MS;
-        if now_ms < 0 {
-            return Err(SnowflakeError::ClockOutOfRange { unix_ms: now_ms + EPOCH_UNIX_MS });
-        }
-        if now_ms > MAX_TIMESTAMP_MS {
+        if !(0..=MAX_TIMESTAMP_MS).contains(&now_ms) {
             return Err(SnowflakeError::ClockOutOfRange { unix_ms: now_ms + EPOCH_UNIX_MS });
         }
         let floor_ms = grant.floor_unix_ms - EPOCH_UNIX_MS;
@@ -149,10 +146,7 @@ impl Minter {
     /// whole milliseconds, which would cost a third of the rate, and spinning would
     /// cost a core. Longer waits (a clock gone back) use the timer.
     pub async fn mint(&self, shard: i64, n: i64) -> Result<Vec<i64>, SnowflakeError> {
-        if !(1..=MAX_BATCH).contains(&n) {
-            return Err(SnowflakeError::CountOutOfRange { n, max: MAX_BATCH });
-        }
-        let n = n as usize;
+        let n = check_batch(n)?;
         let mut out = Vec::with_capacity(n);
         loop {
             match self.try_mint(shard, n, &mut out)? {
@@ -172,6 +166,14 @@ impl Minter {
             }
         }
     }
+}
+
+/// `n` as a batch size, if one call may ask for that many IDs (1..=MAX_BATCH).
+pub fn check_batch(n: i64) -> Result<usize, SnowflakeError> {
+    if !(1..=MAX_BATCH).contains(&n) {
+        return Err(SnowflakeError::CountOutOfRange { n, max: MAX_BATCH });
+    }
+    Ok(n as usize)
 }
 
 /// How long until the system clock reaches `unix_ms` (zero if it has).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::SnowflakeError;
 pub use layout::{Decoded, Layout};
-pub use minter::{Grant, MAX_BATCH, Minter};
+pub use minter::{Grant, MAX_BATCH, Minter, check_batch};
 
 use crate::config::Config;
 

@@ -211,7 +211,7 @@ impl Session {
                     }
                     protocol::parse_complete(&mut reply);
                 }
-                b'B' => protocol::put_message(&mut reply, b'2', |_| {}),
+                b'B' => protocol::bind_complete(&mut reply),
                 b'D' => {
                     if frame.body().first() == Some(&b'S') {
                         protocol::put_message(&mut reply, b't', |b| b.extend_from_slice(&0i16.to_be_bytes()));
@@ -335,12 +335,12 @@ impl Session {
         name: &[u8],
         query: &[u8],
         param_types: &[u8],
-    ) -> Arc<PreparedStatement> {
+    ) -> (Arc<PreparedStatement>, Arc<Analysis>) {
         let stmt = self.shared.statements.intern(query, param_types);
         let analysis = self.recent.get_or_analyze(&self.shared.router, query);
-        self.statements
-            .insert(Bytes::copy_from_slice(name), ClientStatement { stmt: stmt.clone(), analysis });
-        stmt
+        let statement = ClientStatement { stmt: stmt.clone(), analysis: analysis.clone() };
+        self.statements.insert(Bytes::copy_from_slice(name), statement);
+        (stmt, analysis)
     }
 
     /// Sends one extended-protocol message to the attached server, translated.
@@ -427,7 +427,7 @@ impl Session {
         Ok(())
     }
 
-    fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
+    pub(super) fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
         let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
         if p.name.is_empty() {
             let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
@@ -442,8 +442,8 @@ impl Session {
             a.conn.queue.push(Pending::client(Reply::Parse));
             return Ok(());
         }
-        let stmt = self.register_statement(p.name, p.query, p.param_types);
-        if self.statements.get(p.name).is_some_and(|s| snowflake_select(&s.analysis).is_some()) {
+        let (stmt, analysis) = self.register_statement(p.name, p.query, p.param_types);
+        if snowflake_select(&analysis).is_some() {
             self.parsed_snowflake();
             return Ok(());
         }
@@ -552,7 +552,7 @@ fn add_new(named: &mut SmallVec<[TenantId; 2]>, tenants: Vec<TenantId>) {
 /// the session without bound).
 const MAX_HELD_MESSAGES: usize = 10_000;
 
-fn malformed(what: &str) -> FrontendError {
+pub(super) fn malformed(what: &str) -> FrontendError {
     FrontendError::Protocol(format!("malformed {what} message"))
 }
 

@@ -135,6 +135,20 @@ pub struct Session {
     client_backlog: bool,
 }
 
+/// `poll_io` of one side; with `watch_drain`, also ready (`Drained`) once its write
+/// buffer has fallen below `HIGH_WATER`, so that the other side is read again.
+fn poll_side(
+    io: &mut Duplex,
+    cx: &mut std::task::Context<'_>,
+    read: bool,
+    watch_drain: bool,
+) -> Poll<std::io::Result<IoEvent>> {
+    match io.poll_io(cx, read) {
+        Poll::Pending if watch_drain && io.wbuf.len() < HIGH_WATER => Poll::Ready(Ok(IoEvent::Drained)),
+        r => r,
+    }
+}
+
 /// The pools a session used, per shard, for the topology they belong to.
 struct SessionPools {
     generation: u64,
@@ -230,8 +244,9 @@ impl Session {
             let client_read = !self.client_backlog
                 && self.server.as_ref().is_none_or(|a| a.conn.io.wbuf.len() < HIGH_WATER);
             // A side that stopped reading because the other's output piled up must start
-            // again once that output is written: watch for it.
-            let watch_client_drain = !server_read || self.client_backlog;
+            // again once that output is written: watch for it. (A client backlog with the
+            // buffer below the mark was taken up above, so `!server_read` covers it.)
+            let watch_client_drain = !server_read;
             let watch_server_drain = self.server.as_ref().is_some_and(|a| a.conn.io.wbuf.len() >= HIGH_WATER);
             let client = &mut self.client;
             let server = &mut self.server;
@@ -241,20 +256,10 @@ impl Session {
                 // connection), and no RNG call per event.
                 biased;
                 r = poll_fn(|cx| match server.as_mut() {
-                    Some(a) => match a.conn.io.poll_io(cx, server_read) {
-                        Poll::Pending if watch_server_drain && a.conn.io.wbuf.len() < HIGH_WATER => {
-                            Poll::Ready(Ok(IoEvent::Drained))
-                        }
-                        r => r,
-                    },
+                    Some(a) => poll_side(&mut a.conn.io, cx, server_read, watch_server_drain),
                     None => Poll::Pending,
                 }) => Event::Server(r),
-                r = poll_fn(|cx| match client.poll_io(cx, client_read) {
-                    Poll::Pending if watch_client_drain && client.wbuf.len() < HIGH_WATER => {
-                        Poll::Ready(Ok(IoEvent::Drained))
-                    }
-                    r => r,
-                }) => Event::Client(r),
+                r = poll_fn(|cx| poll_side(client, cx, client_read, watch_client_drain)) => Event::Client(r),
                 _ = &mut stop_signal, if !stopping => Event::Shutdown,
                 _ = poll_fn(|cx| match idle_deadline.as_mut() {
                     Some(deadline) => deadline.as_mut().poll(cx),

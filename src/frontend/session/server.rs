@@ -64,10 +64,8 @@ impl Session {
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
         let settings = settings_sql(&a.conn.settings, &self.settings);
         let read_only = !route.state.allows_writes();
-        let tenant_changes = tenant_guc.is_some()
-            && !matches!(&a.conn.tenant, TenantGuc::Known(t) if t.as_ref() == route.tenant.as_ref());
         if request == RequestKind::Extended
-            && tenant_changes
+            && !a.conn.tenant.holds(route.tenant.as_ref())
             && settings.is_none()
             && a.conn.read_only == read_only
             && matches!(self.tx, ClientTx::Idle)

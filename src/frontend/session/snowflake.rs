@@ -13,10 +13,11 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 
 use super::Session;
+use super::extended::malformed;
 use crate::directory::ShardId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Column, Frame, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, TxStatus, Value};
-use crate::router::{Analysis, CallArg, SnowflakeCall, SnowflakeSelect, StatementKind};
+use crate::router::{Analysis, CallArg, Router, SnowflakeCall, SnowflakeSelect, StatementKind};
 use crate::snowflake::SnowflakeError;
 
 /// Open snowflake portals per session at most: each may hold up to 10,000 rows.
@@ -124,12 +125,9 @@ impl Session {
             SnowflakeCall::NextId { shard: Some(_) } => (arg.ok_or(SnowflakeError::NullArgument)?, 1),
             SnowflakeCall::NextId { shard: None } => (self.tenant_shard(analysis).await? as i64, 1),
             SnowflakeCall::NextIds { .. } => {
+                // Checked before the tenant is looked for: bad input is reported first.
                 let n = arg.ok_or(SnowflakeError::NullArgument)?;
-                if !(1..=crate::snowflake::MAX_BATCH).contains(&n) {
-                    return Err(
-                        SnowflakeError::CountOutOfRange { n, max: crate::snowflake::MAX_BATCH }.into()
-                    );
-                }
+                crate::snowflake::check_batch(n)?;
                 (self.tenant_shard(analysis).await? as i64, n)
             }
             SnowflakeCall::DecodeId { .. } => {
@@ -155,16 +153,10 @@ impl Session {
         }
         let router = &self.shared.router;
         let named = analysis.map(|a| router.named_in_text(a)).unwrap_or_default();
-        let route = router.route(self.tenant.as_ref(), &named, &[], &mut self.placement).await;
-        // No statement that needs a tenant was given: insist on one here.
-        match route {
-            Ok(route) if route.tenant.is_none() && self.tenant.is_none() => {
-                let needs = || true;
-                Ok(router.route_tenant(None, needs).await?.shard)
-            }
-            Ok(route) => Ok(route.shard),
-            Err(err) => Err(err.into()),
-        }
+        Router::check_bound(self.tenant.as_ref(), &named)?;
+        // Minting always needs a tenant (or the no-tenant policy's default shard).
+        let tenant = self.tenant.as_ref().or(named.first());
+        Ok(router.route_tenant(tenant, || true).await?.shard)
     }
 
     /// Handles an extended-protocol message if it concerns a snowflake statement or a
@@ -191,16 +183,11 @@ impl Session {
         match frame.tag {
             b'P' => {
                 let p = protocol::parse_view(body).ok_or_else(|| malformed("Parse"))?;
-                let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
-                if snowflake_select(&analysis).is_none() {
+                if snowflake_select(&self.recent.get_or_analyze(&self.shared.router, p.query)).is_none() {
                     return Ok(false);
                 }
-                if p.name.is_empty() {
-                    self.unnamed = Some(analysis);
-                } else {
-                    self.register_statement(p.name, p.query, p.param_types);
-                }
-                self.parsed_snowflake();
+                // Answered where every Parse is handled; a snowflake one never reaches a server.
+                self.forward_parse(frame)?;
                 Ok(true)
             }
             b'B' => {
@@ -231,7 +218,7 @@ impl Session {
                 let portal = LocalPortal { select, arg, formats, rows: None };
                 self.local_portals.insert(Bytes::copy_from_slice(bind.portal), portal);
                 let mut b = BytesMut::new();
-                protocol::put_message(&mut b, b'2', |_| {});
+                protocol::bind_complete(&mut b);
                 self.reply(b);
                 Ok(true)
             }
@@ -361,20 +348,11 @@ fn bound_integer(rest: &[u8], index: usize) -> Result<Option<i64>, FrontendError
     let (binary, value) = protocol::bind_param(rest, n).ok_or_else(|| malformed("Bind"))?;
     let Some(value) = value else { return Ok(None) };
     let parsed = if binary {
-        match value.len() {
-            2 => Some(i16::from_be_bytes([value[0], value[1]]) as i64),
-            4 => Some(i32::from_be_bytes([value[0], value[1], value[2], value[3]]) as i64),
-            8 => value.try_into().ok().map(i64::from_be_bytes),
-            _ => None,
-        }
+        protocol::binary_int(value)
     } else {
         std::str::from_utf8(value).ok().and_then(|s| s.trim().parse().ok())
     };
     parsed
         .map(Some)
         .ok_or_else(|| SnowflakeError::BadArgument { value: String::from_utf8_lossy(value).into() }.into())
-}
-
-fn malformed(what: &str) -> FrontendError {
-    FrontendError::Protocol(format!("malformed {what} message"))
 }
