@@ -74,6 +74,9 @@ pub struct Effects {
     pub unprepared: Vec<u64>,
     /// The server sent something no pending message explains.
     pub desync: bool,
+    /// The server now skips messages until a Sync that nobody else will send: pgtenant
+    /// must send one (see `on_error`).
+    pub send_sync: bool,
 }
 
 #[derive(Debug, Default)]
@@ -232,9 +235,17 @@ impl ResponseQueue {
             return;
         }
         // The server now skips every message up to the next Sync.
-        while let Some(p) = self.pending.front() {
+        while let Some(p) = self.pending.front_mut() {
             match p {
                 Pending::Client { reply: Reply::Sync, .. } | Pending::Injected { reply: Reply::Sync, .. } => {
+                    break;
+                }
+                Pending::Client { reply: reply @ Reply::Query, .. } => {
+                    // A simple query that followed injected extended messages (the tenant
+                    // GUC set in its request) is skipped too, and no Sync is coming: the
+                    // one pgtenant sends gives the query its ReadyForQuery.
+                    *reply = Reply::Sync;
+                    fx.send_sync = true;
                     break;
                 }
                 Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
@@ -309,6 +320,24 @@ mod tests {
         let fx = q.on(msg(b'Z', b"I"), &mut out);
         assert_eq!(fx.ready, Some(TxStatus::Idle));
         assert_eq!(tags(&out), b"12DCZ");
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_failed_injected_message_before_a_simple_query_asks_for_a_sync() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        for reply in [Reply::Bind, Reply::Execute] {
+            q.push(Pending::Injected { reply, on_error: OnError::Forward, prepares: None });
+        }
+        q.push(client(Reply::Query));
+        assert_eq!(q.on(msg(b'2', b""), &mut out), Effects::default());
+        let fx = q.on(msg(b'E', b"SERROR\0C42501\0Mdenied\0\0"), &mut out);
+        assert!(fx.send_sync && fx.client_error);
+        // The server skipped the query; the Sync's ReadyForQuery answers it.
+        let fx = q.on(msg(b'Z', b"I"), &mut out);
+        assert_eq!(fx.ready, Some(TxStatus::Idle));
+        assert_eq!(tags(&out), b"EZ");
         assert!(q.is_empty());
     }
 

@@ -158,6 +158,11 @@ pub fn execute(buf: &mut BytesMut) {
     });
 }
 
+/// Sync (F).
+pub fn sync(buf: &mut BytesMut) {
+    put_message(buf, b'S', |_| {});
+}
+
 /// Describe (F) of a statement under another name.
 pub fn describe_statement(buf: &mut BytesMut, statement: &[u8]) {
     put_message(buf, b'D', |b| {

@@ -79,6 +79,10 @@ pub struct Analysis {
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
     /// GUC would change behind pgtenant's back.
     pub tampers_tenant_guc: bool,
+    /// One SELECT/INSERT/UPDATE/DELETE/MERGE/WITH/VALUES/TABLE statement: it may share
+    /// an implicit transaction with a message sent before it. (PostgreSQL refuses
+    /// VACUUM, CREATE INDEX CONCURRENTLY and the like after an unsynced message.)
+    pub single_dml: bool,
     pub(super) sql: Box<str>,
     /// What sqlparser says, filled by the router on first need.
     pub(super) facts: OnceLock<Facts>,
@@ -136,6 +140,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             sets_tenant_among_many: false,
             bad_tenant_value: None,
             tampers_tenant_guc: false,
+            single_dml: true,
             sql: text_of(sql),
             facts: OnceLock::new(),
             may_write: OnceLock::new(),
@@ -171,11 +176,13 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
         set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
     });
+    let single_dml = statements == 1 && DML_STARTS.iter().any(|k| words.is(0, k));
     Analysis {
         kind,
         hint,
         pin,
         is_multi: statements > 1,
+        single_dml,
         sets_tenant_among_many,
         bad_tenant_value,
         tampers_tenant_guc,
@@ -215,6 +222,9 @@ fn contains_ignore_case(hay: &[u8], needle: &[u8]) -> bool {
     memchr::memchr2_iter(first.to_ascii_lowercase(), first.to_ascii_uppercase(), &hay[..=last_start])
         .any(|i| hay[i + 1..i + needle.len()].eq_ignore_ascii_case(rest))
 }
+
+/// The first words of DML statements (see `Analysis::single_dml`).
+const DML_STARTS: [&str; 8] = ["select", "insert", "update", "delete", "merge", "with", "values", "table"];
 
 /// The setting name under which the proxy reports the routing version it serves.
 pub const ROUTING_VERSION: &str = "pgtenant.routing_version";
@@ -274,22 +284,66 @@ fn is_plain_dml(sql: &[u8]) -> bool {
     }
     let body = rest.trim_ascii_end();
     let body = body.strip_suffix(b";").unwrap_or(body);
-    // One pass (this runs on every statement text a session sends): a second statement,
-    // a backslash, a comment, a dollar-quoted string (`$1` is a parameter, `$$` or
-    // `$tag$` is not), or a word that may pin a connection or touch the tenant GUC.
-    const SUSPICIOUS: [&[u8]; 4] = [b"advisory", b"temp", b"set_config", b"pgtenant."];
-    let next_is = |i: usize, c: u8| body.get(i + 1) == Some(&c);
-    !body.iter().enumerate().any(|(i, &b)| match b {
-        b';' | b'\\' => true,
-        b'$' => !body.get(i + 1).is_some_and(u8::is_ascii_digit),
-        b'/' => next_is(i, b'*'),
-        b'-' => next_is(i, b'-'),
-        // The first letters of SUSPICIOUS, in either case.
-        _ if matches!(b | 0x20, b'a' | b't' | b's' | b'p') => SUSPICIOUS
-            .iter()
-            .any(|w| body.get(i..i + w.len()).is_some_and(|here| here.eq_ignore_ascii_case(w))),
-        _ => false,
-    })
+    // One pass with a table lookup per byte (this runs on every statement text a
+    // session sends): a second statement, a backslash, a comment, a dollar-quoted
+    // string, or a word that may pin a connection or touch the tenant GUC.
+    let mut i = 0;
+    while i < body.len() {
+        let class = SCAN_CLASS[usize::from(body[i])];
+        if class != PLAIN && breaks_plainness(body, i, class) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// `is_plain_dml`'s byte classes: what a byte can begin.
+const PLAIN: u8 = 0;
+/// `;` or `\`: a second statement or an escape.
+const STOP: u8 = 1;
+const DOLLAR: u8 = 2;
+const SLASH: u8 = 3;
+const DASH: u8 = 4;
+/// `WORD + k`: the first letter (either case) of `SUSPICIOUS_WORDS[k]`.
+const WORD: u8 = 5;
+/// Words that may pin a connection or touch the tenant GUC, matched anywhere
+/// (`pg_temp.t` counts as `temp`). Their first letters differ.
+const SUSPICIOUS_WORDS: [&[u8]; 4] = [b"advisory", b"temp", b"set_config", b"pgtenant."];
+
+const SCAN_CLASS: [u8; 256] = {
+    let mut table = [PLAIN; 256];
+    table[b';' as usize] = STOP;
+    table[b'\\' as usize] = STOP;
+    table[b'$' as usize] = DOLLAR;
+    table[b'/' as usize] = SLASH;
+    table[b'-' as usize] = DASH;
+    let mut k = 0;
+    while k < SUSPICIOUS_WORDS.len() {
+        let first = SUSPICIOUS_WORDS[k][0];
+        table[first as usize] = WORD + k as u8;
+        table[first.to_ascii_uppercase() as usize] = WORD + k as u8;
+        k += 1;
+    }
+    table
+};
+
+/// Whether the byte at `i`, of class `class` (not plain), makes `body` more than plain DML.
+fn breaks_plainness(body: &[u8], i: usize, class: u8) -> bool {
+    let next = body.get(i + 1).copied();
+    match class {
+        STOP => true,
+        // `$1` is a parameter; `$$` or `$tag$` opens a dollar-quoted string.
+        DOLLAR => !next.is_some_and(|b| b.is_ascii_digit()),
+        SLASH => next == Some(b'*'),
+        DASH => next == Some(b'-'),
+        _ => {
+            let word = SUSPICIOUS_WORDS[usize::from(class - WORD)];
+            // Most letters that start no such word are told apart by the next byte.
+            next.is_some_and(|b| b | 0x20 == word[1])
+                && body.get(i..i + word.len()).is_some_and(|here| here.eq_ignore_ascii_case(word))
+        }
+    }
 }
 
 /// The statement as text; invalid UTF-8 (which the server will refuse) replaced.

@@ -316,6 +316,51 @@ async fn a_failed_or_pipelined_request_never_leaves_another_on_a_wrong_tenant_gu
     proxy.shutdown().await;
 }
 
+/// A simple query carries its tenant GUC in the same way (the SET as unsynced extended
+/// messages ahead of the Query): a failed query rolls it back, and the next one sets it
+/// again; a statement PostgreSQL refuses after an unsynced message gets its SET apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_simple_query_carries_its_tenant_guc_and_a_failure_takes_it_back() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let client = proxy.connect(None).await;
+    let guc_of = |tenant: i64| {
+        let client = &client;
+        async move {
+            let sql = format!(
+                "SELECT current_setting('pgtenant.tenant_id'), count(*) FROM accounts WHERE tenant_id = {tenant}"
+            );
+            first_value(&client.simple_query(&sql).await.unwrap()).unwrap()
+        }
+    };
+    assert_eq!(guc_of(5).await, "5");
+    let failing = "SELECT (1 / (count(*) * 0))::int FROM accounts WHERE tenant_id = 6";
+    let err = client.simple_query(failing).await.unwrap_err();
+    assert_eq!(crate::harness::sqlstate(&err), "22012");
+    assert_eq!(guc_of(6).await, "6", "the failed query's SET was rolled back; it must be sent again");
+    assert_eq!(guc_of(7).await, "7");
+    let (failed, next) = futures_util::join!(client.simple_query(failing), guc_of(6));
+    assert_eq!(crate::harness::sqlstate(&failed.unwrap_err()), "22012");
+    assert_eq!(next, "6", "a pipelined query saw the tenant GUC of a rolled-back SET");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vacuum_runs_after_a_tenant_switch_in_both_protocols() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    for tenant in [5i64, 6, 7] {
+        // Each session starts on a connection that holds the previous tenant's GUC.
+        let client = proxy.connect(Some(tenant)).await;
+        // Extended protocol: PostgreSQL answers "VACUUM cannot be executed within a
+        // pipeline" if the tenant SET went before it without a Sync.
+        client.execute("VACUUM accounts", &[]).await.unwrap();
+        client.batch_execute("VACUUM accounts").await.unwrap();
+        let guc: String =
+            client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
+        assert_eq!(guc, tenant.to_string());
+    }
+    proxy.shutdown().await;
+}
+
 /// Two requests in one write, for two tenants of one shard, no session tenant: the
 /// second must not ride on the server connection (and tenant GUC) of the first.
 #[tokio::test(flavor = "multi_thread")]

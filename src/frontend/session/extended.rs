@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use super::snowflake::snowflake_select;
-use super::{ClientStatement, RequestKind, Session};
+use super::{ClientStatement, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
@@ -303,7 +303,7 @@ impl Session {
     ) -> Result<(), FrontendError> {
         let route: Route =
             self.shared.router.route(self.tenant.as_ref(), named, analyses, &mut self.placement).await?;
-        self.begin_on(route, RequestKind::Extended).await
+        self.begin_on(route, analyses.iter().all(|a| a.single_dml)).await
     }
 
     /// Inside a transaction: the tenants a Bind names (text and parameters) must be the

@@ -84,13 +84,6 @@ struct Attached {
     tenant_in_request: bool,
 }
 
-/// What kind of client request a transaction starts with.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum RequestKind {
-    Simple,
-    Extended,
-}
-
 pub struct Session {
     client: Duplex,
     shared: Arc<Shared>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::{Buf, BytesMut};
 use deadpool::managed::Object;
 
-use super::{Attached, ClientTx, RequestKind, Session, SettingChange};
+use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
     MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
     record_param, settings_sql, tenant_sql,
@@ -16,7 +16,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_node;
 use crate::protocol::{self, TxStatus};
-use crate::router::{Analysis, Route, RouteError, Router};
+use crate::router::{Analysis, Route, Router};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -28,8 +28,9 @@ impl Session {
     }
 
     /// Attaches a server of `route`'s shard (checking one out if needed) and queues the
-    /// SETs that give it this client's settings and tenant.
-    pub(super) async fn begin_on(&mut self, route: Route, request: RequestKind) -> Result<(), FrontendError> {
+    /// SETs that give it this client's settings and tenant. `dml_only`: the request runs
+    /// single DML statements only, which may share an implicit transaction with the SET.
+    pub(super) async fn begin_on(&mut self, route: Route, dml_only: bool) -> Result<(), FrontendError> {
         if let Some(a) = &self.server
             && a.route.shard != route.shard
         {
@@ -64,7 +65,7 @@ impl Session {
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
         let settings = settings_sql(&a.conn.settings, &self.settings);
         let read_only = !route.state.allows_writes();
-        if request == RequestKind::Extended
+        if dml_only
             && !a.conn.tenant.holds(route.tenant.as_ref())
             && settings.is_none()
             && a.conn.read_only == read_only
@@ -72,9 +73,10 @@ impl Session {
             && let Some(guc) = tenant_guc
         {
             // The common switch of tenant: set the GUC inside the client's own request (no
-            // Sync in between), which saves the server a transaction and the proxy a wakeup.
-            // It is undone with that request if it fails or rolls back: `on_ready` then
-            // forgets what the connection holds.
+            // Sync in between, before a Query too), which saves the server a transaction and
+            // the proxy a wakeup. It is undone with that request if it fails or rolls back:
+            // `on_ready` then forgets what the connection holds. If the SET itself fails,
+            // the server skips the request (the queue sends a Sync after a simple query).
             inject_tenant_in_request(&mut a.conn, guc, route.tenant.as_ref());
             a.conn.tenant = TenantGuc::Known(route.tenant.clone());
             a.tenant_in_request = true;
@@ -138,12 +140,17 @@ impl Session {
         Ok(pool)
     }
 
-    /// Starts a simple-protocol request's transaction on `route`; when routing or
-    /// checkout fails, answers the error with its ReadyForQuery and returns false.
-    pub(super) async fn begin_or_reply(&mut self, route: Result<Route, RouteError>) -> bool {
+    /// Starts a simple-protocol request's transaction on `route` (see `begin_on` for
+    /// `dml_only`); when routing or checkout fails, answers the error with its
+    /// ReadyForQuery and returns false.
+    pub(super) async fn begin_or_reply(
+        &mut self,
+        route: Result<Route, FrontendError>,
+        dml_only: bool,
+    ) -> bool {
         let attached = match route {
-            Ok(route) => self.begin_on(route, RequestKind::Simple).await,
-            Err(e) => Err(e.into()),
+            Ok(route) => self.begin_on(route, dml_only).await,
+            Err(e) => Err(e),
         };
         match attached {
             Ok(()) => true,
@@ -174,14 +181,7 @@ impl Session {
     /// A tenant that may not write (read_only, moving) gets its writes refused here,
     /// before they reach the server.
     pub(super) fn check_writable(&self, analysis: &Analysis) -> Result<(), FrontendError> {
-        let Some(a) = &self.server else { return Ok(()) };
-        let (Some(tenant), false) = (a.route.tenant.clone(), a.route.state.allows_writes()) else {
-            return Ok(());
-        };
-        if !analysis.may_write() {
-            return Ok(());
-        }
-        Err(FrontendError::TenantReadOnly { tenant, shard: a.route.shard, state: a.route.state.describe() })
+        self.server.as_ref().map_or(Ok(()), |a| check_writable_on(&a.route, analysis))
     }
 
     /// Relays every complete server message and acts on ReadyForQuery.
@@ -337,6 +337,17 @@ impl Session {
     }
 }
 
+/// Refuses a statement that may write for a read-only tenant of `route`.
+pub(super) fn check_writable_on(route: &Route, analysis: &Analysis) -> Result<(), FrontendError> {
+    let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
+        return Ok(());
+    };
+    if !analysis.may_write() {
+        return Ok(());
+    }
+    Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
+}
+
 /// What relaying stopped at.
 enum Relay {
     /// The read buffer holds no further complete message.
@@ -389,6 +400,9 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
         }
         if fx.client_error {
             a.request_failed = true;
+        }
+        if fx.send_sync {
+            protocol::sync(&mut conn.io.wbuf);
         }
         if let Some(status) = fx.status {
             conn.status = status;

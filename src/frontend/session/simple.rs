@@ -3,6 +3,7 @@
 
 use bytes::BytesMut;
 
+use super::server::check_writable_on;
 use super::{ClientTx, Session, SettingChange};
 use crate::backend::{Pending, Reply};
 use crate::directory::TenantId;
@@ -92,20 +93,20 @@ impl Session {
                 self.reply_done("BEGIN");
                 return Ok(());
             }
+            // Refused before a server is attached: the tenant GUC may go out with the query.
             let route = self
                 .shared
                 .router
                 .route(self.tenant.as_ref(), &named, std::slice::from_ref(&analysis), &mut self.placement)
-                .await;
-            if !self.begin_or_reply(route).await {
+                .await
+                .map_err(FrontendError::from)
+                .and_then(|route| check_writable_on(&route, &analysis).map(|()| route));
+            if !self.begin_or_reply(route, analysis.single_dml).await {
                 return Ok(());
             }
-        } else if let Err(err) = self.check_fits_transaction(&named).await {
-            self.reply_error(&err, true);
-            return Ok(());
-        }
-
-        if let Err(err) = self.check_writable(&analysis) {
+        } else if let Err(err) =
+            self.check_fits_transaction(&named).await.and_then(|()| self.check_writable(&analysis))
+        {
             self.reply_error(&err, true);
             return Ok(());
         }
@@ -142,7 +143,7 @@ impl Session {
     pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
         if self.at_transaction_start() {
             let route = self.shared.router.route_tenant(self.tenant.as_ref(), || true).await;
-            if !self.begin_or_reply(route).await {
+            if !self.begin_or_reply(route.map_err(FrontendError::from), false).await {
                 return Ok(());
             }
         }
