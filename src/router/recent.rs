@@ -12,22 +12,23 @@ const MAX_TEXT: usize = 4096;
 
 #[derive(Default)]
 pub struct RecentAnalyses {
-    entries: Vec<(Box<[u8]>, Arc<Analysis>)>,
+    /// Keyed by each analysis' own copy of its text (no second copy per new text; a
+    /// text that was not valid UTF-8 differs from its copy and is analyzed again).
+    entries: Vec<Arc<Analysis>>,
     next: usize,
 }
 
 impl RecentAnalyses {
     pub fn get_or_analyze(&mut self, router: &Router, sql: &[u8]) -> Arc<Analysis> {
-        if let Some((_, hit)) = self.entries.iter().find(|(text, _)| **text == *sql) {
+        if let Some(hit) = self.entries.iter().find(|a| a.sql.as_bytes() == sql) {
             return hit.clone();
         }
         let analysis = router.analyze(sql);
         if sql.len() <= MAX_TEXT {
-            let entry = (Box::from(sql), analysis.clone());
             if self.entries.len() < ENTRIES {
-                self.entries.push(entry);
+                self.entries.push(analysis.clone());
             } else {
-                self.entries[self.next] = entry;
+                self.entries[self.next] = analysis.clone();
                 self.next = (self.next + 1) % ENTRIES;
             }
         }

@@ -46,13 +46,16 @@ impl Expiry<TenantId, Entry> for ByOutcome {
 }
 
 pub struct TenantCache {
-    entries: Cache<TenantId, Entry>,
+    // foldhash (randomly seeded per cache) instead of SipHash: a third of a hit's cost.
+    entries: Cache<TenantId, Entry, foldhash::fast::RandomState>,
 }
 
 impl TenantCache {
     pub fn new(capacity: u64, ttl: Duration, miss_ttl: Duration) -> Self {
-        let entries =
-            Cache::builder().max_capacity(capacity).expire_after(ByOutcome { ttl, miss_ttl }).build();
+        let entries = Cache::builder()
+            .max_capacity(capacity)
+            .expire_after(ByOutcome { ttl, miss_ttl })
+            .build_with_hasher(foldhash::fast::RandomState::default());
         Self { entries }
     }
 

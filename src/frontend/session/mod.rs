@@ -216,10 +216,13 @@ impl Session {
 
     async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), FrontendError> {
         let mut stopping = *shutdown.borrow();
-        // One shutdown future for the whole session: re-creating it per event would
-        // register and unregister a waiter every time.
+        // One shutdown future for the whole session, polled once: it keeps this task's
+        // waker, and `probe` (a version check, no lock) tells afterwards whether it fired.
+        // Polling the future on every event would cost far more.
+        let probe = shutdown.clone();
         let stop_signal = shutdown.changed();
         tokio::pin!(stop_signal);
+        let mut stop_armed = false;
         loop {
             if stopping && self.is_idle() {
                 return Err(FrontendError::ShuttingDown);
@@ -244,21 +247,35 @@ impl Session {
             let client = &mut self.client;
             let server = &mut self.server;
             let idle_deadline = &mut self.idle_deadline;
-            let event = tokio::select! {
-                // Fixed order, no random start: the server's answers first (they free a
-                // connection), and no RNG call per event.
-                biased;
-                r = poll_fn(|cx| match server.as_mut() {
-                    Some(a) => poll_side(&mut a.conn.io, cx, server_read, watch_server_drain),
-                    None => Poll::Pending,
-                }) => Event::Server(r),
-                r = poll_fn(|cx| poll_side(client, cx, client_read, watch_client_drain)) => Event::Client(r),
-                _ = &mut stop_signal, if !stopping => Event::Shutdown,
-                _ = poll_fn(|cx| match idle_deadline.as_mut() {
-                    Some(deadline) => deadline.as_mut().poll(cx),
-                    None => Poll::Pending,
-                }) => Event::IdleInTransaction,
-            };
+            // Fixed order: the server's answers first (they free a connection).
+            let event = poll_fn(|cx| {
+                if let Some(a) = server.as_mut()
+                    && let Poll::Ready(r) = poll_side(&mut a.conn.io, cx, server_read, watch_server_drain)
+                {
+                    return Poll::Ready(Event::Server(r));
+                }
+                if let Poll::Ready(r) = poll_side(client, cx, client_read, watch_client_drain) {
+                    return Poll::Ready(Event::Client(r));
+                }
+                if !stopping {
+                    let fired = if stop_armed {
+                        probe.has_changed().unwrap_or(true)
+                    } else {
+                        stop_armed = true;
+                        stop_signal.as_mut().poll(cx).is_ready()
+                    };
+                    if fired {
+                        return Poll::Ready(Event::Shutdown);
+                    }
+                }
+                if let Some(deadline) = idle_deadline.as_mut()
+                    && deadline.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Event::IdleInTransaction);
+                }
+                Poll::Pending
+            })
+            .await;
             match event {
                 Event::Client(Ok(IoEvent::Read)) => {
                     if !self.on_client_bytes().await? {

@@ -432,10 +432,11 @@ const SET_TENANT_STATEMENT_ID: u64 = u64::MAX;
 /// expected) reaches the client, and the server then skips the request as it should.
 fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&TenantId>) {
     if conn.prepared.insert(SET_TENANT_STATEMENT_ID) {
+        // No row comes back (set_config never returns NULL): one message less to swallow.
         protocol::parse(
             &mut conn.io.wbuf,
             SET_TENANT_STATEMENT,
-            b"SELECT pg_catalog.set_config($1, $2, false)",
+            b"SELECT WHERE pg_catalog.set_config($1, $2, false) IS NULL",
             b"\0\0",
         );
         conn.queue.push(Pending::Injected {
