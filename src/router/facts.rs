@@ -13,7 +13,6 @@
 //! in the simple protocol, where every statement text is new. A map that reaches its
 //! capacity starts over.
 
-use std::fmt::Write;
 use std::ops::{ControlFlow, Range};
 use std::sync::{Arc, RwLock};
 
@@ -24,7 +23,7 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::lexer::{TokenKind, tokenize};
+use super::lexer::{TokenKind, Tokens};
 
 /// Placeholders standing for literals are numbered from here, above any real `$n`.
 const LITERAL_BASE: u32 = 100_000;
@@ -109,7 +108,7 @@ fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
     let mut shape = String::with_capacity(sql.len() + 16);
     let mut literals = Vec::new();
     let mut copied = 0;
-    for token in tokenize(sql.as_bytes()) {
+    for token in Tokens::new(sql.as_bytes()) {
         let literal = match token.kind {
             TokenKind::Number => true,
             // Quoted strings only: dollar-quoted ones are function bodies more often than values.
@@ -118,13 +117,30 @@ fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
         };
         if literal {
             shape.push_str(&sql[copied..token.start]);
-            let _ = write!(shape, "${}", LITERAL_BASE as usize + literals.len());
+            push_placeholder(&mut shape, LITERAL_BASE + literals.len() as u32);
             copied = token.end;
             literals.push(token.start..token.end);
         }
     }
     shape.push_str(&sql[copied..]);
     (shape, literals)
+}
+
+/// `$n`, without the formatting machinery (this runs for every literal of every text).
+fn push_placeholder(shape: &mut String, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut rest = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    shape.push('$');
+    shape.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {

@@ -27,86 +27,128 @@ pub struct Token {
 
 /// Tokenizes `sql`. Line comments are dropped; block comments are kept (they carry hints).
 pub fn tokenize(sql: &[u8]) -> Vec<Token> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    let n = sql.len();
-    while i < n {
-        let c = sql[i];
-        let start = i;
-        let kind = match c {
-            b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' => {
-                i += 1;
-                continue;
+    Tokens::new(sql).collect()
+}
+
+/// The tokens of a text one at a time, for callers that need no list of them.
+pub struct Tokens<'a> {
+    sql: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Tokens<'a> {
+    pub fn new(sql: &'a [u8]) -> Self {
+        Self { sql, i: 0 }
+    }
+}
+
+impl Iterator for Tokens<'_> {
+    type Item = Token;
+
+    fn next(&mut self) -> Option<Token> {
+        let sql = self.sql;
+        let n = sql.len();
+        let mut i = self.i;
+        let token = loop {
+            if i >= n {
+                break None;
             }
-            b'-' if sql.get(i + 1) == Some(&b'-') => {
-                while i < n && sql[i] != b'\n' {
+            let c = sql[i];
+            let start = i;
+            let kind = match c {
+                b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' => {
                     i += 1;
+                    continue;
                 }
-                continue;
-            }
-            b'/' if sql.get(i + 1) == Some(&b'*') => {
-                i = skip_block_comment(sql, i);
-                TokenKind::BlockComment
-            }
-            b'\'' => {
-                i = skip_quoted(sql, i + 1, b'\'');
-                TokenKind::String
-            }
-            b'"' => {
-                i = skip_quoted(sql, i + 1, b'"');
-                TokenKind::QuotedIdent
-            }
-            b'e' | b'E' if sql.get(i + 1) == Some(&b'\'') => {
-                i = skip_escape_string(sql, i + 2);
-                TokenKind::String
-            }
-            b'$' => match dollar_tag_end(sql, i) {
-                Some(tag_end) => {
-                    let tag = &sql[i..tag_end];
-                    i = find(sql, tag_end, tag).map(|p| p + tag.len()).unwrap_or(n);
-                    TokenKind::String
-                }
-                None => {
-                    i += 1;
-                    while i < n && sql[i].is_ascii_digit() {
+                b'-' if sql.get(i + 1) == Some(&b'-') => {
+                    while i < n && sql[i] != b'\n' {
                         i += 1;
                     }
+                    continue;
+                }
+                b'/' if sql.get(i + 1) == Some(&b'*') => {
+                    i = skip_block_comment(sql, i);
+                    TokenKind::BlockComment
+                }
+                b'\'' => {
+                    i = skip_quoted(sql, i + 1, b'\'');
+                    TokenKind::String
+                }
+                b'"' => {
+                    i = skip_quoted(sql, i + 1, b'"');
+                    TokenKind::QuotedIdent
+                }
+                b'e' | b'E' if sql.get(i + 1) == Some(&b'\'') => {
+                    i = skip_escape_string(sql, i + 2);
+                    TokenKind::String
+                }
+                b'$' => match dollar_tag_end(sql, i) {
+                    Some(tag_end) => {
+                        let tag = &sql[i..tag_end];
+                        i = find(sql, tag_end, tag).map(|p| p + tag.len()).unwrap_or(n);
+                        TokenKind::String
+                    }
+                    None => {
+                        i += 1;
+                        while i < n && sql[i].is_ascii_digit() {
+                            i += 1;
+                        }
+                        TokenKind::Punct
+                    }
+                },
+                b';' => {
+                    i += 1;
+                    TokenKind::Semicolon
+                }
+                c if c.is_ascii_digit() => {
+                    while i < n && (sql[i].is_ascii_alphanumeric() || sql[i] == b'.') {
+                        i += 1;
+                    }
+                    TokenKind::Number
+                }
+                c if is_ident_start(c) => {
+                    while i < n && is_ident_char(sql[i]) {
+                        i += 1;
+                    }
+                    TokenKind::Word
+                }
+                _ => {
+                    i += 1;
                     TokenKind::Punct
                 }
-            },
-            b';' => {
-                i += 1;
-                TokenKind::Semicolon
-            }
-            c if c.is_ascii_digit() => {
-                while i < n && (sql[i].is_ascii_alphanumeric() || sql[i] == b'.') {
-                    i += 1;
-                }
-                TokenKind::Number
-            }
-            c if is_ident_start(c) => {
-                while i < n && is_ident_char(sql[i]) {
-                    i += 1;
-                }
-                TokenKind::Word
-            }
-            _ => {
-                i += 1;
-                TokenKind::Punct
-            }
+            };
+            break Some(Token { kind, start, end: i });
         };
-        out.push(Token { kind, start, end: i });
+        self.i = i;
+        token
     }
-    out
 }
 
 fn is_ident_start(c: u8) -> bool {
-    c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
+    CLASS[usize::from(c)] & IDENT_START != 0
 }
 
 fn is_ident_char(c: u8) -> bool {
-    is_ident_start(c) || c.is_ascii_digit() || c == b'$'
+    CLASS[usize::from(c)] & IDENT_CHAR != 0
 }
+
+// Byte classes by table: identifiers are most of a statement's bytes.
+const IDENT_START: u8 = 1;
+const IDENT_CHAR: u8 = 2;
+const CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if b.is_ascii_alphabetic() || b == b'_' || b >= 0x80 {
+            table[c] = IDENT_START | IDENT_CHAR;
+        } else if b.is_ascii_digit() || b == b'$' {
+            table[c] = IDENT_CHAR;
+        }
+        c += 1;
+    }
+    table
+};
 
 fn skip_block_comment(sql: &[u8], mut i: usize) -> usize {
     let mut depth = 0usize;
