@@ -174,9 +174,18 @@ impl Duplex {
     /// Whether the peer closed or sent something while the connection sat idle.
     /// Used on pooled connections that should be silent.
     pub fn is_disturbed(&mut self) -> bool {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut probe = [0u8; 1];
-        let mut buf = ReadBuf::new(&mut probe);
-        Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf).is_ready()
+        // A plain socket's readiness is checked without registering a waker (this runs
+        // at every checkout); a TLS stream may hold decrypted bytes, so it is polled.
+        let quiet = match &self.stream {
+            Stream::Plain(s) => s.try_read(&mut probe),
+            Stream::Unix(s) => s.try_read(&mut probe),
+            Stream::TlsServer(_) | Stream::TlsClient(_) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                let mut buf = ReadBuf::new(&mut probe);
+                return Pin::new(&mut self.stream).poll_read(&mut cx, &mut buf).is_ready();
+            }
+        };
+        !matches!(quiet, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }

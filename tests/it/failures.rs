@@ -1,5 +1,6 @@
 //! Failures: pool exhaustion, a shard that dies and comes back, malformed client
-//! input, and a client that disappears mid-transaction.
+//! input, a client that disappears mid-transaction, and a pooled server connection
+//! that the server closed.
 
 use std::time::{Duration, Instant};
 
@@ -158,4 +159,22 @@ async fn a_client_idle_in_transaction_is_cut_off_and_frees_the_server() {
     let fatal = idle.recv().await.expect("a FATAL for the idle client");
     assert_eq!(fatal.sqlstate().as_deref(), Some("25P03"));
     assert!(idle.recv().await.is_none(), "and the connection is closed");
+}
+
+/// A pooled server connection that the server closed while it sat idle is noticed at
+/// checkout and replaced: the client's next query runs on a new one, and never sees it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_connection_closed_while_pooled_is_replaced_unseen() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let client = proxy.connect(Some(7)).await;
+    let first: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let admin = harness::shard_admin(1, "app").await;
+    let killed: bool =
+        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&first]).await.unwrap().get(0);
+    assert!(killed);
+    // The server's goodbye (a FATAL, then the close) reaches the idle pooled socket.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert_ne!(first, second, "the closed connection must not be handed out again");
+    proxy.shutdown().await;
 }
