@@ -275,11 +275,10 @@ fn may_write(sql: &str) -> bool {
 /// One DML statement with no comment, no second statement and nothing that could
 /// pin a connection: the common case, recognised without tokenizing.
 fn is_plain_dml(sql: &[u8]) -> bool {
-    const DML: [&[u8]; 6] = [b"select", b"insert", b"update", b"delete", b"with", b"values"];
     let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
     let rest = &sql[start..];
     let word_len = rest.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(rest.len());
-    if !DML.iter().any(|w| rest[..word_len].eq_ignore_ascii_case(w)) {
+    if !DML_STARTS.iter().any(|w| rest[..word_len].eq_ignore_ascii_case(w.as_bytes())) {
         return false;
     }
     let body = rest.trim_ascii_end();
@@ -684,12 +683,21 @@ mod tests {
         assert!(!is_plain_dml(b"SELECT PGTENANT.next_id()"));
         assert!(!is_plain_dml(b"create temp table t (a int)"));
         assert!(is_plain_dml(b"select a - b, c / d from t where x = $12"));
+        assert!(
+            is_plain_dml(b"TABLE t")
+                && is_plain_dml(b"MERGE INTO t USING u ON true WHEN MATCHED THEN DELETE")
+        );
         // Case-insensitive search by first byte, at the end and past it.
         assert!(contains_ignore_case(b"xx TENANT_id", b"tenant_id"));
         assert!(!contains_ignore_case(b"tenant_i", b"tenant_id"));
         assert!(!contains_ignore_case(b"", b"a") && !contains_ignore_case(b"abc", b""));
         // Both paths agree on what they share.
-        for sql in ["select * from t where id = 5", "insert into t values (1)"] {
+        for sql in [
+            "select * from t where id = 5",
+            "insert into t values (1)",
+            "TABLE t",
+            "merge into t using u on true when matched then delete",
+        ] {
             let a = analyze(sql.as_bytes(), P, TenantKey::Bigint);
             assert_eq!((a.kind, a.hint, a.pin, a.is_multi), (StatementKind::Other, None, None, false));
         }

@@ -117,30 +117,15 @@ fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
         };
         if literal {
             shape.push_str(&sql[copied..token.start]);
-            push_placeholder(&mut shape, LITERAL_BASE + literals.len() as u32);
+            // itoa, not fmt: this runs for every literal of every text.
+            shape.push('$');
+            shape.push_str(itoa::Buffer::new().format(LITERAL_BASE as usize + literals.len()));
             copied = token.end;
             literals.push(token.start..token.end);
         }
     }
     shape.push_str(&sql[copied..]);
     (shape, literals)
-}
-
-/// `$n`, without the formatting machinery (this runs for every literal of every text).
-fn push_placeholder(shape: &mut String, n: u32) {
-    let mut digits = [0u8; 10];
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    shape.push('$');
-    shape.extend(digits[at..].iter().map(|&d| char::from(d)));
 }
 
 fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
