@@ -3,9 +3,10 @@
 //! whether it pins the server connection, and (lazily, through sqlparser) whether it
 //! touches tables and so needs a tenant.
 
-use std::sync::OnceLock;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
 
-use super::facts::Facts;
+use super::facts::{SqlFacts, literal_ranges};
 use super::lexer::{Token, TokenKind, tokenize};
 use super::snowflake_call::SnowflakeSelect;
 use crate::directory::{TenantId, TenantKey};
@@ -83,11 +84,16 @@ pub struct Analysis {
     /// an implicit transaction with a message sent before it. (PostgreSQL refuses
     /// VACUUM, CREATE INDEX CONCURRENTLY and the like after an unsynced message.)
     pub single_dml: bool,
+    /// Recognised by the plain-DML fast path: nothing in it depends on the values of its
+    /// literals, so a text that differs only there may share it (see `template`).
+    pub(super) plain: bool,
     pub(super) sql: Box<str>,
     /// What sqlparser says, filled by the router on first need.
-    pub(super) facts: OnceLock<Facts>,
-    may_write: OnceLock<bool>,
-    mentions_column: OnceLock<bool>,
+    pub(super) facts: OnceLock<Arc<SqlFacts>>,
+    /// Byte ranges of the literals of `sql` (see `facts::literal_ranges`).
+    pub(super) literals: OnceLock<Box<[Range<usize>]>>,
+    pub(super) may_write: OnceLock<bool>,
+    pub(super) mentions_column: OnceLock<bool>,
 }
 
 impl std::fmt::Debug for Analysis {
@@ -127,12 +133,15 @@ impl Analysis {
     pub fn may_write(&self) -> bool {
         *self.may_write.get_or_init(|| may_write(&self.sql))
     }
-}
 
-/// Analyzes a query string; `tenant_param` is the configured parameter name.
-pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
-    if is_plain_dml(sql) {
-        return Analysis {
+    /// The byte ranges of the text's literals, in text order.
+    pub(super) fn literals(&self) -> &[Range<usize>] {
+        self.literals.get_or_init(|| literal_ranges(&self.sql).collect())
+    }
+
+    /// The analysis of a plain DML text (see `is_plain_dml`).
+    pub(super) fn plain_dml(sql: Box<str>) -> Self {
+        Analysis {
             kind: StatementKind::Other,
             hint: None,
             pin: None,
@@ -141,11 +150,20 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             bad_tenant_value: None,
             tampers_tenant_guc: false,
             single_dml: true,
-            sql: text_of(sql),
+            plain: true,
+            sql,
             facts: OnceLock::new(),
+            literals: OnceLock::new(),
             may_write: OnceLock::new(),
             mentions_column: OnceLock::new(),
-        };
+        }
+    }
+}
+
+/// Analyzes a query string; `tenant_param` is the configured parameter name.
+pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
+    if is_plain_dml(sql) {
+        return Analysis::plain_dml(text_of(sql));
     }
     let text = String::from_utf8_lossy(sql);
     // Token offsets index `text`: lossy decoding can change lengths (invalid bytes).
@@ -186,8 +204,10 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         sets_tenant_among_many,
         bad_tenant_value,
         tampers_tenant_guc,
+        plain: false,
         sql: text.into(),
         facts: OnceLock::new(),
+        literals: OnceLock::new(),
         may_write: OnceLock::new(),
         mentions_column: OnceLock::new(),
     }

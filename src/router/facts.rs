@@ -48,13 +48,9 @@ pub struct SqlFacts {
     pub touches_tables: bool,
     /// Every place a tenant value comes from, each once.
     pub tenant_sources: Vec<TenantSource>,
-}
-
-/// A statement's facts with the literals of its own text.
-pub struct Facts {
-    pub facts: Arc<SqlFacts>,
-    /// Byte ranges of the literals, in text order (what `TenantSource::Literal` indexes).
-    pub literals: Vec<Range<usize>>,
+    /// Parsed from the text itself rather than its shape: the sources may hold that
+    /// text's values (`TenantSource::Constant`), so no other text may share them.
+    pub per_text: bool,
 }
 
 pub struct FactsCache {
@@ -76,22 +72,23 @@ impl FactsCache {
         &self.tenant_column
     }
 
-    /// The facts of `sql`, from the cache when its shape was seen before.
-    pub fn facts(&self, sql: &str) -> Facts {
+    /// The facts of `sql`, from the cache when its shape was seen before, and the
+    /// byte ranges of its literals (what `TenantSource::Literal` indexes).
+    pub fn facts(&self, sql: &str) -> (Arc<SqlFacts>, Vec<Range<usize>>) {
         let (shape, literals) = shape_of(sql);
         if let Some(facts) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(shape.as_str()) {
-            return Facts { facts: facts.clone(), literals };
+            return (facts.clone(), literals);
         }
         let facts = match Parser::parse_sql(&PostgreSqlDialect {}, &shape) {
             Ok(statements) => Arc::new(facts_of(&statements, &self.tenant_column)),
             Err(_) => {
                 // The shape may not parse where the text does (typed literals): parse the
                 // text, whose facts then only name parameters and cannot be shared.
-                let facts = Arc::new(match Parser::parse_sql(&PostgreSqlDialect {}, sql) {
+                let facts = match Parser::parse_sql(&PostgreSqlDialect {}, sql) {
                     Ok(statements) => facts_of(&statements, &self.tenant_column),
-                    Err(_) => SqlFacts { parsed: false, touches_tables: true, tenant_sources: Vec::new() },
-                });
-                return Facts { facts, literals: Vec::new() };
+                    Err(_) => SqlFacts { touches_tables: true, ..SqlFacts::default() },
+                };
+                return (Arc::new(SqlFacts { per_text: true, ..facts }), literals);
             }
         };
         let mut shapes = self.shapes.write().unwrap_or_else(|e| e.into_inner());
@@ -99,8 +96,20 @@ impl FactsCache {
             shapes.clear();
         }
         shapes.insert(shape.into(), facts.clone());
-        Facts { facts, literals }
+        (facts, literals)
     }
+}
+
+/// The byte ranges of the literals of `sql` that its shape replaces, in text order.
+pub fn literal_ranges(sql: &str) -> impl Iterator<Item = Range<usize>> + '_ {
+    Tokens::new(sql.as_bytes())
+        .filter(|token| match token.kind {
+            TokenKind::Number => true,
+            // Quoted strings only: dollar-quoted ones are function bodies more often than values.
+            TokenKind::String => !sql[token.start..].starts_with('$'),
+            _ => false,
+        })
+        .map(|token| token.start..token.end)
 }
 
 /// The text with literals replaced by `$100000`, `$100001`, ... and their ranges.
@@ -108,21 +117,13 @@ fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
     let mut shape = String::with_capacity(sql.len() + 16);
     let mut literals = Vec::new();
     let mut copied = 0;
-    for token in Tokens::new(sql.as_bytes()) {
-        let literal = match token.kind {
-            TokenKind::Number => true,
-            // Quoted strings only: dollar-quoted ones are function bodies more often than values.
-            TokenKind::String => !sql[token.start..].starts_with('$'),
-            _ => false,
-        };
-        if literal {
-            shape.push_str(&sql[copied..token.start]);
-            // itoa, not fmt: this runs for every literal of every text.
-            shape.push('$');
-            shape.push_str(itoa::Buffer::new().format(LITERAL_BASE as usize + literals.len()));
-            copied = token.end;
-            literals.push(token.start..token.end);
-        }
+    for literal in literal_ranges(sql) {
+        shape.push_str(&sql[copied..literal.start]);
+        // itoa, not fmt: this runs for every literal of every text.
+        shape.push('$');
+        shape.push_str(itoa::Buffer::new().format(LITERAL_BASE as usize + literals.len()));
+        copied = literal.end;
+        literals.push(literal);
     }
     shape.push_str(&sql[copied..]);
     (shape, literals)
@@ -180,7 +181,12 @@ fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
             ControlFlow::<()>::Continue(())
         });
     }
-    SqlFacts { parsed: true, touches_tables: touches_tables(statements), tenant_sources: sources }
+    SqlFacts {
+        parsed: true,
+        touches_tables: touches_tables(statements),
+        tenant_sources: sources,
+        per_text: false,
+    }
 }
 
 fn is_tenant_column(expr: &Expr, column: &str) -> bool {
@@ -249,7 +255,7 @@ mod tests {
     use TenantSource::*;
 
     fn sources(sql: &str) -> Vec<TenantSource> {
-        FactsCache::new(100, "tenant_id").facts(sql).facts.tenant_sources.clone()
+        FactsCache::new(100, "tenant_id").facts(sql).0.tenant_sources.clone()
     }
 
     fn lit(index: usize) -> TenantSource {
@@ -290,23 +296,20 @@ mod tests {
         let cache = FactsCache::new(100, "tenant_id");
         let a = cache.facts("select * from a where tenant_id = 7 and name = 'it''s'");
         let b = cache.facts("select * from a where tenant_id = 1234 and name = 'other'");
-        assert!(Arc::ptr_eq(&a.facts, &b.facts));
-        assert_eq!(b.literals.len(), 2);
-        assert_eq!(
-            &"select * from a where tenant_id = 1234 and name = 'other'"[b.literals[0].clone()],
-            "1234"
-        );
-        assert!(a.facts.touches_tables && a.facts.parsed);
+        assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(b.1.len(), 2);
+        assert_eq!(&"select * from a where tenant_id = 1234 and name = 'other'"[b.1[0].clone()], "1234");
+        assert!(a.0.touches_tables && a.0.parsed);
     }
 
     #[test]
     fn typed_literals_keep_their_place_and_garbage_is_unparsed() {
         let cache = FactsCache::new(100, "tenant_id");
         let f = cache.facts("select * from a where d > date '2024-01-01' and tenant_id = $1");
-        assert!(f.facts.parsed);
-        assert_eq!(f.facts.tenant_sources, vec![Param(1)]);
+        assert!(f.0.parsed);
+        assert_eq!(f.0.tenant_sources, vec![Param(1)]);
         let f = cache.facts("select * from a where d > date '2024-01-01' and tenant_id = 12");
-        assert_eq!(f.facts.tenant_sources, vec![lit(1)]);
+        assert_eq!(f.0.tenant_sources, vec![lit(1)]);
         // Texts parsed as they are (when their shape does not parse) carry values.
         assert_eq!(
             placeholder_source(&Value::Number("12".into(), false), true),
@@ -317,16 +320,16 @@ mod tests {
             Some(Constant("acme".into()))
         );
         let f = cache.facts("select * from a where tenant_id = 3 for no key update of a nowait skip");
-        assert!(!f.facts.parsed || f.facts.tenant_sources == vec![lit(0)]);
+        assert!(!f.0.parsed || f.0.tenant_sources == vec![lit(0)]);
         let f = cache.facts("this is not sql");
-        assert!(!f.facts.parsed && f.facts.touches_tables);
+        assert!(!f.0.parsed && f.0.touches_tables);
     }
 
     #[test]
     fn catalog_queries_touch_no_tables() {
         let cache = FactsCache::new(100, "tenant_id");
-        assert!(!cache.facts("select oid from pg_catalog.pg_type where typname = 'x'").facts.touches_tables);
-        assert!(!cache.facts("select 1").facts.touches_tables);
-        assert!(cache.facts("select * from accounts").facts.touches_tables);
+        assert!(!cache.facts("select oid from pg_catalog.pg_type where typname = 'x'").0.touches_tables);
+        assert!(!cache.facts("select 1").0.touches_tables);
+        assert!(cache.facts("select * from accounts").0.touches_tables);
     }
 }

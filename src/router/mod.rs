@@ -6,6 +6,7 @@ mod facts;
 mod lexer;
 mod recent;
 mod snowflake_call;
+mod template;
 
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
     analyze::analyze(sql, "pgtenant.tenant_id", TenantKey::Bigint)
 }
 
-use facts::{Facts, FactsCache, TenantSource};
+use facts::{FactsCache, SqlFacts, TenantSource};
 
 use crate::config::{Config, NoTenantPolicy};
 use crate::directory::{
@@ -190,7 +191,7 @@ impl Router {
     /// Whether a statement reads or writes tables outside the system catalogs (and so
     /// needs a tenant). Statements sqlparser cannot parse count as needing one.
     pub fn needs_tenant(&self, analysis: &Analysis) -> bool {
-        !analyze::needs_no_tenant(analysis) && self.facts_of(analysis).facts.touches_tables
+        !analyze::needs_no_tenant(analysis) && self.facts_of(analysis).touches_tables
     }
 
     /// The tenants a statement's text names: its comment hint and the literals compared
@@ -212,11 +213,11 @@ impl Router {
         }
         let key = self.tenant_key;
         let facts = self.facts_of(analysis);
-        for source in &facts.facts.tenant_sources {
+        for source in &facts.tenant_sources {
             let value = match source {
                 TenantSource::Constant(text) => TenantId::parse(text, key),
-                TenantSource::Literal { index, negative } => facts
-                    .literals
+                TenantSource::Literal { index, negative } => analysis
+                    .literals()
                     .get(*index)
                     .and_then(|r| analysis.sql.get(r.clone()))
                     .and_then(|text| TenantId::parse(text, key))
@@ -235,8 +236,13 @@ impl Router {
         named
     }
 
-    fn facts_of<'a>(&self, analysis: &'a Analysis) -> &'a Facts {
-        analysis.facts.get_or_init(|| self.facts.facts(&analysis.sql))
+    fn facts_of<'a>(&self, analysis: &'a Analysis) -> &'a SqlFacts {
+        analysis.facts.get_or_init(|| {
+            let (facts, literals) = self.facts.facts(&analysis.sql);
+            // Already there when a template gave them: the same ranges.
+            let _ = analysis.literals.set(literals.into());
+            facts
+        })
     }
 
     /// The placement of a session's tenant, remembered by the session while the
@@ -345,6 +351,17 @@ mod tests {
         assert_eq!(r.named_in_bind(&a, &rest), vec![TenantId::Int(1500)]);
         let unrelated = r.analyze(b"select abalance from pgbench_accounts where aid = $1");
         assert!(r.named_in_bind(&unrelated, &rest).is_empty());
+    }
+
+    #[test]
+    fn a_text_differing_only_in_literals_shares_facts_and_names_its_own_tenant() {
+        let r = router();
+        let mut recent = RecentAnalyses::default();
+        let a = recent.get_or_analyze(&r, b"select * from t where tenant_id = 5 and name = 'x'");
+        assert_eq!(r.named_in_text(&a), vec![TenantId::Int(5)]);
+        let b = recent.get_or_analyze(&r, b"select * from t where tenant_id = 1500 and name = 'y'");
+        assert_eq!(r.named_in_text(&b), vec![TenantId::Int(1500)]);
+        assert!(Arc::ptr_eq(a.facts.get().unwrap(), b.facts.get().unwrap()), "one parse for both");
     }
 
     #[tokio::test]

@@ -1,10 +1,12 @@
 //! The last few statement texts one session analyzed. Parameterized SQL (drivers,
 //! ORMs, prepared statements) sends the same text again and again, so a repeat is
-//! recognised by comparing bytes instead of analyzing again. Per session, so no lock.
+//! recognised by comparing bytes instead of analyzing again, and a text that differs
+//! from a recent one only in its literal values shares its analysis (see `template`).
+//! Per session, so no lock.
 
 use std::sync::Arc;
 
-use super::{Analysis, Router};
+use super::{Analysis, Router, template};
 
 const ENTRIES: usize = 8;
 /// Longer texts are analyzed every time rather than kept.
@@ -23,14 +25,21 @@ impl RecentAnalyses {
         if let Some(hit) = self.entries.iter().find(|a| a.sql.as_bytes() == sql) {
             return hit.clone();
         }
-        let analysis = router.analyze(sql);
-        if sql.len() <= MAX_TEXT {
-            if self.entries.len() < ENTRIES {
-                self.entries.push(analysis.clone());
-            } else {
-                self.entries[self.next] = analysis.clone();
-                self.next = (self.next + 1) % ENTRIES;
-            }
+        if sql.len() > MAX_TEXT {
+            return router.analyze(sql);
+        }
+        // Most recent first: a script's statements come round in the same order.
+        let newest_first =
+            (0..self.entries.len()).map(|k| (self.next + self.entries.len() - 1 - k) % ENTRIES);
+        let rebased = newest_first
+            .filter_map(|i| self.entries.get(i))
+            .find_map(|template| template::rebase(template, sql));
+        let analysis = rebased.map(Arc::new).unwrap_or_else(|| router.analyze(sql));
+        if self.entries.len() < ENTRIES {
+            self.entries.push(analysis.clone());
+        } else {
+            self.entries[self.next] = analysis.clone();
+            self.next = (self.next + 1) % ENTRIES;
         }
         analysis
     }

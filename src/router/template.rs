@@ -1,0 +1,171 @@
+//! Statement texts that differ from an analyzed one only in the values of their
+//! literals (`... WHERE aid = 17` after `... WHERE aid = 4711`): the simple protocol's
+//! common case, where pgbench, psql scripts and many drivers inline values. Such a
+//! text shares the other's analysis and sqlparser facts; only its literal ranges are
+//! its own, found by walking both texts side by side instead of lexing and hashing.
+//!
+//! Only analyses of plain DML take part (`Analysis::plain`): nothing in them depends
+//! on a literal's value, where a SET, a snowflake call or a `set_config` does.
+
+use std::sync::OnceLock;
+
+use super::Analysis;
+
+/// The analysis of `sql` when it is `template`'s text with other literal values:
+/// numbers of digits and dots, and quoted strings without quotes or backslashes inside.
+pub fn rebase(template: &Analysis, sql: &[u8]) -> Option<Analysis> {
+    let old = template.sql.as_bytes();
+    if !template.plain || !looks_like_a_literal_change(old, sql) {
+        return None;
+    }
+    let mut literals = Vec::with_capacity(template.literals().len());
+    let (mut old_at, mut new_at) = (0, 0);
+    for literal in template.literals() {
+        let between = &old[old_at..literal.start];
+        if sql.get(new_at..new_at + between.len())? != between {
+            return None;
+        }
+        new_at += between.len();
+        let len = literal_len(old[literal.start], &sql[new_at..])?;
+        literals.push(new_at..new_at + len);
+        new_at += len;
+        old_at = literal.end;
+    }
+    if sql[new_at..] != old[old_at..] {
+        return None;
+    }
+    let text = std::str::from_utf8(sql).ok()?;
+    Some(Analysis {
+        sql: text.into(),
+        literals: OnceLock::from(literals.into_boxed_slice()),
+        facts: match template.facts.get() {
+            Some(facts) if !facts.per_text => OnceLock::from(facts.clone()),
+            _ => OnceLock::new(),
+        },
+        // Both read words only, and literals are no words.
+        may_write: template.may_write.clone(),
+        mentions_column: template.mentions_column.clone(),
+        ..Analysis::plain_dml(Box::default())
+    })
+}
+
+/// A cheap first test before the template's literals are looked for (a lexer pass the
+/// first time): the texts first differ at a digit, or inside a quoted string.
+fn looks_like_a_literal_change(old: &[u8], new: &[u8]) -> bool {
+    let at = common_prefix(old, new);
+    let digit_at = |i: usize| old.get(i).is_some_and(u8::is_ascii_digit);
+    let inside_quotes = || memchr::memchr_iter(b'\'', &old[..at]).count() % 2 == 1;
+    at < old.len() && at < new.len() && (digit_at(at) || (at > 0 && digit_at(at - 1)) || inside_quotes())
+}
+
+/// The length of the literal at the start of `rest`, of the kind that starts with `first`
+/// (the template's literal's first byte), when the lexer would read it as one token.
+fn literal_len(first: u8, rest: &[u8]) -> Option<usize> {
+    match first {
+        b'0'..=b'9' => {
+            let len = rest.iter().position(|b| !(b.is_ascii_digit() || *b == b'.')).unwrap_or(rest.len());
+            // A letter right after would continue the token (`1e5`, `0x1F`): not this template.
+            let ends_here = !rest.get(len).is_some_and(u8::is_ascii_alphanumeric);
+            (rest.first().is_some_and(u8::is_ascii_digit) && ends_here).then_some(len)
+        }
+        b'\'' if rest.first() == Some(&b'\'') => {
+            let close = 1 + memchr::memchr(b'\'', &rest[1..])?;
+            let plain = rest.get(close + 1) != Some(&b'\'') && !rest[..close].contains(&b'\\');
+            plain.then_some(close + 1)
+        }
+        _ => None,
+    }
+}
+
+/// How many leading bytes `a` and `b` share, compared eight at a time.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().unwrap_or_default());
+        let y = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        if x != y {
+            return i + ((x ^ y).trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + a[i..n].iter().zip(&b[i..n]).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Range;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::router::analyze_for_tests as analyze;
+    use crate::router::facts::SqlFacts;
+
+    fn ranges(a: &Analysis) -> Vec<Range<usize>> {
+        a.literals().to_vec()
+    }
+
+    fn rebased(template: &str, sql: &str) -> Option<Analysis> {
+        rebase(&analyze(template.as_bytes()), sql.as_bytes())
+    }
+
+    #[test]
+    fn a_text_with_other_numbers_and_strings_shares_the_analysis() {
+        let sql = "SELECT * FROM t WHERE tenant_id = 17 AND name = 'bob' AND x > 2.5";
+        let a = rebased("SELECT * FROM t WHERE tenant_id = 4711 AND name = 'alice' AND x > 10", sql).unwrap();
+        assert_eq!(&*a.sql, sql);
+        let texts: Vec<&str> = ranges(&a).into_iter().map(|r| &sql[r]).collect();
+        assert_eq!(texts, ["17", "'bob'", "2.5"]);
+        assert!(a.plain && a.single_dml);
+        // The ranges are those the lexer finds.
+        assert_eq!(ranges(&a), analyze(sql.as_bytes()).literals());
+        assert!(rebased("select 1", "select 2").is_some());
+    }
+
+    #[test]
+    fn anything_but_literal_values_differing_is_no_match() {
+        let t = "SELECT * FROM t WHERE id = 5 AND name = 'x'";
+        for sql in [
+            "SELECT * FROM u WHERE id = 5 AND name = 'x'",
+            "SELECT * FROM t WHERE id = 5 AND name = 'x' ",
+            "SELECT * FROM t WHERE id = 5e3 AND name = 'x'",
+            "SELECT * FROM t WHERE id = 5x AND name = 'x'",
+            "SELECT * FROM t WHERE id = 6 AND name = 'x''y'",
+            "SELECT * FROM t WHERE id = 6 AND name = 'x\\'",
+            "SELECT * FROM t WHERE id = 6 AND name = 'x' ; DROP TABLE t",
+            "SELECT * FROM t WHERE id = $1 AND name = 'x'",
+            "SELECT * FROM t WHERE id = 6 AND name = 'x",
+            "SELECT * FROM t WHERE id = 6",
+        ] {
+            assert!(rebased(t, sql).is_none(), "{sql}");
+        }
+        assert!(rebase(&analyze(t.as_bytes()), b"SELECT * FROM t WHERE id = 5 AND name = '\xff'").is_none());
+        // Not plain DML: the value of a literal may matter.
+        assert!(rebased("SET pgtenant.tenant_id = 5", "SET pgtenant.tenant_id = 6").is_none());
+        assert!(
+            rebased("SELECT set_config('a', 'b', false)", "SELECT set_config('c', 'b', false)").is_none()
+        );
+        assert!(rebased("SELECT pgtenant.next_id(1)", "SELECT pgtenant.next_id(2)").is_none());
+    }
+
+    #[test]
+    fn facts_that_hold_a_texts_own_values_are_not_shared() {
+        let template = analyze(b"select * from t where tenant_id = 5");
+        let facts = SqlFacts { per_text: true, ..SqlFacts::default() };
+        template.facts.set(Arc::new(facts)).unwrap();
+        let a = rebase(&template, b"select * from t where tenant_id = 6").unwrap();
+        assert!(a.facts.get().is_none(), "parsed again for its own values");
+        let template = analyze(b"select * from t where tenant_id = 5");
+        template.facts.set(Arc::new(SqlFacts::default())).unwrap();
+        let a = rebase(&template, b"select * from t where tenant_id = 6").unwrap();
+        assert!(Arc::ptr_eq(a.facts.get().unwrap(), template.facts.get().unwrap()));
+    }
+
+    #[test]
+    fn common_prefix_counts_bytes_across_words() {
+        assert_eq!(common_prefix(b"abcdefghijklmnop", b"abcdefghijkXmnop"), 11);
+        assert_eq!(common_prefix(b"abc", b"abcdef"), 3);
+        assert_eq!(common_prefix(b"", b"x"), 0);
+        assert_eq!(common_prefix(b"abcdefgh", b"abcdefgh"), 8);
+    }
+}
