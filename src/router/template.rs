@@ -50,12 +50,13 @@ pub fn rebase(template: &Analysis, sql: &[u8]) -> Option<Analysis> {
 }
 
 /// A cheap first test before the template's literals are looked for (a lexer pass the
-/// first time): the texts first differ at a digit, or inside a quoted string.
+/// first time): the texts first differ at a digit, or just after one (a number at the
+/// end of one text that goes on in the other), or inside a quoted string.
 fn looks_like_a_literal_change(old: &[u8], new: &[u8]) -> bool {
     let at = common_prefix(old, new);
     let digit_at = |i: usize| old.get(i).is_some_and(u8::is_ascii_digit);
     let inside_quotes = || memchr::memchr_iter(b'\'', &old[..at]).count() % 2 == 1;
-    at < old.len() && at < new.len() && (digit_at(at) || (at > 0 && digit_at(at - 1)) || inside_quotes())
+    digit_at(at) || (at > 0 && digit_at(at - 1)) || inside_quotes()
 }
 
 /// The length of the literal at the start of `rest`, of the kind that starts with `first`
@@ -120,6 +121,10 @@ mod tests {
         // The ranges are those the lexer finds.
         assert_eq!(ranges(&a), analyze(sql.as_bytes()).literals());
         assert!(rebased("select 1", "select 2").is_some());
+        // A number at the very end, longer or shorter than the template's.
+        assert!(rebased("select * from t where id = 5", "select * from t where id = 57").is_some());
+        assert!(rebased("select * from t where id = 57", "select * from t where id = 5").is_some());
+        assert!(rebased("select 5", "select 5 union select 6").is_none());
     }
 
     #[test]
