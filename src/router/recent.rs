@@ -22,15 +22,18 @@ pub struct RecentAnalyses {
 
 impl RecentAnalyses {
     pub fn get_or_analyze(&mut self, router: &Router, sql: &[u8]) -> Arc<Analysis> {
-        if let Some(hit) = self.entries.iter().find(|a| a.sql.as_bytes() == sql) {
+        // Most recent first: a request's Parse is looked up again when it is forwarded,
+        // and a script's statements come round in the same order.
+        let len = self.entries.len();
+        let newest_first = (0..len).map(|k| (self.next + len - 1 - k) % ENTRIES);
+        if let Some(hit) =
+            newest_first.clone().filter_map(|i| self.entries.get(i)).find(|a| a.sql.as_bytes() == sql)
+        {
             return hit.clone();
         }
         if sql.len() > MAX_TEXT {
             return router.analyze(sql);
         }
-        // Most recent first: a script's statements come round in the same order.
-        let newest_first =
-            (0..self.entries.len()).map(|k| (self.next + self.entries.len() - 1 - k) % ENTRIES);
         let rebased = newest_first
             .filter_map(|i| self.entries.get(i))
             .find_map(|template| template::rebase(template, sql));
