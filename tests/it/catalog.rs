@@ -155,6 +155,12 @@ async fn read_only_tenants_read_but_do_not_write_and_disabled_shards_refuse() {
     let err =
         client.batch_execute("INSERT INTO accounts (tenant_id, name) VALUES (500, 'x')").await.unwrap_err();
     assert_eq!(sqlstate(&err), "25006");
+    // In one piece (Parse to Sync): the Parse is answered, the write refused.
+    let err =
+        client.query_typed("UPDATE accounts SET balance = 0 WHERE tenant_id = 500", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "25006");
+    let rows = client.query_typed("SELECT 1 FROM accounts WHERE tenant_id = 500", &[]).await.unwrap();
+    assert_eq!(rows.len(), 3);
     // A write hidden in a function is stopped by the server itself.
     let err = client.query_one("SELECT nextval('accounts_id_seq')", &[]).await.unwrap_err();
     assert_eq!(sqlstate(&err), "25006");

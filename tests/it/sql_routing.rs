@@ -148,6 +148,44 @@ async fn statements_sqlparser_cannot_parse_run_on_the_session_tenant_and_are_ref
     proxy.shutdown().await;
 }
 
+/// Requests sent in one piece (Parse, Bind, Describe, Execute, Sync: tokio-postgres
+/// `query_typed`, pgbench `-M extended`, many drivers) take a shorter path through the
+/// proxy; they are routed, refused and followed exactly like the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_piece_requests_are_routed_refused_and_followed_like_any_other() {
+    use tokio_postgres::types::Type;
+    let proxy = start_proxy(|_| {}).await;
+    let client = proxy.connect(None).await;
+    let sql = format!("{SHARD_AND_COUNT} tenant_id = $1");
+    for (tenant, shard) in [(7i64, 1), (1500, 2), (42, 2), (500, 1)] {
+        let row = client.query_typed_one(&sql, &[(&tenant, Type::INT8)]).await.unwrap();
+        assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (shard, 3), "tenant {tenant}");
+    }
+    let err = client.query_typed("SELECT count(*) FROM accounts", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "no tenant: {err}");
+    let both = format!("{SHARD_AND_COUNT} tenant_id = $1 OR tenant_id = $2");
+    let err = client.query_typed(&both, &[(&7i64, Type::INT8), (&1500i64, Type::INT8)]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "0A000", "two shards: {err}");
+    let row = client.query_typed_one(&sql, &[(&1500i64, Type::INT8)]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2, "the session goes on after the refusals");
+
+    let bound = proxy.connect(Some(7)).await;
+    let err = bound.query_typed(&sql, &[(&500i64, Type::INT8)]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "another tenant of the same shard");
+    let err = bound
+        .query_typed("SELECT pg_catalog.set_config('pgtenant.tenant_id', $1, false)", &[(&"500", Type::TEXT)])
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "the tenant GUC is protected");
+    let row = bound.query_typed_one(&sql, &[(&7i64, Type::INT8)]).await.unwrap();
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (1, 3));
+    // pgtenant answers a SET of the tenant parameter itself, in one piece too.
+    bound.query_typed("SET pgtenant.tenant_id = 42", &[]).await.unwrap();
+    let row = bound.query_typed_one(&sql, &[(&42i64, Type::INT8)]).await.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 2);
+    proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bound_session_never_reaches_another_tenant() {
     let proxy = start_proxy(|_| {}).await;

@@ -483,7 +483,7 @@ impl Session {
     /// The server-side statement for a client statement name, prepared on the
     /// attached server first if it lacks it. `None` for the unnamed or an unknown name
     /// (the server then reports the error itself).
-    fn server_statement(&mut self, name: &[u8]) -> Option<Arc<PreparedStatement>> {
+    pub(super) fn server_statement(&mut self, name: &[u8]) -> Option<Arc<PreparedStatement>> {
         if name.is_empty() {
             return None;
         }
@@ -515,13 +515,13 @@ struct BatchStatements {
 
 /// The statements pgtenant answers itself, by kind.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum LocalKind {
+pub(super) enum LocalKind {
     TenantSet,
     RoutingVersion,
     Snowflake,
 }
 
-fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
+pub(super) fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
     if analysis.sets_tenant() {
         Some(LocalKind::TenantSet)
     } else if analysis.kind == StatementKind::ShowRoutingVersion {
@@ -540,7 +540,7 @@ enum LocalAnswer {
     RoutingVersion,
 }
 
-fn add_new(named: &mut SmallVec<[TenantId; 2]>, tenants: Vec<TenantId>) {
+pub(super) fn add_new(named: &mut SmallVec<[TenantId; 2]>, tenants: Vec<TenantId>) {
     for t in tenants {
         if !named.contains(&t) {
             named.push(t);

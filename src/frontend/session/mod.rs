@@ -10,6 +10,7 @@
 //!   client sees them in order.
 
 mod extended;
+mod in_place;
 mod server;
 mod simple;
 mod snowflake;
@@ -332,6 +333,9 @@ impl Session {
                 // requests: a client that does not read them must not grow this buffer.
                 self.client_backlog = true;
                 return Ok(true);
+            }
+            if self.request_in_place().await? {
+                continue;
             }
             let Some(frame) = self.client.next_frame(self.max_message)? else { break };
             tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), "client message");

@@ -1,0 +1,247 @@
+//! The common extended-protocol request, handled in place: `[Parse] Bind [Describe]
+//! Execute Sync` for one statement of the client's, whole in the read buffer at the
+//! start of a transaction (pgbench, pgJDBC, asyncpg and psycopg send these all the
+//! time). It is routed and copied to the server straight from the read buffer instead
+//! of being split into messages that are held, looked at again and forwarded one by one
+//! (see `extended`). Anything else takes that general path, which answers the same: a
+//! statement pgtenant answers itself, a named Parse, a Close, a Flush, a request that
+//! has not fully arrived, and every refusal that the general path words.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Buf;
+use smallvec::SmallVec;
+
+use super::extended::{add_new, local_kind, malformed};
+use super::{ClientTx, Session};
+use crate::backend::{Pending, Reply};
+use crate::frontend::error::FrontendError;
+use crate::protocol;
+use crate::router::Analysis;
+
+/// Where the messages of such a request lie in the read buffer (whole messages, tag
+/// and length included).
+struct Layout {
+    parse: Option<Range<usize>>,
+    bind: Range<usize>,
+    /// Describe and Execute, then Sync at `total`'s end: copied as they are.
+    total: usize,
+    /// The Reply of each message after the Bind, in order.
+    after_bind: SmallVec<[Reply; 3]>,
+}
+
+/// The layout of the request at the front of `buf`, when it is of the handled shape.
+fn layout(buf: &[u8], max_message: usize) -> Option<Layout> {
+    let mut at = 0;
+    let mut parse = None;
+    let mut bind = None;
+    let mut after_bind = SmallVec::new();
+    loop {
+        let (tag, len) = protocol::frame_header(buf.get(at..)?, max_message).ok()??;
+        let range = at..at + len;
+        at += len;
+        match (tag, bind.is_some()) {
+            (b'P', false) if parse.is_none() => parse = Some(range),
+            (b'B', false) => bind = Some(range),
+            // Of the portal, or of the unnamed statement: a named one would be renamed.
+            (b'D', true)
+                if after_bind.is_empty()
+                    && matches!(&buf[range.start + 5..range.end], [b'P', ..] | b"S\0") =>
+            {
+                after_bind.push(Reply::Describe)
+            }
+            (b'E', true) if !after_bind.contains(&Reply::Execute) => after_bind.push(Reply::Execute),
+            (b'S', true) if after_bind.last() == Some(&Reply::Execute) => {
+                after_bind.push(Reply::Sync);
+                return Some(Layout { parse, bind: bind?, total: at, after_bind });
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn body<'a>(buf: &'a [u8], message: &Range<usize>) -> &'a [u8] {
+    &buf[message.start + 5..message.end]
+}
+
+/// A statement the general path would answer or refuse itself.
+fn needs_general_path(analysis: &Analysis) -> bool {
+    analysis.tampers_tenant_guc || local_kind(analysis).is_some()
+}
+
+impl Session {
+    /// Handles the request at the front of the client's read buffer if it is of the
+    /// shape described in the module comment; `false` leaves it to the general path.
+    pub(super) async fn request_in_place(&mut self) -> Result<bool, FrontendError> {
+        if !self.batch.is_empty()
+            || self.skip_until_sync
+            || self.snowflake_seen
+            || !matches!(self.tx, ClientTx::Idle)
+            || !self.at_transaction_start()
+        {
+            return Ok(false);
+        }
+        let Some(layout) = layout(&self.client.rbuf, self.max_message) else { return Ok(false) };
+        let router = &self.shared.router;
+        let rbuf = &self.client.rbuf;
+        let Some(b) = protocol::bind_view(body(rbuf, &layout.bind)) else { return Ok(false) };
+        let mut named = SmallVec::<[_; 2]>::new();
+        let bound = match &layout.parse {
+            Some(parse) => {
+                let Some(p) = protocol::parse_view(body(rbuf, parse)) else { return Ok(false) };
+                if !p.name.is_empty() || !b.statement.is_empty() {
+                    return Ok(false);
+                }
+                let analysis = self.recent.get_or_analyze(router, p.query);
+                add_new(&mut named, router.named_in_text(&analysis));
+                analysis
+            }
+            None => {
+                let analysis = if b.statement.is_empty() {
+                    self.unnamed.clone()
+                } else {
+                    self.statements.get(b.statement).map(|s| s.analysis.clone())
+                };
+                let Some(analysis) = analysis else { return Ok(false) };
+                analysis
+            }
+        };
+        if needs_general_path(&bound) {
+            return Ok(false);
+        }
+        add_new(&mut named, router.named_in_bind(&bound, b.rest));
+        // A named statement's shared server-side identity, for the renamed Bind.
+        let statement = (!b.statement.is_empty()).then(|| b.statement.to_vec());
+
+        let routed = match router
+            .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
+            .await
+        {
+            Ok(route) => self.begin_on(route, bound.single_dml).await,
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = routed {
+            // As the general path does: the error, then its messages are skipped up to
+            // the Sync, which gets its ReadyForQuery.
+            self.reply_error(&err, false);
+            self.skip_until_sync = true;
+            return Ok(true);
+        }
+        self.forward_in_place(layout, bound, statement.as_deref())?;
+        Ok(true)
+    }
+
+    /// Copies a routed request to the attached server and queues what it answers.
+    fn forward_in_place(
+        &mut self,
+        layout: Layout,
+        bound: Arc<Analysis>,
+        statement: Option<&[u8]>,
+    ) -> Result<(), FrontendError> {
+        let no_server = || FrontendError::Protocol("no server attached".into());
+        let mut copied = 0;
+        if let Some(parse) = &layout.parse {
+            self.unnamed = Some(bound.clone());
+            let a = self.server.as_mut().ok_or_else(no_server)?;
+            a.conn.io.wbuf.extend_from_slice(&self.client.rbuf[..parse.end]);
+            a.conn.queue.push(Pending::client(Reply::Parse));
+            a.open_request = true;
+            copied = parse.end;
+        }
+        if let Err(err) = self.check_writable(&bound) {
+            // As the general path does: the Parse went, the rest is skipped up to the Sync.
+            self.reply_error(&err, false);
+            self.skip_until_sync = true;
+            self.client.rbuf.advance(copied);
+            return Ok(());
+        }
+        let server_statement = statement.and_then(|name| self.server_statement(name));
+        let a = self.server.as_mut().ok_or_else(no_server)?;
+        if let Some(pin) = bound.extended_pin() {
+            a.pin.get_or_insert(pin);
+        }
+        let rbuf = &self.client.rbuf;
+        match server_statement {
+            Some(stmt) => {
+                let b = protocol::bind_view(body(rbuf, &layout.bind)).ok_or_else(|| malformed("Bind"))?;
+                protocol::bind_renamed(&mut a.conn.io.wbuf, b.portal, &stmt.server_name, b.rest);
+                a.conn.io.wbuf.extend_from_slice(&rbuf[layout.bind.end..layout.total]);
+            }
+            None => a.conn.io.wbuf.extend_from_slice(&rbuf[copied..layout.total]),
+        }
+        a.conn.queue.push(Pending::client(Reply::Bind));
+        for reply in layout.after_bind {
+            a.conn.queue.push(Pending::client(reply));
+        }
+        a.open_request = false;
+        a.conn.queue.drain_synthetic(&mut self.client.wbuf);
+        self.client.rbuf.advance(layout.total);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BytesMut;
+
+    fn message(out: &mut BytesMut, tag: u8, body: &[u8]) {
+        protocol::put_message(out, tag, |b| b.extend_from_slice(body));
+    }
+
+    fn request(tags: &[u8]) -> BytesMut {
+        let mut out = BytesMut::new();
+        for &tag in tags {
+            match tag {
+                b'P' => message(&mut out, tag, b"\0select 1\0\0\0"),
+                b'B' => message(&mut out, tag, b"\0\0\0\0\0\0\0\0"),
+                b'D' => message(&mut out, tag, b"P\0"),
+                b'E' => message(&mut out, tag, b"\0\0\0\0\0"),
+                _ => message(&mut out, tag, b""),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn only_one_statement_executed_once_and_synced_is_handled() {
+        for tags in [&b"PBDES"[..], b"PBES", b"BDES", b"BES"] {
+            let buf = request(tags);
+            let l = layout(&buf, 1 << 20).unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(tags)));
+            assert_eq!(l.total, buf.len());
+            assert_eq!(l.parse.is_some(), tags[0] == b'P');
+            assert_eq!(l.after_bind.last(), Some(&Reply::Sync));
+        }
+        for tags in [
+            &b"PBDE"[..], // no Sync yet
+            b"PBDEH",     // Flush
+            b"PS",        // nothing executed
+            b"PBDEBES",   // two statements
+            b"PPBES",
+            b"BDDES",
+            b"BEES",
+            b"BDS",
+            b"CBES",
+            b"QBES",
+        ] {
+            assert!(layout(&request(tags), 1 << 20).is_none(), "{}", String::from_utf8_lossy(tags));
+        }
+        // Cut anywhere before its last byte, the request is not handled yet.
+        let buf = request(b"PBDES");
+        for cut in 0..buf.len() {
+            assert!(layout(&buf[..cut], 1 << 20).is_none(), "cut at {cut}");
+        }
+        // A message over the size limit is left to the general path, which refuses it.
+        assert!(layout(&buf, 8).is_none());
+        // A Describe of a named statement is renamed by the general path.
+        let mut buf = request(b"PB");
+        message(&mut buf, b'D', b"Sname\0");
+        buf.extend_from_slice(&request(b"ES"));
+        assert!(layout(&buf, 1 << 20).is_none());
+        let mut buf = request(b"PB");
+        message(&mut buf, b'D', b"S\0");
+        buf.extend_from_slice(&request(b"ES"));
+        assert!(layout(&buf, 1 << 20).is_some());
+    }
+}
