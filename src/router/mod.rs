@@ -95,6 +95,11 @@ impl Router {
         }
     }
 
+    /// The tenant column's name, lowercase.
+    pub(super) fn tenant_column(&self) -> &str {
+        self.facts.tenant_column()
+    }
+
     pub fn tenant_param(&self) -> &str {
         &self.tenant_param
     }
@@ -362,6 +367,22 @@ mod tests {
         let b = recent.get_or_analyze(&r, b"select * from t where tenant_id = 1500 and name = 'y'");
         assert_eq!(r.named_in_text(&b), vec![TenantId::Int(1500)]);
         assert!(Arc::ptr_eq(a.facts.get().unwrap(), b.facts.get().unwrap()), "one parse for both");
+    }
+
+    #[test]
+    fn a_text_differing_only_in_literals_without_the_tenant_column_is_its_templates_analysis() {
+        let r = router();
+        let mut recent = RecentAnalyses::default();
+        let a = recent.get_or_analyze(&r, b"select abalance from accounts where aid = 5");
+        let b = recent.get_or_analyze(&r, b"select abalance from accounts where aid = 4711");
+        assert!(Arc::ptr_eq(&a, &b), "nothing of it depends on the values");
+        assert!(r.named_in_text(&b).is_empty());
+        // A string with bytes that are not UTF-8 is no literal change; analyzed on its own.
+        let c = recent.get_or_analyze(&r, b"select abalance from accounts where name = 'x'");
+        let d = recent.get_or_analyze(&r, b"select abalance from accounts where name = '\xff'");
+        assert!(!Arc::ptr_eq(&c, &d));
+        let e = recent.get_or_analyze(&r, b"select abalance from accounts where name = 'y'");
+        assert!(Arc::ptr_eq(&c, &e) || Arc::ptr_eq(&d, &e));
     }
 
     #[tokio::test]

@@ -34,9 +34,19 @@ impl RecentAnalyses {
         if sql.len() > MAX_TEXT {
             return router.analyze(sql);
         }
-        let rebased = newest_first
-            .filter_map(|i| self.entries.get(i))
-            .find_map(|template| template::rebase(template, sql));
+        let mut rebased = None;
+        for template in newest_first.filter_map(|i| self.entries.get(i)) {
+            let Some(literals) = template::literal_change(template, sql) else { continue };
+            if !template.mentions(router.tenant_column()) {
+                // Only literal values differ, and none of them is ever read (there is no
+                // tenant column to compare them with): the template serves as it is.
+                return template.clone();
+            }
+            rebased = template::rebased(template, sql, literals);
+            if rebased.is_some() {
+                break;
+            }
+        }
         let analysis = rebased.map(Arc::new).unwrap_or_else(|| router.analyze(sql));
         if self.entries.len() < ENTRIES {
             self.entries.push(analysis.clone());

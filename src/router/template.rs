@@ -7,18 +7,28 @@
 //! Only analyses of plain DML take part (`Analysis::plain`): nothing in them depends
 //! on a literal's value, where a SET, a snowflake call or a `set_config` does.
 
+use std::ops::Range;
 use std::sync::OnceLock;
+
+use smallvec::SmallVec;
 
 use super::Analysis;
 
-/// The analysis of `sql` when it is `template`'s text with other literal values:
+/// The literal ranges of a text, inline for the usual handful.
+pub type Literals = SmallVec<[Range<usize>; 4]>;
+
+/// The literal ranges of `sql` when it is `template`'s text with other literal values:
 /// numbers of digits and dots, and quoted strings without quotes or backslashes inside.
-pub fn rebase(template: &Analysis, sql: &[u8]) -> Option<Analysis> {
+///
+/// `sql` is then valid UTF-8 as a whole: the bytes between its literals are the
+/// template's, cut where the template has an ASCII digit or quote, and a quoted literal
+/// is checked here.
+pub fn literal_change(template: &Analysis, sql: &[u8]) -> Option<Literals> {
     let old = template.sql.as_bytes();
     if !template.plain || !looks_like_a_literal_change(old, sql) {
         return None;
     }
-    let mut literals = Vec::with_capacity(template.literals().len());
+    let mut literals = Literals::new();
     let (mut old_at, mut new_at) = (0, 0);
     for literal in template.literals() {
         let between = &old[old_at..literal.start];
@@ -31,13 +41,16 @@ pub fn rebase(template: &Analysis, sql: &[u8]) -> Option<Analysis> {
         new_at += len;
         old_at = literal.end;
     }
-    if sql[new_at..] != old[old_at..] {
-        return None;
-    }
+    (sql[new_at..] == old[old_at..]).then_some(literals)
+}
+
+/// The analysis of `sql`, a literal change of `template`'s text with these `literals`
+/// (see `literal_change`): all of the template's but its own text and literal ranges.
+pub fn rebased(template: &Analysis, sql: &[u8], literals: Literals) -> Option<Analysis> {
     let text = std::str::from_utf8(sql).ok()?;
     Some(Analysis {
         sql: text.into(),
-        literals: OnceLock::from(literals.into_boxed_slice()),
+        literals: OnceLock::from(literals.into_vec().into_boxed_slice()),
         facts: match template.facts.get() {
             Some(facts) if !facts.per_text => OnceLock::from(facts.clone()),
             _ => OnceLock::new(),
@@ -47,6 +60,12 @@ pub fn rebase(template: &Analysis, sql: &[u8]) -> Option<Analysis> {
         mentions_column: template.mentions_column.clone(),
         ..Analysis::plain_dml(Box::default())
     })
+}
+
+/// `literal_change`, then `rebased`.
+#[cfg(test)]
+pub fn rebase(template: &Analysis, sql: &[u8]) -> Option<Analysis> {
+    rebased(template, sql, literal_change(template, sql)?)
 }
 
 /// A cheap first test before the template's literals are looked for (a lexer pass the
@@ -71,7 +90,9 @@ fn literal_len(first: u8, rest: &[u8]) -> Option<usize> {
         }
         b'\'' if rest.first() == Some(&b'\'') => {
             let close = 1 + memchr::memchr(b'\'', &rest[1..])?;
-            let plain = rest.get(close + 1) != Some(&b'\'') && !rest[..close].contains(&b'\\');
+            let plain = rest.get(close + 1) != Some(&b'\'')
+                && !rest[..close].contains(&b'\\')
+                && std::str::from_utf8(&rest[1..close]).is_ok();
             plain.then_some(close + 1)
         }
         _ => None,
@@ -95,7 +116,6 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use std::ops::Range;
     use std::sync::Arc;
 
     use super::*;
