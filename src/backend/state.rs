@@ -93,10 +93,24 @@ impl ResponseQueue {
         self.pending.is_empty()
     }
 
-    /// Whether the oldest entry is a client message, whose rows pass through as they come.
+    /// What `on_server_message` does with a plain answer (`1 2 3 T n t D C I s`) to the
+    /// client's own message at the front, without the rest of its cases: the answer passes
+    /// to the client as it is (the caller copies it), and one that completes the entry
+    /// pops it. `None` for anything else, which needs `on_server_message`; else whether
+    /// the caller must drain synthetic replies that reached the front (`drain_synthetic`).
     #[inline]
-    pub fn front_is_client(&self) -> bool {
-        matches!(self.pending.front(), Some(Pending::Client { .. }))
+    pub fn pass_answer(&mut self, tag: u8) -> Option<bool> {
+        let Some(Pending::Client { reply, .. }) = self.pending.front() else { return None };
+        if !matches!(tag, b'1' | b'2' | b'3' | b'T' | b'n' | b't' | b'D' | b'C' | b'I' | b's') {
+            return None;
+        }
+        if !completes(*reply, tag) {
+            return Some(false);
+        }
+        if let Some(Pending::Client { prepares: Some(s), .. }) = self.pending.pop_front() {
+            s.mark_validated();
+        }
+        Some(matches!(self.pending.front(), Some(Pending::Synthetic(_) | Pending::CopyEnd)))
     }
 
     /// Whether a ReadyForQuery is owed to the client.
@@ -300,6 +314,32 @@ mod tests {
     fn tags(out: &BytesMut) -> Vec<u8> {
         let mut b = out.clone();
         std::iter::from_fn(|| try_parse_frame(&mut b, 1 << 20).unwrap().map(|f| f.tag)).collect()
+    }
+
+    #[test]
+    fn plain_answers_to_the_clients_own_messages_pass_as_on_server_message_would_pass_them() {
+        let registry = crate::backend::prepared::StatementRegistry::new(10);
+        let stmt = registry.intern(b"select 1", b"\0\0");
+        let mut q = ResponseQueue::default();
+        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), tracked: false });
+        q.push(synthetic(protocol::parse_complete));
+        q.push(client(Reply::Execute));
+        q.push(client(Reply::Sync));
+        assert_eq!(q.pass_answer(b'1'), Some(true), "completes the Parse; a synthetic reply is next");
+        assert!(stmt.is_validated());
+        let mut out = BytesMut::new();
+        q.drain_synthetic(&mut out);
+        assert_eq!(tags(&out), b"1");
+        assert_eq!(q.pass_answer(b'D'), Some(false), "rows complete nothing");
+        for tag in [b'E', b'Z', b'S', b'N', b'A', b'G', b'H', b'W', b'd', b'c'] {
+            assert_eq!(q.pass_answer(tag), None, "{}", tag as char);
+        }
+        assert_eq!(q.pass_answer(b'C'), Some(false), "completes the Execute");
+        assert_eq!(q.pass_answer(b'C'), Some(false), "forwarded as on_server_message would, nothing popped");
+        assert!(!q.is_empty(), "the Sync waits for its ReadyForQuery");
+        let mut q = ResponseQueue::default();
+        q.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Swallow, prepares: None });
+        assert_eq!(q.pass_answer(b'2'), None, "swallowed by on_server_message");
     }
 
     #[test]

@@ -365,7 +365,7 @@ enum Relay {
 fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) -> Relay {
     let conn: &mut ServerConn = &mut a.conn;
     let mut at = 0;
-    // DataRows for the client, not yet copied: `rbuf[rows_from..at]`, one copy per run.
+    // Answers for the client, not yet copied: `rbuf[rows_from..at]`, one copy per run.
     let mut rows_from = 0;
     let result = loop {
         let (tag, total) = match protocol::frame_header(&conn.io.rbuf[at..], MAX_SERVER_MESSAGE) {
@@ -373,9 +373,16 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
             Ok(None) => break Relay::NeedMore,
             Err(e) => break Relay::Lost(format!("bad message from server: {e}")),
         };
-        if tag == b'D' && conn.queue.front_is_client() {
-            // What `on_server_message` would do with it: forward, and nothing else.
+        if !(tag == b'C' && track_commit)
+            && let Some(drain) = conn.queue.pass_answer(tag)
+        {
+            // Passed as it is, copied with the run it belongs to.
             at += total;
+            if drain {
+                out.extend_from_slice(&conn.io.rbuf[rows_from..at]);
+                rows_from = at;
+                conn.queue.drain_synthetic(out);
+            }
             continue;
         }
         if rows_from < at {
