@@ -111,8 +111,9 @@ impl Session {
             return Ok(false);
         }
         add_new(&mut named, router.named_in_bind(&bound, b.rest));
-        // A named statement's shared server-side identity, for the renamed Bind.
-        let statement = (!b.statement.is_empty()).then(|| b.statement.to_vec());
+        // The client's name of a named statement, for the renamed Bind (inline: no
+        // allocation for the usual short names).
+        let statement = (!b.statement.is_empty()).then(|| SmallVec::<[u8; 32]>::from_slice(b.statement));
 
         let routed = match router
             .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
