@@ -100,17 +100,28 @@ impl ResponseQueue {
     /// the caller must drain synthetic replies that reached the front (`drain_synthetic`).
     #[inline]
     pub fn pass_answer(&mut self, tag: u8) -> Option<bool> {
-        let Some(Pending::Client { reply, .. }) = self.pending.front() else { return None };
+        let Some(&Pending::Client { reply, .. }) = self.pending.front() else { return None };
         if !matches!(tag, b'1' | b'2' | b'3' | b'T' | b'n' | b't' | b'D' | b'C' | b'I' | b's') {
             return None;
         }
-        if !completes(*reply, tag) {
+        if !self.pop_if_completed(reply, tag) {
             return Some(false);
         }
-        if let Some(Pending::Client { prepares: Some(s), .. }) = self.pending.pop_front() {
+        Some(matches!(self.pending.front(), Some(Pending::Synthetic(_) | Pending::CopyEnd)))
+    }
+
+    /// Pops the front entry, whose message is `reply`, when `tag` completes it; a Parse
+    /// that completes has prepared its statement on the server.
+    fn pop_if_completed(&mut self, reply: Reply, tag: u8) -> bool {
+        if !completes(reply, tag) {
+            return false;
+        }
+        if let Some(Pending::Client { prepares: Some(s), .. } | Pending::Injected { prepares: Some(s), .. }) =
+            self.pending.pop_front()
+        {
             s.mark_validated();
         }
-        Some(matches!(self.pending.front(), Some(Pending::Synthetic(_) | Pending::CopyEnd)))
+        true
     }
 
     /// Whether a ReadyForQuery is owed to the client.
@@ -205,14 +216,7 @@ impl ResponseQueue {
                 if tag == b'G' && reply == Reply::Execute {
                     self.on_copy_in();
                 }
-                if completes(reply, tag)
-                    && let Some(
-                        Pending::Client { prepares: Some(s), .. }
-                        | Pending::Injected { prepares: Some(s), .. },
-                    ) = self.pending.pop_front()
-                {
-                    s.mark_validated();
-                }
+                self.pop_if_completed(reply, tag);
             }
         }
         self.drain_synthetic(out);

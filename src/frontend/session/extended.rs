@@ -556,6 +556,6 @@ pub(super) fn malformed(what: &str) -> FrontendError {
     FrontendError::Protocol(format!("malformed {what} message"))
 }
 
-fn no_server() -> FrontendError {
+pub(super) fn no_server() -> FrontendError {
     FrontendError::Protocol("no server attached".into())
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Buf;
 use smallvec::SmallVec;
 
-use super::extended::{add_new, local_kind, malformed};
+use super::extended::{add_new, local_kind, malformed, no_server};
 use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
 use crate::frontend::error::FrontendError;
@@ -140,7 +140,6 @@ impl Session {
         bound: Arc<Analysis>,
         statement: Option<&[u8]>,
     ) -> Result<(), FrontendError> {
-        let no_server = || FrontendError::Protocol("no server attached".into());
         let mut copied = 0;
         if let Some(parse) = &layout.parse {
             self.unnamed = Some(bound.clone());
