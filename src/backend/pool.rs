@@ -1,12 +1,20 @@
-//! One deadpool pool per (shard node, user, database). `create` connects and logs
-//! in; `recycle` refuses a connection that is not idle or that the server closed
-//! while it sat in the pool.
+//! One pool per (shard node, user, database): a deadpool (unmanaged) pool of
+//! `pool_size` slots, each empty or holding an idle server connection. A checkout
+//! takes a slot, most recently returned first (its server process is warm), and fills
+//! it when it is empty, when its connection was closed by the server while it sat in
+//! the pool, or when that connection cannot be trusted; a session pin's leftovers are
+//! reset first. Dropping a `PooledConn` puts its slot back with the connection in it;
+//! `discard` puts it back empty, so a waiting client then opens a new connection.
+//!
+//! Why slots rather than a managed pool: the checkout and return of a connection happen
+//! once per transaction, and deadpool's managed pool (hooks, metrics, recycle futures)
+//! cost about 1,000 instructions per transaction there, against ~250 for this.
 
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, OnceLock, RwLock};
-use std::time::Duration;
 
-use deadpool::managed::{self, Metrics, Object, Pool, PoolError, RecycleError, RecycleResult, Timeouts};
+use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
 
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
@@ -14,45 +22,92 @@ use super::tls::ServerTls;
 use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::ShardId;
 
-pub struct ServerManager {
+/// A place in a pool: empty, or an idle connection (while in the pool) or the
+/// connection in use (while checked out).
+type Slot = Option<Box<ServerConn>>;
+
+/// The pool of one node for one user and database; cheap to clone.
+#[derive(Clone)]
+pub struct ServerPool(Arc<NodePool>);
+
+struct NodePool {
+    slots: unmanaged::Pool<Slot>,
+    size: usize,
     target: ConnectTarget,
     tls: Option<Arc<ServerTls>>,
     /// ParameterStatus values of the first connection, before any client setting.
     startup_params: OnceLock<Arc<Vec<(String, String)>>>,
 }
 
-impl managed::Manager for ServerManager {
-    // Boxed: deadpool moves the object by value between its queue, the checkout
-    // future and the guard, several times per checkout; a pointer moves cheaply.
-    type Type = Box<ServerConn>;
-    type Error = BackendError;
-
-    async fn create(&self) -> Result<Box<ServerConn>, BackendError> {
-        // Boxed: the login future is large, and every checkout future would carry its size.
-        let conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
-        let _ = self.startup_params.set(Arc::new(conn.params.clone()));
-        Ok(Box::new(conn))
+impl ServerPool {
+    fn new(size: usize, target: ConnectTarget, tls: Option<Arc<ServerTls>>) -> Self {
+        let config = PoolConfig { max_size: size, timeout: None, runtime: Some(deadpool::Runtime::Tokio1) };
+        let slots = unmanaged::Pool::from_config(&config);
+        for _ in 0..size {
+            // Cannot fail: the pool is new, open, and holds fewer than `size` slots.
+            let _ = slots.try_add(None);
+        }
+        Self(Arc::new(NodePool { slots, size, target, tls, startup_params: OnceLock::new() }))
     }
 
-    async fn recycle(&self, conn: &mut Box<ServerConn>, _: &Metrics) -> RecycleResult<BackendError> {
-        if !conn.is_reusable() {
-            return Err(RecycleError::message("server connection was not left idle"));
-        }
-        if conn.io.is_disturbed() {
-            return Err(RecycleError::message("server closed the idle connection"));
-        }
-        if conn.needs_reset {
-            Box::pin(conn.reset()).await.map_err(RecycleError::Backend)?;
-        }
-        Ok(())
+    pub fn is_closed(&self) -> bool {
+        self.0.slots.is_closed()
+    }
+
+    fn close(&self) {
+        self.0.slots.close();
     }
 }
 
 /// A checked-out server connection; dropping it returns it to its pool.
-pub type PooledConn = Object<ServerManager>;
+pub struct PooledConn(Object<Slot>);
 
-/// A pool of server connections to one node for one user and database.
-pub type ServerPool = Pool<ServerManager>;
+impl PooledConn {
+    /// Closes the connection instead of returning it (its state is not trusted); its
+    /// slot goes back empty.
+    pub fn discard(mut self) {
+        self.0.take();
+    }
+}
+
+impl Deref for PooledConn {
+    type Target = ServerConn;
+    fn deref(&self) -> &ServerConn {
+        self.0.as_deref().expect("a checked-out slot holds its connection")
+    }
+}
+
+impl DerefMut for PooledConn {
+    fn deref_mut(&mut self) -> &mut ServerConn {
+        self.0.as_deref_mut().expect("a checked-out slot holds its connection")
+    }
+}
+
+impl NodePool {
+    /// Makes a taken slot hold a connection that is ready for a client.
+    async fn fill(&self, mut slot: Object<Slot>) -> Result<PooledConn, BackendError> {
+        if let Some(conn) = slot.as_mut() {
+            if !conn.is_reusable() || conn.io.is_disturbed() {
+                *slot = None;
+            } else if conn.needs_reset {
+                // Untrusted until the reset completes: a checkout dropped midway must not
+                // leave a connection with an answer still to come in the pool.
+                conn.broken = true;
+                match Box::pin(conn.reset()).await {
+                    Ok(()) => conn.broken = false,
+                    Err(_) => *slot = None,
+                }
+            }
+        }
+        if slot.is_none() {
+            // Boxed: the login future is large, and every checkout future would carry its size.
+            let conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
+            let _ = self.startup_params.set(Arc::new(conn.params.clone()));
+            *slot = Some(Box::new(conn));
+        }
+        Ok(PooledConn(slot))
+    }
+}
 
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
@@ -68,7 +123,7 @@ struct PoolKey {
 pub struct Pools {
     config: Arc<Config>,
     tls: Option<Arc<ServerTls>>,
-    pools: RwLock<HashMap<PoolKey, Pool<ServerManager>>>,
+    pools: RwLock<HashMap<PoolKey, ServerPool>>,
 }
 
 impl Pools {
@@ -94,34 +149,19 @@ impl Pools {
         pool: &ServerPool,
         shard: ShardId,
     ) -> Result<PooledConn, CheckoutError> {
-        // Fast path without timers: an idle connection or a free slot, right now.
-        let immediate = Timeouts {
-            wait: Some(Duration::ZERO),
-            create: Some(self.config.proxy.connect_timeout()),
-            recycle: None,
-        };
-        let result = match pool.timeout_get(&immediate).await {
-            Err(PoolError::Timeout(managed::TimeoutType::Wait)) => {
-                let patient = Timeouts { wait: Some(self.config.proxy.checkout_timeout()), ..immediate };
-                pool.timeout_get(&patient).await
+        let pool = &pool.0;
+        let waited_ms = self.config.proxy.checkout_timeout_ms;
+        let taken = match pool.slots.try_get() {
+            Err(PoolError::Timeout) => {
+                pool.slots.timeout_get(Some(self.config.proxy.checkout_timeout())).await
             }
             other => other,
         };
-        result.map_err(|e| match e {
-            PoolError::Timeout(managed::TimeoutType::Wait) => CheckoutError::Exhausted {
-                shard,
-                size: pool.status().max_size,
-                waited_ms: self.config.proxy.checkout_timeout_ms,
-            },
-            PoolError::Timeout(_) => CheckoutError::Unreachable {
-                shard,
-                source: BackendError::ConnectTimeout { addr: pool.manager().target.addr() },
-            },
-            PoolError::Backend(source) => CheckoutError::Unreachable { shard, source },
-            PoolError::Closed | PoolError::NoRuntimeSpecified | PoolError::PostCreateHook(_) => {
-                CheckoutError::Closed { shard }
-            }
-        })
+        let slot = taken.map_err(|e| match e {
+            PoolError::Timeout => CheckoutError::Exhausted { shard, size: pool.size, waited_ms },
+            PoolError::Closed | PoolError::NoRuntimeSpecified => CheckoutError::Closed { shard },
+        })?;
+        pool.fill(slot).await.map_err(|source| CheckoutError::Unreachable { shard, source })
     }
 
     /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The
@@ -146,15 +186,7 @@ impl Pools {
             database: node.dbname.clone().unwrap_or_else(|| database.to_string()),
             connect_timeout: self.config.proxy.connect_timeout(),
         };
-        let manager = ServerManager { target, tls: self.tls.clone(), startup_params: OnceLock::new() };
-        let pool = Pool::builder(manager)
-            .max_size(user.pool_size)
-            // The most recently used server first, as PgBouncer does: its backend process
-            // is warm in the CPU caches and the scheduler's view.
-            .queue_mode(deadpool::managed::QueueMode::Lifo)
-            .runtime(deadpool::Runtime::Tokio1)
-            .build()
-            .expect("a runtime is given, and no hooks can fail the build");
+        let pool = ServerPool::new(user.pool_size, target, self.tls.clone());
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
     }
@@ -167,7 +199,7 @@ impl Pools {
         user: &UserConfig,
         database: &str,
     ) -> Option<Arc<Vec<(String, String)>>> {
-        self.pool(shard, node, user, database).manager().startup_params.get().cloned()
+        self.pool(shard, node, user, database).0.startup_params.get().cloned()
     }
 
     /// Closes the pools of nodes for which `keep(shard, host, port, dbname)` says no

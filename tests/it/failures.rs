@@ -178,3 +178,37 @@ async fn a_server_connection_closed_while_pooled_is_replaced_unseen() {
     assert_ne!(first, second, "the closed connection must not be handed out again");
     proxy.shutdown().await;
 }
+
+/// A client waiting for a full pool gets the slot of a connection that closed under
+/// another client: it opens a new connection there instead of waiting out its timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_client_gets_the_slot_of_a_server_connection_that_closed() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.checkout_timeout_ms = 20_000;
+    })
+    .await;
+    let holder = proxy.connect(Some(7)).await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    let held: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let waiter = proxy.connect(Some(7)).await;
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let row = waiter.query_one("SELECT pg_backend_pid(), 41 + 1", &[]).await.unwrap();
+        (row.get::<_, i32>(0), row.get::<_, i32>(1), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the only connection is held in a transaction");
+
+    let admin = harness::shard_admin(1, "app").await;
+    let killed: bool =
+        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&held]).await.unwrap().get(0);
+    assert!(killed);
+    let (pid, answer, waited) = waiting.await.unwrap();
+    assert_eq!(answer, 42);
+    assert_ne!(pid, held, "a new server connection");
+    assert!(waited < Duration::from_secs(10), "served after {waited:?}, not at the timeout");
+    // The holder was told (its server's FATAL is relayed, as a server would send it).
+    holder.query_one("SELECT 1", &[]).await.expect_err("the holder's transaction is gone");
+    proxy.shutdown().await;
+}

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
-use deadpool::managed::Object;
 
 use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
@@ -274,7 +273,7 @@ impl Session {
         };
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.is_reusable() {
-            drop(Object::take(a.conn));
+            a.conn.discard();
             return;
         }
         if a.pin.is_some() || self.pool_mode == PoolMode::Session {
@@ -291,7 +290,7 @@ impl Session {
         let owes_ready = a.conn.queue.owes_ready();
         let waiting = !a.conn.queue.is_empty();
         let in_tx = a.conn.status != TxStatus::Idle;
-        drop(Object::take(a.conn));
+        a.conn.discard();
         self.setting_changes.clear();
         self.tx_setting_changes.clear();
         if in_tx {
@@ -318,7 +317,7 @@ impl Session {
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.queue.is_empty() || a.open_request {
             // Mid-request: closing is the only safe reset; the server rolls back.
-            drop(Object::take(a.conn));
+            a.conn.discard();
             return;
         }
         if a.pin.is_some() || self.pool_mode == PoolMode::Session {
@@ -331,7 +330,7 @@ impl Session {
             let mut conn = a.conn;
             match conn.run_sql("ROLLBACK").await {
                 Ok(None) if conn.status == TxStatus::Idle => {}
-                _ => drop(Object::take(conn)),
+                _ => conn.discard(),
             }
         });
     }
