@@ -7,7 +7,8 @@
 # CPU time per transaction.
 #
 # With UNIX=1, a second pgtenant ("pgtenant-unix") reaches the same cluster through its
-# Unix socket instead of TCP, as a proxy on the database host would.
+# Unix socket instead of TCP, as a proxy on the database host would, and so does a
+# second PgBouncer ("pgbouncer-unix") when PgBouncer is installed.
 #
 #   [WORKERS=1] [PGBOUNCER=0] [UNIX=1] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
@@ -19,6 +20,7 @@ PROXY_PORT=${PROXY_PORT:-6532}
 SHARD_PORT=${SHARD_PORT:-6542}
 BOUNCER_PORT=${BOUNCER_PORT:-6552}
 UNIX_PROXY_PORT=${UNIX_PROXY_PORT:-6562}
+UNIX_BOUNCER_PORT=${UNIX_BOUNCER_PORT:-6572}
 
 source bench/common.sh
 start_dev bench "${WORKERS:-1}"
@@ -28,32 +30,42 @@ UNIX_PID=""
 pgbench -p "$SHARD_PORT" -i -q -s "$SCALE" >/dev/null 2>&1
 
 TARGETS="direct pgtenant"
-if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
-  cat >"$STATE/pgbouncer.ini" <<INI
+# start_bouncer NAME PORT HOST: a PgBouncer (transaction pooling, pool size 20) in front
+# of shard 1 at HOST (an address, or a socket directory); sets BOUNCER_PID.
+start_bouncer() {
+  local dir="$STATE/$1"
+  mkdir -p "$dir"
+  cat >"$dir/pgbouncer.ini" <<INI
 [databases]
-app = host=127.0.0.1 port=$SHARD_PORT dbname=app
+app = host=$3 port=$SHARD_PORT dbname=app
 [pgbouncer]
 listen_addr = 127.0.0.1
-listen_port = $BOUNCER_PORT
+listen_port = $2
 unix_socket_dir =
 auth_type = scram-sha-256
-auth_file = $STATE/userlist.txt
+auth_file = $dir/userlist.txt
 pool_mode = transaction
 default_pool_size = 20
 max_client_conn = 200
-logfile = $STATE/bouncer/pgbouncer.log
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
 INI
-  echo '"app" "app"' >"$STATE/userlist.txt"
-  chmod 644 "$STATE"/pgbouncer.ini "$STATE"/userlist.txt
-  RUN_AS=""
-  mkdir -p "$STATE/bouncer"
-  [ "$(id -u)" = 0 ] && RUN_AS="runuser -u postgres --" && chown postgres "$STATE/bouncer"
-  $RUN_AS pgbouncer "$STATE/pgbouncer.ini" >/dev/null 2>&1 &
-  BOUNCER_PID=$!
-  wait_for_port "$BOUNCER_PORT" || true
-  BOUNCER_PID=$(pgrep -n -x pgbouncer || echo "$BOUNCER_PID")
+  echo '"app" "app"' >"$dir/userlist.txt"
+  chmod 644 "$dir"/pgbouncer.ini "$dir"/userlist.txt
+  local run_as=""
+  [ "$(id -u)" = 0 ] && run_as="runuser -u postgres --" && chown postgres "$dir"
+  $run_as pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
+  wait_for_port "$2" || true
+  BOUNCER_PID=$(cat "$dir/pgbouncer.pid" 2>/dev/null || echo 0)
   stop_on_exit "$BOUNCER_PID" TERM
-  [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer did not start:" >&2; cat "$STATE/bouncer/pgbouncer.log" >&2; exit 1; }
+  [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer $1 did not start:" >&2; cat "$dir/pgbouncer.log" >&2; exit 1; }
+}
+
+HAVE_BOUNCER=0
+if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
+  HAVE_BOUNCER=1
+  start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1
+  TCP_BOUNCER_PID=$BOUNCER_PID
   TARGETS="$TARGETS pgbouncer"
 fi
 
@@ -80,6 +92,12 @@ PY
   stop_on_exit "$UNIX_PID"
   wait_for_port "$UNIX_PROXY_PORT" || true
   TARGETS="$TARGETS pgtenant-unix"
+  if [ "$HAVE_BOUNCER" = 1 ]; then
+    # The same comparison for PgBouncer: shard 1 through its socket directory.
+    start_bouncer bouncer-unix "$UNIX_BOUNCER_PORT" "$STATE/shard1"
+    UNIX_BOUNCER_PID=$BOUNCER_PID
+    TARGETS="$TARGETS pgbouncer-unix"
+  fi
 fi
 
 TICKS=$(getconf CLK_TCK)
@@ -90,7 +108,8 @@ run() { # target mode clients
   local port=$SHARD_PORT opts="" pid=$PROXY_PID
   case $1 in
     pgtenant) port=$PROXY_PORT; opts="-c pgtenant.tenant_id=7" ;;
-    pgbouncer) port=$BOUNCER_PORT; pid=$BOUNCER_PID ;;
+    pgbouncer) port=$BOUNCER_PORT; pid=$TCP_BOUNCER_PID ;;
+    pgbouncer-unix) port=$UNIX_BOUNCER_PORT; pid=$UNIX_BOUNCER_PID ;;
     pgtenant-unix) port=$UNIX_PROXY_PORT; pid=$UNIX_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
   local jobs=$(( $3 < 2 ? 1 : 2 ))
