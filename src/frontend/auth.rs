@@ -43,13 +43,7 @@ pub async fn authenticate(
         AuthMethod::Trust if auth.is_some() => {}
         AuthMethod::Trust => return Err(failed()),
         AuthMethod::ScramSha256 => {
-            let verifier = auth.and_then(|a| a.verifier.clone()).unwrap_or_else(|| {
-                ScramVerifier::from_password(
-                    &rand::random::<u64>().to_string(),
-                    rand::random::<[u8; 16]>().to_vec(),
-                    4096,
-                )
-            });
+            let verifier = auth.and_then(|a| a.verifier.clone()).unwrap_or_else(|| ScramVerifier::mock(user));
             protocol::authentication(&mut io.wbuf, 10, b"SCRAM-SHA-256\0\0");
             io.flush().await?;
             let first = read_password_message(io, max_len).await?;

@@ -51,6 +51,25 @@ impl ScramVerifier {
         }
     }
 
+    /// A verifier no password matches, for a user that does not exist (or has no
+    /// password): the exchange runs as for a real user and fails at the proof. Its salt
+    /// is derived from the name and a per-process secret, so repeated attempts see the
+    /// same salt (as PostgreSQL's mock salt); and unlike a verifier derived from a
+    /// random password, it costs no key stretching, so such attempts are as cheap as
+    /// real ones: neither the timing tells which users exist, nor can a flood of them
+    /// hold the proxy busy.
+    pub fn mock(user: &str) -> Self {
+        static SECRET: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+        let secret = SECRET.get_or_init(rand::random);
+        let keyed = |label: &str| hmac(secret, format!("{label}\0{user}").as_bytes());
+        Self {
+            iterations: 4096,
+            salt: keyed("salt")[..16].to_vec(),
+            stored_key: keyed("stored key"),
+            server_key: keyed("server key"),
+        }
+    }
+
     /// Parses `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>` (as in pg_authid).
     pub fn parse(secret: &str) -> Option<Self> {
         let rest = secret.strip_prefix("SCRAM-SHA-256$")?;
@@ -174,6 +193,21 @@ mod tests {
     fn rust_postgres_client_authenticates() {
         assert_eq!(run("app", "app"), Ok(()));
         assert_eq!(run("app", "wrong"), Err(ScramError::WrongPassword));
+    }
+
+    #[test]
+    fn a_mock_verifier_refuses_every_password_with_a_stable_salt_per_user() {
+        let mock = ScramVerifier::mock("nobody");
+        assert_eq!(mock.salt, ScramVerifier::mock("nobody").salt, "the same salt on every attempt");
+        assert_ne!(mock.salt, ScramVerifier::mock("somebody").salt);
+        assert_eq!(mock.iterations, 4096);
+        for password in ["", "app", "nobody"] {
+            let mut client = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+            let (exchange, server_first) = ScramExchange::start(mock.clone(), client.message(), "N").unwrap();
+            assert!(server_first.contains(&format!("s={}", B64.encode(&mock.salt))));
+            client.update(server_first.as_bytes()).unwrap();
+            assert_eq!(exchange.finish(client.message()), Err(ScramError::WrongPassword));
+        }
     }
 
     #[test]
