@@ -72,10 +72,56 @@ impl TenantId {
     }
 
     /// The key as the catalog and the tenant GUC hold it.
-    pub fn key_text(&self) -> std::borrow::Cow<'_, str> {
+    pub fn key_text(&self) -> KeyText<'_> {
         match self {
-            TenantId::Int(n) => n.to_string().into(),
-            TenantId::Text(s) => std::borrow::Cow::Borrowed(s),
+            TenantId::Int(n) => KeyText::int(*n),
+            TenantId::Text(s) => KeyText::Text(s),
+        }
+    }
+}
+
+/// A tenant key as text, without an allocation: an integer's digits inline (this is
+/// written on every switch of a connection's tenant GUC), a text key borrowed.
+pub enum KeyText<'a> {
+    Int { digits: [u8; 20], start: usize },
+    Text(&'a str),
+}
+
+impl KeyText<'_> {
+    fn int(n: i64) -> Self {
+        // i64::MIN has 19 digits and a sign.
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        let mut rest = n.unsigned_abs();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        if n < 0 {
+            start -= 1;
+            digits[start] = b'-';
+        }
+        KeyText::Int { digits, start }
+    }
+}
+
+impl Default for KeyText<'_> {
+    fn default() -> Self {
+        KeyText::Text("")
+    }
+}
+
+impl std::ops::Deref for KeyText<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            // ASCII digits and a sign, written above.
+            KeyText::Int { digits, start } => std::str::from_utf8(&digits[*start..]).unwrap_or_default(),
+            KeyText::Text(s) => s,
         }
     }
 }
@@ -162,4 +208,18 @@ pub trait Directory: Send + Sync {
     /// Changes whenever a cached answer or the topology may have changed: an answer
     /// remembered with the same generation is still the directory's answer.
     fn generation(&self) -> u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_text_writes_integers_as_to_string_does_and_borrows_text() {
+        for n in [0, 7, 42, -1, 1_000_000, i64::MAX, i64::MIN] {
+            assert_eq!(&*TenantId::Int(n).key_text(), n.to_string());
+        }
+        assert_eq!(&*TenantId::Text("acme".into()).key_text(), "acme");
+        assert_eq!(&*KeyText::default(), "");
+    }
 }
