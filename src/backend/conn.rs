@@ -70,8 +70,6 @@ pub struct ServerConn {
     pub queue: ResponseQueue,
     /// Left in a state that cannot be trusted; closed instead of reused.
     pub broken: bool,
-    /// Session-level state (pins) was left behind; reset before reuse.
-    pub needs_reset: bool,
 }
 
 impl ServerConn {
@@ -146,7 +144,6 @@ impl ServerConn {
         self.settings = Settings::empty();
         self.tenant = TenantGuc::Unknown;
         self.read_only = false;
-        self.needs_reset = false;
         Ok(())
     }
 
@@ -294,7 +291,6 @@ async fn login(
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,
-        needs_reset: false,
     })
 }
 

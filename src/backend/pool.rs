@@ -2,9 +2,10 @@
 //! `pool_size` slots, each empty or holding an idle server connection. A checkout
 //! takes a slot, most recently returned first (its server process is warm), and fills
 //! it when it is empty, when its connection was closed by the server while it sat in
-//! the pool, or when that connection cannot be trusted; a session pin's leftovers are
-//! reset first. Dropping a `PooledConn` puts its slot back with the connection in it;
-//! `discard` puts it back empty, so a waiting client then opens a new connection.
+//! the pool, or when that connection cannot be trusted. Dropping a `PooledConn` puts its
+//! slot back with the connection in it; `release_after_reset` does so once a session
+//! pin's leftovers are gone; `discard` puts it back empty, so a waiting client then
+//! opens a new connection.
 //!
 //! Why slots rather than a managed pool: the checkout and return of a connection happen
 //! once per transaction, and deadpool's managed pool (hooks, metrics, recycle futures)
@@ -68,6 +69,21 @@ impl PooledConn {
     pub fn discard(mut self) {
         self.0.take();
     }
+
+    /// Returns the connection once its session state is reset (DISCARD ALL), in a task of
+    /// its own so that no client waits for the reset; it stays checked out until then.
+    pub fn release_after_reset(mut self) {
+        tokio::spawn(async move {
+            // Untrusted until the reset completes: if the task is dropped midway (at
+            // shutdown), the connection is closed instead of handed out.
+            self.broken = true;
+            let reset = Box::pin(self.reset()).await;
+            match reset {
+                Ok(()) => self.broken = false,
+                Err(_) => self.discard(),
+            }
+        });
+    }
 }
 
 impl Deref for PooledConn {
@@ -86,18 +102,10 @@ impl DerefMut for PooledConn {
 impl NodePool {
     /// Makes a taken slot hold a connection that is ready for a client.
     async fn fill(&self, mut slot: Object<Slot>) -> Result<PooledConn, BackendError> {
-        if let Some(conn) = slot.as_mut() {
-            if !conn.is_reusable() || conn.io.is_disturbed() {
-                *slot = None;
-            } else if conn.needs_reset {
-                // Untrusted until the reset completes: a checkout dropped midway must not
-                // leave a connection with an answer still to come in the pool.
-                conn.broken = true;
-                match Box::pin(conn.reset()).await {
-                    Ok(()) => conn.broken = false,
-                    Err(_) => *slot = None,
-                }
-            }
+        if let Some(conn) = &mut *slot
+            && (!conn.is_reusable() || conn.io.is_disturbed())
+        {
+            *slot = None;
         }
         if slot.is_none() {
             // Boxed: the login future is large, and every checkout future would carry its size.

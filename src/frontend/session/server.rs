@@ -268,16 +268,14 @@ impl Session {
 
     /// Returns the server to its pool (or closes it when its state is not trusted).
     pub(super) fn release_server(&mut self) {
-        let Some(mut a) = self.server.take() else {
+        let Some(a) = self.server.take() else {
             return;
         };
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.is_reusable() {
             a.conn.discard();
-            return;
-        }
-        if a.pin.is_some() || self.pool_mode == PoolMode::Session {
-            a.conn.needs_reset = true;
+        } else if a.pin.is_some() || self.pool_mode == PoolMode::Session {
+            a.conn.release_after_reset();
         }
     }
 
@@ -311,7 +309,7 @@ impl Session {
 
     /// The client is gone: roll back what it left open, then give the server back.
     pub(super) fn finish(&mut self) {
-        let Some(mut a) = self.server.take() else {
+        let Some(a) = self.server.take() else {
             return;
         };
         self.cancel.set_target(None);
@@ -320,15 +318,17 @@ impl Session {
             a.conn.discard();
             return;
         }
-        if a.pin.is_some() || self.pool_mode == PoolMode::Session {
-            a.conn.needs_reset = true;
-        }
+        let needs_reset = a.pin.is_some() || self.pool_mode == PoolMode::Session;
         if a.conn.status == TxStatus::Idle {
+            if needs_reset {
+                a.conn.release_after_reset();
+            }
             return;
         }
         tokio::spawn(async move {
             let mut conn = a.conn;
             match conn.run_sql("ROLLBACK").await {
+                Ok(None) if conn.status == TxStatus::Idle && needs_reset => conn.release_after_reset(),
                 Ok(None) if conn.status == TxStatus::Idle => {}
                 _ => conn.discard(),
             }
