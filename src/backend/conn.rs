@@ -239,9 +239,21 @@ async fn login(
                         scram = Some(s);
                     }
                     11 => {
-                        let s = scram.as_mut().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
-                        s.update(body).map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
+                        let mut s = scram.take().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
+                        // The key stretching (4096 rounds of HMAC by default, as many as the
+                        // server asks for) runs off the runtime's threads, where every session
+                        // would wait for it: about a millisecond per login, longer if the
+                        // server asks for more rounds.
+                        let challenge = body.to_vec();
+                        let (s, updated) = tokio::task::spawn_blocking(move || {
+                            let updated = s.update(&challenge);
+                            (s, updated)
+                        })
+                        .await
+                        .map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
+                        updated.map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
                         frontend::sasl_response(s.message(), &mut io.wbuf).map_err(io_err)?;
+                        scram = Some(s);
                     }
                     12 => {
                         let mut s = scram.take().ok_or_else(|| protocol_err("SASL final without SASL"))?;
