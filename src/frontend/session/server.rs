@@ -253,13 +253,19 @@ impl Session {
         }
     }
 
+    /// The server holds session state of this client's (a pin, or session pooling): it is
+    /// not given back between transactions, and is reset when it is given back.
+    fn keeps_session_state(&self, a: &Attached) -> bool {
+        a.pin.is_some() || self.pool_mode == PoolMode::Session
+    }
+
     /// In transaction pooling, gives the server back once it is idle and owes nothing.
     fn release_if_done(&mut self) {
         let done = self.server.as_ref().is_some_and(|a| {
             a.conn.queue.is_empty()
                 && a.conn.status == TxStatus::Idle
                 && !a.open_request
-                && (a.conn.broken || (a.pin.is_none() && self.pool_mode == PoolMode::Transaction))
+                && (a.conn.broken || !self.keeps_session_state(a))
         });
         if done && self.batch.is_empty() {
             self.release_server();
@@ -274,7 +280,7 @@ impl Session {
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.is_reusable() {
             a.conn.discard();
-        } else if a.pin.is_some() || self.pool_mode == PoolMode::Session {
+        } else if self.keeps_session_state(&a) {
             a.conn.release_after_reset();
         }
     }
@@ -318,7 +324,7 @@ impl Session {
             a.conn.discard();
             return;
         }
-        let needs_reset = a.pin.is_some() || self.pool_mode == PoolMode::Session;
+        let needs_reset = self.keeps_session_state(&a);
         if a.conn.status == TxStatus::Idle {
             if needs_reset {
                 a.conn.release_after_reset();
