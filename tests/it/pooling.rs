@@ -1,0 +1,40 @@
+//! Which server connection a transaction gets: tenant-aware checkouts.
+
+use crate::harness::start_proxy;
+
+/// The server process and the tenant GUC it holds, as the server itself reports them.
+async fn backend_of(client: &tokio_postgres::Client) -> (i32, String) {
+    let row = client
+        .query_one("SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')", &[])
+        .await
+        .expect("query through the proxy");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    // Tenants 1, 2 and 3 all live on shard 1: one pool of two connections.
+    let one = proxy.connect(Some(1)).await;
+    let two = proxy.connect(Some(2)).await;
+    let three = proxy.connect(Some(3)).await;
+
+    // Tenant 1 holds a connection in a transaction while tenant 2 needs one: two open.
+    one.batch_execute("BEGIN").await.unwrap();
+    let (first, guc) = backend_of(&one).await;
+    assert_eq!(guc, "1");
+    let (second, guc) = backend_of(&two).await;
+    assert_eq!(guc, "2");
+    assert_ne!(second, first);
+    one.batch_execute("COMMIT").await.unwrap();
+
+    // Tenant 1's connection came back last: newest-first would hand it to tenant 2.
+    assert_eq!(backend_of(&two).await, (second, "2".to_string()));
+    assert_eq!(backend_of(&one).await, (first, "1".to_string()));
+
+    // No idle connection holds tenant 3: it takes the newest and switches it.
+    assert_eq!(backend_of(&three).await, (first, "3".to_string()));
+    assert_eq!(backend_of(&two).await, (second, "2".to_string()), "tenant 2 keeps its connection");
+    // And tenant 1 now gets the newest (tenant 2's), switched back to it.
+    assert_eq!(backend_of(&one).await, (second, "1".to_string()));
+}
