@@ -13,6 +13,10 @@
 #   sql-noguc `sql` through a second pgtenant with set_tenant_guc = false: the cost of
 #             routing alone, without the SET of the tenant GUC that a server connection
 #             needs whenever it passes to another tenant;
+#   mix-session, mix-sql  eight pgbench processes of one client each, client i on
+#             tenant i (1..=8) throughout, by its session tenant or by SQL: many tenants
+#             at once, where tenant-aware checkouts spare most GUC switches; mix-sql is
+#             compared with mix-session;
 # interleaved over several rounds. Prints median TPS, sql/session, pgtenant's CPU per
 # transaction and its memory, then the directory benchmark (resolution latency for
 # cache misses and hits, memory per cached tenant).
@@ -50,6 +54,7 @@ script "random(1, 1000)" sql
 script "random(1, 2000)" sql-both
 script "random($TENANTS_FROM, $TENANTS_TO)" sql-1m
 cp "$STATE/sql.sql" "$STATE/sql-noguc.sql"
+for i in $(seq 8); do script "$i" "mix-$i"; done
 
 rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 TICKS=$(getconf CLK_TCK)
@@ -57,7 +62,12 @@ RESULTS="$STATE/results"
 : >"$RESULTS"
 echo "pgtenant RSS before: $(rss_mib "$PROXY_PID") MiB" >"$STATE/memory"
 
+cpu_per_tx() { # ticks transactions: microseconds of CPU per transaction
+  awk -v d="$1" -v t="$TICKS" -v n="${2:-0}" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }'
+}
+
 run() { # target mode
+  case $1 in mix-*) run_mix "$@"; return ;; esac
   local port=$PROXY_PORT opts="" script="$STATE/$1.sql" pid=$PROXY_PID
   case $1 in
     direct) port=$SHARD_PORT; script="$STATE/sql.sql" ;;
@@ -71,26 +81,49 @@ run() { # target mode
   tps=$(echo "$out" | awk '/^tps/ {print $3}')
   tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
   if echo "$out" | grep -q "Run was aborted"; then tps=0; echo "$out" | tail -3 >&2; fi
-  cpu=$(awk -v d=$((after - before)) -v t="$TICKS" -v n="${tx:-0}" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+  cpu=$(cpu_per_tx $((after - before)) "$tx")
   [ "$1" = direct ] && cpu=0
   echo "$1 $2 ${tps:-0} $cpu" >>"$RESULTS"
 }
 
+run_mix() { # target mode: eight one-client pgbench processes, client i on tenant i
+  local before after i tps=0 tx=0 out pids=()
+  before=$(cpu_ticks "$PROXY_PID")
+  for i in $(seq 8); do
+    local opts=""
+    [ "$1" = mix-session ] && opts="-c pgtenant.tenant_id=$i"
+    PGOPTIONS="$opts" pgbench -p "$PROXY_PORT" -M "$2" -c 1 -j 1 -T "$SECONDS_PER_RUN" -n \
+      -f "$STATE/mix-$i.sql" >"$STATE/mix-out-$i" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  after=$(cpu_ticks "$PROXY_PID")
+  for i in $(seq 8); do
+    out=$(cat "$STATE/mix-out-$i")
+    if echo "$out" | grep -q "Run was aborted"; then echo "$out" | tail -3 >&2; fi
+    tps=$(echo "$out" | awk -v s="$tps" '/^tps/ {s += $3} END {print s + 0}')
+    tx=$(echo "$out" | awk -v s="$tx" '/actually processed/ {split($6, a, "/"); s += a[1]} END {print s + 0}')
+  done
+  echo "$1 $2 $tps $(cpu_per_tx $((after - before)) "$tx")" >>"$RESULTS"
+}
+
+TARGETS="direct session sql sql-noguc sql-both sql-1m mix-session mix-sql"
 for round in $(seq "$ROUNDS"); do
   for mode in simple extended prepared; do
-    for target in direct session sql sql-noguc sql-both sql-1m; do run "$target" "$mode"; done
+    for target in $TARGETS; do run "$target" "$mode"; done
   done
   echo "round $round done" >&2
 done
 echo "pgtenant RSS after: $(rss_mib "$PROXY_PID") MiB" >>"$STATE/memory"
 
-printf "\n%-9s %-9s | %10s %8s | %10s\n" mode target tps "cpu us" "/session"
+printf "\n%-9s %-11s | %10s %8s | %10s\n" mode target tps "cpu us" "/session"
 for mode in simple extended prepared; do
   pick() { awk -v t="$1" -v m=$mode -v f="$2" '$1==t && $2==m {print $f}' "$RESULTS" | median; }
-  s=$(pick session 3)
-  for target in direct session sql sql-noguc sql-both sql-1m; do
+  for target in $TARGETS; do
+    s=$(pick session 3)
+    [ "$target" = mix-sql ] && s=$(pick mix-session 3)
     t=$(pick $target 3)
-    printf "%-9s %-9s | %10.0f %8s | %10s\n" $mode $target "$t" "$(pick $target 4)" \
+    printf "%-9s %-11s | %10.0f %8s | %10s\n" $mode $target "$t" "$(pick $target 4)" \
       "$(awk -v a="$t" -v b="$s" 'BEGIN { printf "%.3f", a / b }')"
   done
 done

@@ -138,10 +138,12 @@ impl PooledConn {
 
 impl Drop for PooledConn {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take()
-            && !self.pool.permits.is_closed()
-        {
-            self.pool.lock_shelf().push(conn);
+        if let Some(conn) = self.conn.take() {
+            // Checked under the lock: `close` closes the permits before it empties the shelf.
+            let mut shelf = self.pool.lock_shelf();
+            if !self.pool.permits.is_closed() {
+                shelf.push(conn);
+            }
         }
     }
 }
