@@ -12,7 +12,7 @@ mod tls;
 
 pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel};
 pub use error::{BackendError, CheckoutError};
-pub use pool::{PooledConn, Pools, Prefer, ServerPool};
+pub use pool::{PooledConn, Pools, ServerPool, Wanted};
 pub use prepared::{PreparedStatement, StatementRegistry};
 pub use settings::{SettingValue, Settings, TenantGuc, quote_literal, settings_sql, tenant_sql};
 pub use state::{Effects, OnError, Pending, Reply, ResponseQueue};

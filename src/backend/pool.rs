@@ -3,11 +3,13 @@
 //! waiting in turn, the checkout timeout and closing are its business; the idle
 //! connections wait on a shelf beside it, in the order they came back.
 //!
-//! Checkouts are tenant-aware. A server connection remembers the tenant its GUC holds,
-//! and switching it costs the server a statement (about a fifth of its work for a
-//! short transaction). So a checkout for a tenant takes the newest idle connection that
-//! already holds that tenant, and failing that the newest idle one (its server process
-//! is warm); a new connection is opened only when none is idle. Opening connections to
+//! Checkouts are tenant-aware. A server connection remembers the tenant its GUC holds
+//! and the client settings it carries, and switching either costs the server a
+//! statement (the tenant about a fifth of its work for a short transaction). So a
+//! checkout takes the newest idle connection that already holds its tenant and its
+//! settings, failing that one that holds its tenant, then one that holds its settings,
+//! then the newest idle one (its server process is warm); a new connection is opened
+//! only when none is idle. Opening connections to
 //! keep one per tenant instead was tried and lost: spreading the work over more server
 //! processes cost PostgreSQL more CPU (cache misses) than the saved switches. A connection the server closed while it sat idle, or one
 //! that cannot be trusted, is dropped at checkout and the next one taken.
@@ -28,13 +30,24 @@ use super::tls::ServerTls;
 use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::{ShardId, TenantId};
 
-/// Which idle connection a checkout would rather have.
-#[derive(Clone, Copy, Debug)]
-pub enum Prefer<'a> {
-    /// The most recently returned one.
-    Newest,
-    /// One whose tenant GUC already holds this tenant (`None`: no tenant), else the newest.
-    Tenant(Option<&'a TenantId>),
+/// What a checkout would like its connection to hold already; nothing (the default)
+/// takes the newest idle connection.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wanted<'a> {
+    /// The tenant GUC's value (the inner `None`: no tenant), when pgtenant sets that GUC.
+    pub tenant: Option<Option<&'a TenantId>>,
+    /// The `Settings::version` of the client's settings.
+    pub settings: Option<u64>,
+}
+
+impl Wanted<'_> {
+    /// How much of what is wanted `conn` holds; the tenant counts for more (its switch
+    /// would also keep the settings' switch out of the client's request).
+    fn score(&self, conn: &ServerConn) -> u8 {
+        let tenant = self.tenant.is_some_and(|t| conn.tenant.holds(t));
+        let settings = self.settings == Some(conn.settings.version);
+        2 * u8::from(tenant) + u8::from(settings)
+    }
 }
 
 /// Idle connections, oldest first. Boxed: one moves on and off the shelf per
@@ -58,16 +71,21 @@ struct NodePool {
     startup_params: OnceLock<Arc<Vec<(String, String)>>>,
 }
 
-/// Takes the idle connection `prefer` asks for off `shelf`, skipping (and closing) any
-/// that cannot serve; `None` when none is left.
-fn pick(shelf: &mut Shelf, prefer: Prefer<'_>) -> Option<Box<ServerConn>> {
+/// Takes the newest idle connection that holds the most of `wanted` off `shelf`,
+/// skipping (and closing) any that cannot serve; `None` when none is left.
+fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
     loop {
-        let newest = shelf.len().checked_sub(1)?;
-        let at = match prefer {
-            Prefer::Tenant(tenant) => shelf.iter().rposition(|c| c.tenant.holds(tenant)).unwrap_or(newest),
-            Prefer::Newest => newest,
-        };
-        let mut conn = shelf.remove(at);
+        let mut best = (shelf.len().checked_sub(1)?, 0);
+        for (at, conn) in shelf.iter().enumerate().rev() {
+            let score = wanted.score(conn);
+            if score > best.1 || at == best.0 {
+                best = (at, score);
+            }
+            if score == 3 {
+                break;
+            }
+        }
+        let mut conn = shelf.remove(best.0);
         if conn.is_reusable() && !conn.io.is_disturbed() {
             return Some(conn);
         }
@@ -167,13 +185,14 @@ impl NodePool {
         self.shelf.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// With a permit held: the connection `prefer` asks for, opened if need be.
+    /// With a permit held: the idle connection that holds the most of `wanted`, or a
+    /// new one.
     async fn take(
         self: &Arc<Self>,
         permit: Object<()>,
-        prefer: Prefer<'_>,
+        wanted: Wanted<'_>,
     ) -> Result<PooledConn, BackendError> {
-        let idle = pick(&mut self.lock_shelf(), prefer);
+        let idle = pick(&mut self.lock_shelf(), wanted);
         let conn = match idle {
             Some(conn) => conn,
             None => {
@@ -218,7 +237,7 @@ impl Pools {
         database: &str,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = self.pool(shard, node, user, database);
-        self.checkout_from(&pool, shard, Prefer::Newest).await
+        self.checkout_from(&pool, shard, Wanted::default()).await
     }
 
     /// Checks out a connection from a pool handle kept by the caller (see `pool`).
@@ -226,7 +245,7 @@ impl Pools {
         &self,
         pool: &ServerPool,
         shard: ShardId,
-        prefer: Prefer<'_>,
+        wanted: Wanted<'_>,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = &pool.0;
         let waited_ms = self.config.proxy.checkout_timeout_ms;
@@ -240,7 +259,7 @@ impl Pools {
             PoolError::Timeout => CheckoutError::Exhausted { shard, size: pool.size, waited_ms },
             PoolError::Closed | PoolError::NoRuntimeSpecified => CheckoutError::Closed { shard },
         })?;
-        pool.take(permit, prefer).await.map_err(|source| CheckoutError::Unreachable { shard, source })
+        pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })
     }
 
     /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The

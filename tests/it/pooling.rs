@@ -1,6 +1,6 @@
 //! Which server connection a transaction gets: tenant-aware checkouts.
 
-use crate::harness::start_proxy;
+use crate::harness::{self, start_proxy};
 
 /// The server process and the tenant GUC it holds, as the server itself reports them.
 async fn backend_of(client: &tokio_postgres::Client) -> (i32, String) {
@@ -37,4 +37,34 @@ async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
     assert_eq!(backend_of(&two).await, (second, "2".to_string()), "tenant 2 keeps its connection");
     // And tenant 1 now gets the newest (tenant 2's), switched back to it.
     assert_eq!(backend_of(&one).await, (second, "1".to_string()));
+}
+
+/// The client's application_name as the server has it, and the server process.
+async fn name_and_pid(client: &tokio_postgres::Client) -> (String, i32) {
+    let row = client
+        .query_one("SELECT current_setting('application_name'), pg_backend_pid()", &[])
+        .await
+        .expect("query through the proxy");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clients_with_other_settings_keep_to_their_own_connections() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let with_name =
+        |name: &str| proxy.conninfo(&format!("application_name={name} options='-c pgtenant.tenant_id=1'"));
+    let billing = harness::connect(&with_name("billing")).await.unwrap();
+    let reports = harness::connect(&with_name("reports")).await.unwrap();
+
+    billing.batch_execute("BEGIN").await.unwrap();
+    let (name, billing_pid) = name_and_pid(&billing).await;
+    assert_eq!(name, "billing");
+    let (name, reports_pid) = name_and_pid(&reports).await;
+    assert_eq!(name, "reports");
+    billing.batch_execute("COMMIT").await.unwrap();
+
+    // Both connections hold tenant 1; the newest is billing's, but reports' has its name.
+    assert_eq!(name_and_pid(&reports).await, ("reports".to_string(), reports_pid));
+    assert_eq!(name_and_pid(&billing).await, ("billing".to_string(), billing_pid));
+    assert_eq!(name_and_pid(&reports).await, ("reports".to_string(), reports_pid));
 }

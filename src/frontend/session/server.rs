@@ -7,8 +7,8 @@ use bytes::{Buf, BytesMut};
 
 use super::{Attached, ClientTx, Session, SettingChange};
 use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Prefer, Reply, ServerConn, ServerPool, SettingValue, Settings,
-    TenantGuc, record_param, settings_sql, tenant_sql,
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
+    Wanted, record_param, settings_sql, tenant_sql,
 };
 use crate::config::PoolMode;
 use crate::directory::{ShardId, TenantId};
@@ -44,12 +44,12 @@ impl Session {
         }
         if self.server.is_none() {
             let pool = self.pool_of(route.shard)?;
-            // A connection whose GUC already holds the tenant spares the server a SET.
-            let prefer = match self.shared.config.proxy.set_tenant_guc {
-                true => Prefer::Tenant(route.tenant.as_ref()),
-                false => Prefer::Newest,
+            // A connection that holds the tenant and settings already spares the server SETs.
+            let wanted = Wanted {
+                tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
+                settings: Some(self.settings.version),
             };
-            let conn = self.shared.pools.checkout_from(&pool, route.shard, prefer).await?;
+            let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
             self.cancel.set_target(Some(conn.cancel.clone()));
             self.server = Some(Attached {
                 conn,
