@@ -2,13 +2,18 @@
 
 use crate::harness::{self, start_proxy};
 
-/// The server process and the tenant GUC it holds, as the server itself reports them.
-async fn backend_of(client: &tokio_postgres::Client) -> (i32, String) {
+/// The server process, and `setting` (the tenant GUC by default) in it, as the server
+/// itself reports them.
+async fn backend_with(client: &tokio_postgres::Client, setting: &str) -> (i32, String) {
     let row = client
-        .query_one("SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')", &[])
+        .query_one("SELECT pg_backend_pid(), current_setting($1)", &[&setting])
         .await
         .expect("query through the proxy");
     (row.get(0), row.get(1))
+}
+
+async fn backend_of(client: &tokio_postgres::Client) -> (i32, String) {
+    backend_with(client, "pgtenant.tenant_id").await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -39,15 +44,6 @@ async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
     assert_eq!(backend_of(&one).await, (second, "1".to_string()));
 }
 
-/// The client's application_name as the server has it, and the server process.
-async fn name_and_pid(client: &tokio_postgres::Client) -> (String, i32) {
-    let row = client
-        .query_one("SELECT current_setting('application_name'), pg_backend_pid()", &[])
-        .await
-        .expect("query through the proxy");
-    (row.get(0), row.get(1))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn clients_with_other_settings_keep_to_their_own_connections() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
@@ -56,15 +52,16 @@ async fn clients_with_other_settings_keep_to_their_own_connections() {
     let billing = harness::connect(&with_name("billing")).await.unwrap();
     let reports = harness::connect(&with_name("reports")).await.unwrap();
 
+    let name = "application_name";
     billing.batch_execute("BEGIN").await.unwrap();
-    let (name, billing_pid) = name_and_pid(&billing).await;
-    assert_eq!(name, "billing");
-    let (name, reports_pid) = name_and_pid(&reports).await;
-    assert_eq!(name, "reports");
+    let (billing_pid, seen) = backend_with(&billing, name).await;
+    assert_eq!(seen, "billing");
+    let (reports_pid, seen) = backend_with(&reports, name).await;
+    assert_eq!(seen, "reports");
     billing.batch_execute("COMMIT").await.unwrap();
 
     // Both connections hold tenant 1; the newest is billing's, but reports' has its name.
-    assert_eq!(name_and_pid(&reports).await, ("reports".to_string(), reports_pid));
-    assert_eq!(name_and_pid(&billing).await, ("billing".to_string(), billing_pid));
-    assert_eq!(name_and_pid(&reports).await, ("reports".to_string(), reports_pid));
+    assert_eq!(backend_with(&reports, name).await, (reports_pid, "reports".to_string()));
+    assert_eq!(backend_with(&billing, name).await, (billing_pid, "billing".to_string()));
+    assert_eq!(backend_with(&reports, name).await, (reports_pid, "reports".to_string()));
 }
