@@ -2,8 +2,7 @@
 
 use crate::harness::{self, start_proxy};
 
-/// The server process, and `setting` (the tenant GUC by default) in it, as the server
-/// itself reports them.
+/// The server process and the value of `setting` in it, as the server itself reports them.
 async fn backend_with(client: &tokio_postgres::Client, setting: &str) -> (i32, String) {
     let row = client
         .query_one("SELECT pg_backend_pid(), current_setting($1)", &[&setting])
@@ -12,6 +11,7 @@ async fn backend_with(client: &tokio_postgres::Client, setting: &str) -> (i32, S
     (row.get(0), row.get(1))
 }
 
+/// The server process and the tenant GUC it holds.
 async fn backend_of(client: &tokio_postgres::Client) -> (i32, String) {
     backend_with(client, "pgtenant.tenant_id").await
 }
