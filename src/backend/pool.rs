@@ -5,14 +5,14 @@
 //!
 //! Checkouts are tenant-aware. A server connection remembers the tenant its GUC holds
 //! and the client settings it carries, and switching either costs the server a
-//! statement (the tenant about a fifth of its work for a short transaction). So a
-//! checkout takes the newest idle connection that already holds its tenant and its
-//! settings, failing that one that holds its tenant, then one that holds its settings,
-//! then the newest idle one (its server process is warm); a new connection is opened
-//! only when none is idle. Opening connections to
-//! keep one per tenant instead was tried and lost: spreading the work over more server
-//! processes cost PostgreSQL more CPU (cache misses) than the saved switches. A connection the server closed while it sat idle, or one
-//! that cannot be trusted, is dropped at checkout and the next one taken.
+//! statement (the tenant's about a fifth of its work for a short transaction). So a
+//! checkout takes the newest idle connection that holds both already, failing that
+//! one that carries its settings, then one that holds its tenant, then the newest idle
+//! one (its server process is warm); a new connection is opened only when none is
+//! idle. Opening connections to keep one per tenant instead was tried and lost:
+//! spreading the work over more server processes cost PostgreSQL more CPU (cache
+//! misses) than the saved switches. A connection the server closed while it sat idle,
+//! or one that cannot be trusted, is dropped at checkout and the next one taken.
 //!
 //! Why not deadpool's managed pool: the checkout and return of a connection happen once
 //! per transaction, and its hooks, metrics and recycle futures cost about 1,000
@@ -41,12 +41,15 @@ pub struct Wanted<'a> {
 }
 
 impl Wanted<'_> {
-    /// How much of what is wanted `conn` holds; the tenant counts for more (its switch
-    /// would also keep the settings' switch out of the client's request).
+    const ALL: u8 = 3;
+
+    /// How much of what is wanted `conn` holds. The settings count for more: their SETs
+    /// go in a query of their own ahead of the client's request (an extra answer for
+    /// the server to flush), where a switch of tenant alone mostly rides inside the request.
     fn score(&self, conn: &ServerConn) -> u8 {
         let tenant = self.tenant.is_some_and(|t| conn.tenant.holds(t));
         let settings = self.settings == Some(conn.settings.version);
-        2 * u8::from(tenant) + u8::from(settings)
+        2 * u8::from(settings) + u8::from(tenant)
     }
 }
 
@@ -75,17 +78,18 @@ struct NodePool {
 /// skipping (and closing) any that cannot serve; `None` when none is left.
 fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
     loop {
-        let mut best = (shelf.len().checked_sub(1)?, 0);
-        for (at, conn) in shelf.iter().enumerate().rev() {
-            let score = wanted.score(conn);
-            if score > best.1 || at == best.0 {
-                best = (at, score);
-            }
-            if score == 3 {
+        let newest = shelf.len().checked_sub(1)?;
+        let (mut best, mut best_score) = (newest, wanted.score(&shelf[newest]));
+        for at in (0..newest).rev() {
+            if best_score == Wanted::ALL {
                 break;
             }
+            let score = wanted.score(&shelf[at]);
+            if score > best_score {
+                (best, best_score) = (at, score);
+            }
         }
-        let mut conn = shelf.remove(best.0);
+        let mut conn = shelf.remove(best);
         if conn.is_reusable() && !conn.io.is_disturbed() {
             return Some(conn);
         }

@@ -47,10 +47,8 @@ async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
 #[tokio::test(flavor = "multi_thread")]
 async fn clients_with_other_settings_keep_to_their_own_connections() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
-    let with_name =
-        |name: &str| proxy.conninfo(&format!("application_name={name} options='-c pgtenant.tenant_id=1'"));
-    let billing = harness::connect(&with_name("billing")).await.unwrap();
-    let reports = harness::connect(&with_name("reports")).await.unwrap();
+    let billing = connect_as(&proxy, "billing", 1).await;
+    let reports = connect_as(&proxy, "reports", 1).await;
 
     let name = "application_name";
     billing.batch_execute("BEGIN").await.unwrap();
@@ -64,4 +62,18 @@ async fn clients_with_other_settings_keep_to_their_own_connections() {
     assert_eq!(backend_with(&reports, name).await, (reports_pid, "reports".to_string()));
     assert_eq!(backend_with(&billing, name).await, (billing_pid, "billing".to_string()));
     assert_eq!(backend_with(&reports, name).await, (reports_pid, "reports".to_string()));
+
+    // Billing's connection passes to tenant 2 (and comes back newest). A reports client
+    // of tenant 2 then gets reports' connection: the settings weigh more than the tenant
+    // (their SETs would be a query of their own).
+    let billing_of_two = connect_as(&proxy, "billing", 2).await;
+    assert_eq!(backend_of(&billing_of_two).await, (billing_pid, "2".to_string()));
+    let reports_of_two = connect_as(&proxy, "reports", 2).await;
+    assert_eq!(backend_of(&reports_of_two).await, (reports_pid, "2".to_string()));
+}
+
+async fn connect_as(proxy: &harness::Proxy, application_name: &str, tenant: i64) -> tokio_postgres::Client {
+    let conninfo = proxy
+        .conninfo(&format!("application_name={application_name} options='-c pgtenant.tenant_id={tenant}'"));
+    harness::connect(&conninfo).await.expect("connect through the proxy")
 }
