@@ -74,13 +74,18 @@ struct NodePool {
     startup_params: OnceLock<Arc<Vec<(String, String)>>>,
 }
 
-/// Takes the newest idle connection that holds the most of `wanted` off `shelf`,
-/// skipping (and closing) any that cannot serve; `None` when none is left.
+/// How many idle connections, newest first, a checkout looks at: the scan runs under the
+/// pool's lock once per transaction, and a large pool's oldest connections are cold.
+const SCAN_DEPTH: usize = 32;
+
+/// Takes the newest idle connection that holds the most of `wanted` off `shelf` (among
+/// the newest `SCAN_DEPTH`), skipping (and closing) any that cannot serve; `None` when
+/// none is left.
 fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
     loop {
         let newest = shelf.len().checked_sub(1)?;
         let (mut best, mut best_score) = (newest, wanted.score(&shelf[newest]));
-        for at in (0..newest).rev() {
+        for at in (newest.saturating_sub(SCAN_DEPTH - 1)..newest).rev() {
             if best_score == Wanted::ALL {
                 break;
             }
