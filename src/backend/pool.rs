@@ -147,9 +147,13 @@ impl PooledConn {
         self.conn = None;
     }
 
-    /// Returns the connection once its session state is reset (DISCARD ALL), in a task of
-    /// its own so that no client waits for the reset; it stays checked out until then.
-    pub fn release_after_reset(mut self) {
+    /// Returns the connection to its pool: at once, or with `reset` once its session
+    /// state is reset (DISCARD ALL), in a task of its own so that no client waits for the
+    /// reset; it stays checked out until then.
+    pub fn release(mut self, reset: bool) {
+        if !reset {
+            return;
+        }
         tokio::spawn(async move {
             // Untrusted until the reset completes: if the task is dropped midway (at
             // shutdown), the connection is closed instead of handed out.

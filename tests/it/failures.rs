@@ -179,10 +179,10 @@ async fn a_server_connection_closed_while_pooled_is_replaced_unseen() {
     proxy.shutdown().await;
 }
 
-/// A client waiting for a full pool gets the slot of a connection that closed under
+/// A client waiting for a full pool gets the place of a connection that closed under
 /// another client: it opens a new connection there instead of waiting out its timeout.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_waiting_client_gets_the_slot_of_a_server_connection_that_closed() {
+async fn a_waiting_client_gets_the_place_of_a_server_connection_that_closed() {
     let proxy = start_proxy(|c| {
         c.users[0].pool_size = 1;
         c.proxy.checkout_timeout_ms = 20_000;

@@ -285,8 +285,9 @@ impl Session {
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.is_reusable() {
             a.conn.discard();
-        } else if self.keeps_session_state(&a) {
-            a.conn.release_after_reset();
+        } else {
+            let reset = self.keeps_session_state(&a);
+            a.conn.release(reset);
         }
     }
 
@@ -329,18 +330,15 @@ impl Session {
             a.conn.discard();
             return;
         }
-        let needs_reset = self.keeps_session_state(&a);
+        let reset = self.keeps_session_state(&a);
         if a.conn.status == TxStatus::Idle {
-            if needs_reset {
-                a.conn.release_after_reset();
-            }
+            a.conn.release(reset);
             return;
         }
         tokio::spawn(async move {
             let mut conn = a.conn;
             match conn.run_sql("ROLLBACK").await {
-                Ok(None) if conn.status == TxStatus::Idle && needs_reset => conn.release_after_reset(),
-                Ok(None) if conn.status == TxStatus::Idle => {}
+                Ok(None) if conn.status == TxStatus::Idle => conn.release(reset),
                 _ => conn.discard(),
             }
         });
