@@ -42,9 +42,10 @@ pub enum OnError {
 #[derive(Clone, Debug)]
 pub enum Pending {
     /// A client message: its responses pass through. `prepares` is the statement a
-    /// Parse creates on the server, so a failed Parse can be forgotten; `tracked` marks
-    /// a statement whose success the session waits for (a SET it re-applies elsewhere).
-    Client { reply: Reply, prepares: Option<Arc<PreparedStatement>>, tracked: bool },
+    /// Parse creates on the server, so a failed Parse can be forgotten; `changes`, on the
+    /// Sync or Query that ends a request, counts the session setting changes (SETs it
+    /// re-applies elsewhere) that the request's success settles.
+    Client { reply: Reply, prepares: Option<Arc<PreparedStatement>>, changes: usize },
     /// A message pgtenant added: its responses are swallowed.
     Injected { reply: Reply, on_error: OnError, prepares: Option<Arc<PreparedStatement>> },
     /// Complete messages pgtenant sends itself once everything before them has been answered.
@@ -55,7 +56,7 @@ pub enum Pending {
 
 impl Pending {
     pub fn client(reply: Reply) -> Self {
-        Pending::Client { reply, prepares: None, tracked: false }
+        Pending::Client { reply, prepares: None, changes: 0 }
     }
 }
 
@@ -64,8 +65,8 @@ impl Pending {
 pub struct Effects {
     /// A ReadyForQuery that ended a client request arrived with this status.
     pub ready: Option<TxStatus>,
-    /// That request was a tracked statement.
-    pub tracked_done: bool,
+    /// The number of session setting changes that request carried.
+    pub changes_done: usize,
     /// Any ReadyForQuery (client's or injected) arrived with this status.
     pub status: Option<TxStatus>,
     /// An ErrorResponse reached the client.
@@ -184,10 +185,10 @@ impl ResponseQueue {
                 let status = raw.get(5).copied().and_then(TxStatus::from_byte);
                 fx.status = status;
                 match self.pending.pop_front() {
-                    Some(Pending::Client { reply: Reply::Sync | Reply::Query, tracked, .. }) => {
+                    Some(Pending::Client { reply: Reply::Sync | Reply::Query, changes, .. }) => {
                         out.extend_from_slice(raw);
                         fx.ready = status;
-                        fx.tracked_done = tracked;
+                        fx.changes_done = changes;
                     }
                     Some(Pending::Injected { reply: Reply::Sync | Reply::Query, .. }) => {}
                     _ => fx.desync = true,
@@ -325,7 +326,7 @@ mod tests {
         let registry = crate::backend::prepared::StatementRegistry::new(10);
         let stmt = registry.intern(b"select 1", b"\0\0");
         let mut q = ResponseQueue::default();
-        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), tracked: false });
+        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), changes: 0 });
         q.push(synthetic(protocol::parse_complete));
         q.push(client(Reply::Execute));
         q.push(client(Reply::Sync));
@@ -390,7 +391,7 @@ mod tests {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
         let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
-        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), tracked: false });
+        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), changes: 0 });
         q.push(client(Reply::Bind));
         q.push(synthetic(protocol::close_complete));
         q.push(client(Reply::Sync));

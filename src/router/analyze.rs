@@ -32,6 +32,10 @@ pub enum StatementKind {
     ResetAll,
     /// `DISCARD ALL` or `DEALLOCATE ALL`: prepared statements are gone on the server.
     DiscardAll,
+    /// A session-level SET whose effect pgtenant cannot re-apply on another server
+    /// connection (`SET XML OPTION`, `SET SESSION CHARACTERISTICS` with several modes):
+    /// it pins the connection rather than leak to other clients.
+    UnfollowedSet,
     /// `SHOW pgtenant.routing_version`: answered by the proxy.
     ShowRoutingVersion,
     /// A snowflake call (`SELECT pgtenant.next_id()` and kin): answered by the proxy.
@@ -48,8 +52,37 @@ pub enum PinReason {
     HoldCursor,
     SqlPrepare,
     RoleChange,
-    /// A SET sent through the extended protocol, which pgtenant does not track.
-    UntrackedSet,
+    /// A SET pgtenant cannot re-apply elsewhere (see `StatementKind::UnfollowedSet`),
+    /// or SETs in a multi-statement query that also controls its transaction.
+    UnfollowedSet,
+}
+
+/// A change of session settings that the client expects on every server connection it
+/// gets from then on, once the statement that made it has taken effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionChange {
+    Set {
+        name: String,
+        value: String,
+    },
+    Reset {
+        name: String,
+    },
+    /// `RESET ALL` or `DISCARD ALL`: back to the settings of the client's startup.
+    ResetAll,
+}
+
+impl SessionChange {
+    fn of(kind: &StatementKind) -> Option<Self> {
+        match kind {
+            StatementKind::Set { name, value } => {
+                Some(Self::Set { name: name.clone(), value: value.clone() })
+            }
+            StatementKind::Reset { name } => Some(Self::Reset { name: name.clone() }),
+            StatementKind::ResetAll | StatementKind::DiscardAll => Some(Self::ResetAll),
+            _ => None,
+        }
+    }
 }
 
 impl PinReason {
@@ -61,7 +94,7 @@ impl PinReason {
             Self::HoldCursor => "a WITH HOLD cursor",
             Self::SqlPrepare => "an SQL PREPARE",
             Self::RoleChange => "SET ROLE / SESSION AUTHORIZATION",
-            Self::UntrackedSet => "a SET through the extended protocol",
+            Self::UnfollowedSet => "a SET that pgtenant cannot re-apply on other connections",
         }
     }
 }
@@ -75,6 +108,8 @@ pub struct Analysis {
     pub is_multi: bool,
     /// A statement of a multi-statement string sets or resets the tenant parameter.
     pub sets_tenant_among_many: bool,
+    /// The session settings the string changes, in order, when it succeeds as a whole.
+    pub session_changes: Box<[SessionChange]>,
     /// The tenant value of a SET of the tenant parameter that is not a number.
     pub bad_tenant_value: Option<String>,
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
@@ -112,16 +147,6 @@ impl Analysis {
         is_tenant_set(&self.kind)
     }
 
-    /// What executing this statement through the extended protocol pins: its own
-    /// reason, or a session setting change, which is only tracked for simple queries.
-    pub fn extended_pin(&self) -> Option<PinReason> {
-        let untracked_set = matches!(
-            self.kind,
-            StatementKind::Set { .. } | StatementKind::Reset { .. } | StatementKind::ResetAll
-        );
-        self.pin.or(untracked_set.then_some(PinReason::UntrackedSet))
-    }
-
     /// Whether the text contains the tenant column's name at all: when not, it names
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).
@@ -147,6 +172,7 @@ impl Analysis {
             pin: None,
             is_multi: false,
             sets_tenant_among_many: false,
+            session_changes: Box::default(),
             bad_tenant_value: None,
             tampers_tenant_guc: false,
             single_dml: true,
@@ -173,35 +199,54 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         .filter(|t| t.kind == TokenKind::BlockComment)
         .find_map(|t| hint_in_comment(&text[t.start..t.end], tenant_param, key));
     let code: Vec<Token> = tokens.into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
-    let statements = code.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).count();
+    let statements: Vec<&[Token]> =
+        code.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).collect();
     let first_end = code.iter().position(|t| t.kind == TokenKind::Semicolon).unwrap_or(code.len());
-    let first = &code[..first_end];
-    let words = Words { sql: &text, tokens: first };
+    let words = Words { sql: &text, tokens: &code[..first_end] };
     let mut bad_tenant_value = None;
     let kind = classify(&words, tenant_param, key, &mut bad_tenant_value);
-    let sets_tenant_among_many = statements > 1
-        && code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
+    let mut sets_tenant_among_many = false;
+    let mut session_changes = Vec::new();
+    let mut controls_transaction = false;
+    let mut unfollowed = kind == StatementKind::UnfollowedSet;
+    if statements.len() > 1 {
+        for stmt in &statements {
+            let w = Words { sql: &text, tokens: stmt };
             let mut bad_value = None;
-            let kind = classify(&Words { sql: &text, tokens: stmt }, tenant_param, key, &mut bad_value);
-            is_tenant_set(&kind) || bad_value.is_some()
-        });
-    let pin = code
-        .split(|t| t.kind == TokenKind::Semicolon)
-        .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }));
+            let kind = classify(&w, tenant_param, key, &mut bad_value);
+            sets_tenant_among_many |= is_tenant_set(&kind) || bad_value.is_some();
+            controls_transaction |= controls_transaction_block(&w);
+            unfollowed |= kind == StatementKind::UnfollowedSet;
+            session_changes.extend(SessionChange::of(&kind));
+        }
+    } else {
+        session_changes.extend(SessionChange::of(&kind));
+    }
+    if controls_transaction && !session_changes.is_empty() {
+        // Whether each SET outlives the string depends on which transaction it fell in
+        // (`BEGIN; SET ...; ROLLBACK`): too much to follow for what clients do.
+        session_changes.clear();
+        unfollowed = true;
+    }
+    let pin = statements
+        .iter()
+        .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }))
+        .or(unfollowed.then_some(PinReason::UnfollowedSet));
     let tampers_tenant_guc = code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
         let w = Words { sql: &text, tokens: stmt };
         let set_local =
             w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
         set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
     });
-    let single_dml = statements == 1 && DML_STARTS.iter().any(|k| words.is(0, k));
+    let single_dml = statements.len() == 1 && DML_STARTS.iter().any(|k| words.is(0, k));
     Analysis {
         kind,
         hint,
         pin,
-        is_multi: statements > 1,
+        is_multi: statements.len() > 1,
         single_dml,
         sets_tenant_among_many,
+        session_changes: session_changes.into(),
         bad_tenant_value,
         tampers_tenant_guc,
         plain: false,
@@ -451,48 +496,82 @@ fn classify(
         return StatementKind::Other;
     }
     if w.is(0, "set") {
-        let mut i = 1;
-        if w.is(i, "local") {
-            return StatementKind::Other;
-        }
-        if w.is(i, "session") && !w.is(i + 1, "authorization") && !w.is(i + 1, "characteristics") {
-            i += 1;
-        }
-        let (name, value_at) = if w.is(i, "time") && w.is(i + 1, "zone") {
-            ("TimeZone".to_string(), i + 2)
-        } else if w.is(i, "schema") {
-            ("search_path".to_string(), i + 1)
-        } else if w.is(i, "names") {
-            ("client_encoding".to_string(), i + 1)
-        } else {
-            let (name, next) = setting_name(w, i);
-            if !(w.is(next, "to") || w.text(next) == "=") {
-                return StatementKind::Other;
-            }
-            (name, next + 1)
-        };
-        let value = w.rest_from(value_at).to_string();
-        if value.is_empty() || !is_plain_setting(&name) {
-            return StatementKind::Other;
-        }
-        if name.eq_ignore_ascii_case(tenant_param) {
-            if value.eq_ignore_ascii_case("default") {
-                return StatementKind::ResetTenant;
-            }
-            return match TenantId::parse(&value, key) {
-                Some(t) => StatementKind::SetTenant(t),
-                None => {
-                    *bad_tenant_value = Some(value);
-                    StatementKind::Other
-                }
-            };
-        }
-        if matches!(name.to_ascii_lowercase().as_str(), "role" | "transaction" | "constraints") {
-            return StatementKind::Other;
-        }
-        return StatementKind::Set { name, value };
+        return classify_set(w, tenant_param, key, bad_tenant_value);
     }
     StatementKind::Other
+}
+
+fn classify_set(
+    w: &Words,
+    tenant_param: &str,
+    key: TenantKey,
+    bad_tenant_value: &mut Option<String>,
+) -> StatementKind {
+    let mut i = 1;
+    if w.is(i, "session") {
+        i += 1;
+    }
+    // Over with the transaction, or pinned for a reason of their own (`pin_reason`).
+    if ["local", "transaction", "constraints", "role", "authorization"].iter().any(|k| w.is(i, k)) {
+        return StatementKind::Other;
+    }
+    if w.is(i, "characteristics") && w.is(i + 1, "as") && w.is(i + 2, "transaction") {
+        return session_characteristics(w, i + 3);
+    }
+    let (name, value_at) = if w.is(i, "time") && w.is(i + 1, "zone") {
+        if w.is(i + 2, "local") || w.is(i + 2, "default") {
+            return StatementKind::Reset { name: "TimeZone".into() };
+        }
+        if w.is(i + 2, "interval") {
+            return StatementKind::UnfollowedSet;
+        }
+        ("TimeZone".to_string(), i + 2)
+    } else if w.is(i, "schema") {
+        ("search_path".to_string(), i + 1)
+    } else if w.is(i, "names") {
+        ("client_encoding".to_string(), i + 1)
+    } else {
+        let (name, next) = setting_name(w, i);
+        if !(w.is(next, "to") || w.text(next) == "=") {
+            return StatementKind::UnfollowedSet;
+        }
+        (name, next + 1)
+    };
+    let value = w.rest_from(value_at).to_string();
+    if value.is_empty() || !is_plain_setting(&name) {
+        return StatementKind::UnfollowedSet;
+    }
+    if name.eq_ignore_ascii_case(tenant_param) {
+        if value.eq_ignore_ascii_case("default") {
+            return StatementKind::ResetTenant;
+        }
+        return match TenantId::parse(&value, key) {
+            Some(t) => StatementKind::SetTenant(t),
+            None => {
+                *bad_tenant_value = Some(value);
+                StatementKind::Other
+            }
+        };
+    }
+    StatementKind::Set { name, value }
+}
+
+/// `SET SESSION CHARACTERISTICS AS TRANSACTION <mode>` from the mode at token `i`: the
+/// setting it stands for. Several modes at once are left unfollowed (one change each).
+fn session_characteristics(w: &Words, i: usize) -> StatementKind {
+    let words: Vec<String> = (i..w.tokens.len()).map(|k| w.text(k).to_ascii_lowercase()).collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let (name, value) = match words.as_slice() {
+        ["isolation", "level", level @ ..] if !level.is_empty() && !level.contains(&",") => {
+            ("default_transaction_isolation", format!("'{}'", level.join(" ")))
+        }
+        ["read", "only"] => ("default_transaction_read_only", "on".into()),
+        ["read", "write"] => ("default_transaction_read_only", "off".into()),
+        ["deferrable"] => ("default_transaction_deferrable", "on".into()),
+        ["not", "deferrable"] => ("default_transaction_deferrable", "off".into()),
+        _ => return StatementKind::UnfollowedSet,
+    };
+    StatementKind::Set { name: name.into(), value }
 }
 
 /// Reads a possibly dotted setting name starting at token `i`; returns it and the next index.
@@ -516,6 +595,14 @@ fn setting_name(w: &Words, mut i: usize) -> (String, usize) {
 
 fn is_plain_setting(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+/// Transaction control of any kind, savepoints included.
+fn controls_transaction_block(w: &Words) -> bool {
+    ["begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"]
+        .iter()
+        .any(|k| w.is(0, k))
+        || (w.is(0, "prepare") && w.is(1, "transaction"))
 }
 
 fn pin_reason(w: &Words) -> Option<PinReason> {
@@ -645,6 +732,52 @@ mod tests {
         assert_eq!(kind("DEALLOCATE ALL"), StatementKind::DiscardAll);
         let a = analyze(b"SET pgtenant.tenant_id = abc", P, TenantKey::Bigint);
         assert_eq!(a.bad_tenant_value.as_deref(), Some("abc"));
+    }
+
+    #[test]
+    fn follows_session_settings_or_pins_what_it_cannot_follow() {
+        let changes = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).session_changes.to_vec();
+        let pin = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).pin;
+        let set = |name: &str, value: &str| SessionChange::Set { name: name.into(), value: value.into() };
+        assert_eq!(
+            kind("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ"),
+            StatementKind::Set {
+                name: "default_transaction_isolation".into(),
+                value: "'repeatable read'".into()
+            }
+        );
+        assert_eq!(
+            changes("set session characteristics as transaction read only"),
+            [set("default_transaction_read_only", "on")]
+        );
+        assert_eq!(kind("SET TIME ZONE LOCAL"), StatementKind::Reset { name: "TimeZone".into() });
+        assert_eq!(changes("DISCARD ALL"), [SessionChange::ResetAll]);
+        // Several statements: every change, in order, when nothing else decides their fate.
+        assert_eq!(
+            changes("SET search_path = a; SELECT 1; RESET TimeZone"),
+            [set("search_path", "a"), SessionChange::Reset { name: "TimeZone".into() }]
+        );
+        for sql in [
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY, DEFERRABLE",
+            "SET XML OPTION DOCUMENT",
+            "SET TIME ZONE INTERVAL '+02:00' HOUR TO MINUTE",
+            "BEGIN; SET search_path = a; ROLLBACK",
+            "SELECT 1; SET XML OPTION CONTENT",
+        ] {
+            assert_eq!(pin(sql), Some(PinReason::UnfollowedSet), "{sql}");
+            assert!(changes(sql).is_empty(), "{sql}");
+        }
+        // Over with the transaction: nothing to follow, nothing to pin.
+        for sql in [
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SET LOCAL search_path = a",
+            "SET CONSTRAINTS ALL DEFERRED",
+        ] {
+            assert_eq!(pin(sql), None, "{sql}");
+            assert!(changes(sql).is_empty(), "{sql}");
+        }
+        assert_eq!(pin("SET SESSION AUTHORIZATION other"), Some(PinReason::RoleChange));
+        assert_eq!(pin("SET ROLE other"), Some(PinReason::RoleChange));
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod template;
 
 use std::sync::Arc;
 
-pub use analyze::{Analysis, PinReason, ROUTING_VERSION, StatementKind};
+pub use analyze::{Analysis, PinReason, ROUTING_VERSION, SessionChange, StatementKind};
 pub use recent::RecentAnalyses;
 pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};
 

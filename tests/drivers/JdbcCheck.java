@@ -42,6 +42,36 @@ public class JdbcCheck {
       try (Statement s = c.createStatement()) {
         s.execute("set application_name = 'jdbc-check'");
         try (ResultSet r = s.executeQuery("show application_name")) { r.next(); check(r.getString(1).equals("jdbc-check"), "SET"); }
+        // pgJDBC sends its SETs (its own start-up ones too) through the extended protocol:
+        // they follow the session to the other shard rather than pin it to this one.
+        s.execute("set pgtenant.tenant_id = 7");
+        try (ResultSet r = s.executeQuery("select shard_id, current_setting('application_name') from pgtenant_shard")) {
+          r.next();
+          check(r.getInt(1) == 1 && r.getString(2).equals("jdbc-check"), "tenant 7 on shard 1 with the session's SET");
+        }
+        s.execute("set pgtenant.tenant_id = 1500");
+      }
+      try (Statement s = c.createStatement()) {
+        s.execute("delete from jdbc_t");
+        org.postgresql.copy.CopyManager copy = ((org.postgresql.PGConnection) c).getCopyAPI();
+        long in = copy.copyIn("copy jdbc_t from stdin (format csv)", new java.io.StringReader("1500,a\n1500,\"b,c\"\n"));
+        java.io.StringWriter out = new java.io.StringWriter();
+        copy.copyOut("copy (select v from jdbc_t order by v) to stdout", out);
+        check(in == 2 && out.toString().equals("a\nb,c\n"), "COPY in and out: " + out);
+        c.setAutoCommit(false); // a fetch size needs a transaction: a portal read in parts
+        s.setFetchSize(7);
+        int rows = 0;
+        try (ResultSet r = s.executeQuery("select generate_series(1, 100)")) { while (r.next()) rows++; }
+        c.commit();
+        c.setAutoCommit(true);
+        check(rows == 100, "fetch size cursor: " + rows);
+        new Thread(() -> { try { Thread.sleep(500); s.cancel(); } catch (Exception e) { } }).start();
+        try {
+          s.execute("select pg_sleep(10)");
+          throw new AssertionError("pg_sleep was not cancelled");
+        } catch (SQLException e) {
+          check("57014".equals(e.getSQLState()), "cancel: " + e.getSQLState());
+        }
       }
       // Snowflake IDs answered by pgtenant, also once pgJDBC prepares on the "server".
       long last = 0;

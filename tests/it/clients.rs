@@ -224,6 +224,59 @@ async fn session_settings_follow_the_client_across_server_connections() {
     assert_eq!(name, "alpha");
 }
 
+/// This client's search_path, TimeZone and default isolation, as the server reports them.
+async fn settings_of(client: &tokio_postgres::Client) -> (String, String, String) {
+    let row = client
+        .query_one(
+            "SELECT current_setting('search_path'), current_setting('TimeZone'), current_setting('transaction_isolation')",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
+    // One server connection per shard, shared by both clients.
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let a = proxy.connect(Some(7)).await;
+    let b = proxy.connect(Some(8)).await;
+    let defaults = settings_of(&b).await;
+    // A SET through the extended protocol (tokio-postgres prepares it, as pgJDBC does),
+    // one inside a multi-statement query, and SET SESSION CHARACTERISTICS.
+    a.execute("SET search_path = pg_catalog, public", &[]).await.unwrap();
+    a.batch_execute("SET TimeZone = 'Asia/Tokyo'; SELECT 1").await.unwrap();
+    a.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE").await.unwrap();
+    // Undone by the server, so not followed: a SET in a rolled-back transaction, one in
+    // a failed extended request.
+    let mut a = a;
+    let tx = a.transaction().await.unwrap();
+    tx.execute("SET search_path = rolled_back", &[]).await.unwrap();
+    tx.rollback().await.unwrap();
+    a.execute("SET TimeZone = 'no/such_zone'", &[]).await.unwrap_err();
+    let mine = ("pg_catalog, public".to_string(), "Asia/Tokyo".to_string(), "serializable".to_string());
+    for _ in 0..3 {
+        assert_eq!(settings_of(&a).await, mine);
+        assert_eq!(settings_of(&b).await, defaults, "another client's SETs must not leak");
+    }
+    // Not pinned by any of them: the session moves to tenant 1500 on shard 2, settings and all.
+    a.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap();
+    assert_eq!(shard_of(&a).await, 2);
+    assert_eq!(settings_of(&a).await, mine);
+    // RESET ALL through the extended protocol: back to the startup settings everywhere.
+    a.execute("RESET ALL", &[]).await.unwrap();
+    assert_eq!(settings_of(&a).await, defaults);
+    a.batch_execute("SET pgtenant.tenant_id = 7").await.unwrap();
+    assert_eq!(settings_of(&a).await, defaults);
+    // A session setting pgtenant cannot re-apply pins the connection rather than leak.
+    a.execute("SET XML OPTION DOCUMENT", &[]).await.unwrap();
+    a.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap();
+    let err = a.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap_err();
+    assert_eq!(harness::sqlstate(&err), "0A000", "{err}");
+    assert!(format!("{err:?}").contains("cannot re-apply"), "{err:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn listen_and_temp_tables_pin_the_server_connection() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;

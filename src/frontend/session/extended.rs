@@ -369,10 +369,10 @@ impl Session {
                     self.skip_until_sync = true;
                     return Ok(());
                 }
-                if let (Some(pin), Some(a)) = (analysis.and_then(|a| a.extended_pin()), self.server.as_mut())
-                {
+                if let (Some(pin), Some(a)) = (analysis.as_ref().and_then(|a| a.pin), self.server.as_mut()) {
                     a.pin.get_or_insert(pin);
                 }
+                self.note_bound_changes(b.portal, analysis);
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 match stmt {
@@ -408,14 +408,22 @@ impl Session {
                     a.conn.queue.push(Pending::client(Reply::Close));
                 }
             }
-            b'E' | b'S' | b'H' => {
+            b'E' => {
+                let (portal, _) = protocol::split_cstr(frame.body()).ok_or_else(|| malformed("Execute"))?;
+                self.note_executed_changes(portal);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 a.conn.io.wbuf.extend_from_slice(&frame.raw);
-                match frame.tag {
-                    b'E' => a.conn.queue.push(Pending::client(Reply::Execute)),
-                    b'S' => a.conn.queue.push(Pending::client(Reply::Sync)),
-                    _ => {}
-                }
+                a.conn.queue.push(Pending::client(Reply::Execute));
+            }
+            b'S' => {
+                let changes = std::mem::take(&mut self.request_changes);
+                let a = self.server.as_mut().ok_or_else(no_server)?;
+                a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                a.conn.queue.push(Pending::Client { reply: Reply::Sync, prepares: None, changes });
+            }
+            b'H' => {
+                let a = self.server.as_mut().ok_or_else(no_server)?;
+                a.conn.io.wbuf.extend_from_slice(&frame.raw);
             }
             _ => {
                 return Err(FrontendError::Protocol("not an extended-protocol message".into()));
@@ -425,6 +433,34 @@ impl Session {
             a.conn.queue.drain_synthetic(&mut self.client.wbuf);
         }
         Ok(())
+    }
+
+    /// A Bind to `portal` replaces what the portal held: remembers whether it now holds
+    /// a statement that changes session settings.
+    fn note_bound_changes(&mut self, portal: &[u8], analysis: Option<Arc<Analysis>>) {
+        match analysis {
+            Some(analysis) if !analysis.session_changes.is_empty() => {
+                self.bound_changes = Some((Bytes::copy_from_slice(portal), analysis));
+            }
+            _ => {
+                self.bound_changes.take_if(|(p, _)| p[..] == *portal);
+            }
+        }
+    }
+
+    /// An Execute of `portal` goes to the server: if the portal holds a statement that
+    /// changes settings, its changes wait for the request's answer (`on_ready`).
+    fn note_executed_changes(&mut self, portal: &[u8]) {
+        let Some((_, analysis)) = self.bound_changes.take_if(|(p, _)| p[..] == *portal) else { return };
+        self.setting_changes.extend(analysis.session_changes.iter().cloned());
+        self.request_changes += analysis.session_changes.len();
+        if analysis.kind == StatementKind::DiscardAll
+            && let Some(a) = self.server.as_mut()
+        {
+            // As in a simple query: the server forgets every prepared statement.
+            a.conn.prepared.clear();
+            self.statements.clear();
+        }
     }
 
     pub(super) fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
@@ -458,7 +494,7 @@ impl Session {
             a.conn.queue.push(Pending::Client {
                 reply: Reply::Parse,
                 prepares: Some(stmt.clone()),
-                tracked: false,
+                changes: 0,
             });
         }
         Ok(())

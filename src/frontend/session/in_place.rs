@@ -65,9 +65,10 @@ fn body<'a>(buf: &'a [u8], message: &Range<usize>) -> &'a [u8] {
     &buf[message.start + 5..message.end]
 }
 
-/// A statement the general path would answer or refuse itself.
+/// A statement the general path would answer or refuse itself, or one that changes
+/// session settings, which the general path follows.
 fn needs_general_path(analysis: &Analysis) -> bool {
-    analysis.tampers_tenant_guc || local_kind(analysis).is_some()
+    analysis.tampers_tenant_guc || local_kind(analysis).is_some() || !analysis.session_changes.is_empty()
 }
 
 impl Session {
@@ -158,7 +159,7 @@ impl Session {
         }
         let server_statement = statement.and_then(|name| self.server_statement(name));
         let a = self.server.as_mut().ok_or_else(no_server)?;
-        if let Some(pin) = bound.extended_pin() {
+        if let Some(pin) = bound.pin {
             a.pin.get_or_insert(pin);
         }
         let rbuf = &self.client.rbuf;

@@ -35,7 +35,7 @@ use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route};
+use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange};
 
 /// Maps keyed by what a client names (statements, portals): looked up on every Bind,
 /// so a fast hasher (seeded per process) instead of SipHash.
@@ -59,14 +59,6 @@ enum ClientTx {
 struct ClientStatement {
     stmt: Arc<PreparedStatement>,
     analysis: Arc<Analysis>,
-}
-
-/// A session setting change waiting for its statement to succeed.
-#[derive(Debug, Clone)]
-enum SettingChange {
-    Set { name: String, value: String },
-    Reset { name: String },
-    ResetAll,
 }
 
 /// The server working for this client.
@@ -116,10 +108,16 @@ pub struct Session {
     snowflake_seen: bool,
     /// Portals bound to snowflake statements, answered by pgtenant.
     local_portals: FastMap<Bytes, snowflake::LocalPortal>,
-    /// Changes of forwarded tracked statements, oldest first.
-    setting_changes: VecDeque<SettingChange>,
+    /// Setting changes of forwarded statements, oldest first, waiting for the
+    /// ReadyForQuery of their request to tell whether they took effect.
+    setting_changes: VecDeque<SessionChange>,
     /// Changes made inside the current transaction; kept only if it commits.
-    tx_setting_changes: Vec<SettingChange>,
+    tx_setting_changes: Vec<SessionChange>,
+    /// A Bind of a statement that changes settings: its portal and the changes, which
+    /// count once an Execute of that portal goes to the server.
+    bound_changes: Option<(Bytes, Arc<Analysis>)>,
+    /// Setting changes executed since the last Sync, which that Sync's answer settles.
+    request_changes: usize,
     cancel: CancelKey,
     max_message: usize,
     /// Armed while the client sits idle inside a transaction (idle_transaction_timeout).
@@ -195,6 +193,8 @@ impl Session {
             local_portals: FastMap::default(),
             setting_changes: VecDeque::new(),
             tx_setting_changes: Vec::new(),
+            bound_changes: None,
+            request_changes: 0,
             cancel: start.cancel,
             max_message,
             idle_deadline: None,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
 
-use super::{Attached, ClientTx, Session, SettingChange};
+use super::{Attached, ClientTx, Session};
 use crate::backend::{
     MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
     Wanted, record_param, settings_sql, tenant_sql,
@@ -15,7 +15,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_node;
 use crate::protocol::{self, TxStatus};
-use crate::router::{Analysis, Route, Router};
+use crate::router::{Analysis, Route, Router, SessionChange};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -195,15 +195,16 @@ impl Session {
             let track_commit = !self.tx_setting_changes.is_empty();
             match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid) {
                 Relay::NeedMore => break,
-                Relay::Ready { status, tracked } => self.on_ready(status, tracked),
+                Relay::Ready { status, changes } => self.on_ready(status, changes),
                 Relay::Lost(reason) => return self.on_server_lost(reason),
             }
         }
         self.release_if_done();
     }
 
-    /// A ReadyForQuery ended a client request: settle tracked setting changes.
-    fn on_ready(&mut self, status: TxStatus, tracked_done: bool) {
+    /// A ReadyForQuery ended a client request that carried `changes` setting changes:
+    /// settle them.
+    fn on_ready(&mut self, status: TxStatus, changes: usize) {
         let Some(a) = self.server.as_mut() else {
             return;
         };
@@ -213,8 +214,11 @@ impl Session {
             // back: the connection's tenant GUC is not known any more.
             a.conn.tenant = TenantGuc::Unknown;
         }
-        if tracked_done && let Some(change) = self.setting_changes.pop_front() {
+        for _ in 0..changes {
+            let Some(change) = self.setting_changes.pop_front() else { break };
             match (failed, status) {
+                // The request's implicit transaction rolled back, or the client's is
+                // aborted: either way the SET does not outlive it.
                 (true, _) => {}
                 (false, TxStatus::Idle) => self.apply_change(change),
                 (false, _) => self.tx_setting_changes.push(change),
@@ -232,16 +236,16 @@ impl Session {
     }
 
     /// Records a setting change that took effect on the attached server.
-    fn apply_change(&mut self, change: SettingChange) {
+    fn apply_change(&mut self, change: SessionChange) {
         let Some(a) = self.server.as_mut() else {
             return;
         };
         match change {
-            SettingChange::Set { name, value } => {
+            SessionChange::Set { name, value } => {
                 self.settings = self.settings.with(&name, SettingValue::Sql(value));
                 a.conn.settings = self.settings.clone();
             }
-            SettingChange::Reset { name } => {
+            SessionChange::Reset { name } => {
                 // On a server, RESET goes back to the startup value; here that value is re-applied.
                 self.settings =
                     match self.startup_settings.list.iter().find(|(n, _)| n.eq_ignore_ascii_case(&name)) {
@@ -250,7 +254,7 @@ impl Session {
                     };
                 a.conn.settings = a.conn.settings.without(&name);
             }
-            SettingChange::ResetAll => {
+            SessionChange::ResetAll => {
                 self.settings = self.startup_settings.clone();
                 a.conn.settings = Settings::empty();
                 a.conn.tenant = TenantGuc::Unknown;
@@ -303,6 +307,7 @@ impl Session {
         a.conn.discard();
         self.setting_changes.clear();
         self.tx_setting_changes.clear();
+        self.request_changes = 0;
         if in_tx {
             self.tx = ClientTx::Failed;
         }
@@ -363,7 +368,8 @@ enum Relay {
     /// A ReadyForQuery ended a client request.
     Ready {
         status: TxStatus,
-        tracked: bool,
+        /// The session setting changes the request carried.
+        changes: usize,
     },
     Lost(String),
 }
@@ -427,7 +433,7 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
             conn.broken = true;
         }
         if let Some(status) = fx.ready {
-            break Relay::Ready { status, tracked: fx.tracked_done };
+            break Relay::Ready { status, changes: fx.changes_done };
         }
     };
     if rows_from < at {

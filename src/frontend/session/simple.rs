@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 
 use super::server::check_writable_on;
-use super::{ClientTx, Session, SettingChange};
+use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
@@ -111,18 +111,6 @@ impl Session {
             return Ok(());
         }
 
-        let change = if analysis.is_multi {
-            None
-        } else {
-            match &analysis.kind {
-                StatementKind::Set { name, value } => {
-                    Some(SettingChange::Set { name: name.clone(), value: value.clone() })
-                }
-                StatementKind::Reset { name } => Some(SettingChange::Reset { name: name.clone() }),
-                StatementKind::ResetAll | StatementKind::DiscardAll => Some(SettingChange::ResetAll),
-                _ => None,
-            }
-        };
         let Some(a) = self.server.as_mut() else {
             return Err(FrontendError::Protocol("no server attached".into()));
         };
@@ -133,9 +121,10 @@ impl Session {
             a.conn.prepared.clear();
             self.statements.clear();
         }
-        a.conn.queue.push(Pending::Client { reply: Reply::Query, prepares: None, tracked: change.is_some() });
+        let changes = analysis.session_changes.len();
+        a.conn.queue.push(Pending::Client { reply: Reply::Query, prepares: None, changes });
         a.conn.io.wbuf.extend_from_slice(&frame.raw);
-        self.setting_changes.extend(change);
+        self.setting_changes.extend(analysis.session_changes.iter().cloned());
         Ok(())
     }
 
