@@ -272,6 +272,32 @@ fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
     })
 }
 
+/// A `set_config(name, value, is_local)` call whose `is_local` is not a literal true:
+/// it may change a setting for the rest of the session, which pgtenant cannot follow.
+fn sets_config_for_session(w: &Words) -> bool {
+    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(").any(|i| {
+        let mut depth = 0;
+        let mut last_argument = i + 2;
+        for k in i + 1..w.tokens.len() {
+            match w.text(k) {
+                "(" => depth += 1,
+                "," if depth == 1 => last_argument = k + 1,
+                ")" if depth == 1 => {
+                    let local = k == last_argument + 1
+                        && (w.is(last_argument, "true")
+                            || ["'t'", "'true'", "'on'"]
+                                .iter()
+                                .any(|v| w.text(last_argument).eq_ignore_ascii_case(v)));
+                    return !local;
+                }
+                ")" => depth -= 1,
+                _ => {}
+            }
+        }
+        true
+    })
+}
+
 /// `ALTER ROLE/DATABASE ... SET <tenant parameter>`: a default that server connections
 /// would start with, behind pgtenant's back.
 fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
@@ -612,11 +638,14 @@ fn pin_reason(w: &Words) -> Option<PinReason> {
     if w.is(0, "prepare") && !w.is(1, "transaction") {
         return Some(PinReason::SqlPrepare);
     }
-    if w.is(0, "create") {
-        let temp = |i| w.is(i, "temp") || w.is(i, "temporary");
-        if temp(1) || ((w.is(1, "local") || w.is(1, "global")) && temp(2)) {
-            return Some(PinReason::TempTable);
-        }
+    let temp = |i| w.is(i, "temp") || w.is(i, "temporary");
+    let temp_after = |i| temp(i) || ((w.is(i, "local") || w.is(i, "global")) && temp(i + 1));
+    if w.is(0, "create") && (temp_after(1) || w.contains_word("pg_temp")) {
+        return Some(PinReason::TempTable);
+    }
+    // SELECT ... INTO TEMP t, CREATE TABLE pg_temp.t: temporary tables all the same.
+    if (1..w.tokens.len()).any(|i| w.is(i, "into") && temp_after(i + 1)) {
+        return Some(PinReason::TempTable);
     }
     if w.is(0, "declare") && (1..w.tokens.len()).any(|i| w.is(i, "with") && w.is(i + 1, "hold")) {
         return Some(PinReason::HoldCursor);
@@ -626,6 +655,9 @@ fn pin_reason(w: &Words) -> Option<PinReason> {
     }
     if w.is(0, "set") && w.is(1, "session") && w.is(2, "role") {
         return Some(PinReason::RoleChange);
+    }
+    if sets_config_for_session(w) {
+        return Some(PinReason::UnfollowedSet);
     }
     let session_lock = (0..w.tokens.len()).any(|i| {
         let t = w.text(i).to_ascii_lowercase();
@@ -776,6 +808,13 @@ mod tests {
             assert_eq!(pin(sql), None, "{sql}");
             assert!(changes(sql).is_empty(), "{sql}");
         }
+        assert_eq!(pin("SELECT set_config('search_path', 'a', false)"), Some(PinReason::UnfollowedSet));
+        assert_eq!(
+            pin("select 1, pg_catalog.set_config('x.y', f(1, 2), $1)"),
+            Some(PinReason::UnfollowedSet)
+        );
+        assert_eq!(pin("SELECT set_config('request.claims', concat('a', 'b'), true)"), None);
+        assert_eq!(pin("SELECT set_config('x.y', 'v', 'on')"), None);
         assert_eq!(pin("SET SESSION AUTHORIZATION other"), Some(PinReason::RoleChange));
         assert_eq!(pin("SET ROLE other"), Some(PinReason::RoleChange));
     }
@@ -801,6 +840,18 @@ mod tests {
             analyze(b"CREATE TEMP TABLE t (a int)", P, TenantKey::Bigint).pin,
             Some(PinReason::TempTable)
         );
+        for sql in [
+            "SELECT 1 AS a INTO TEMP t",
+            "select * into local temporary table t from x",
+            "CREATE TABLE pg_temp.t (a int)",
+        ] {
+            assert_eq!(
+                analyze(sql.as_bytes(), P, TenantKey::Bigint).pin,
+                Some(PinReason::TempTable),
+                "{sql}"
+            );
+        }
+        assert_eq!(analyze(b"SELECT 1 INTO t", P, TenantKey::Bigint).pin, None);
         assert_eq!(
             analyze(b"DECLARE c CURSOR WITH HOLD FOR SELECT 1", P, TenantKey::Bigint).pin,
             Some(PinReason::HoldCursor)

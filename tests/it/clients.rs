@@ -278,6 +278,27 @@ async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn session_state_made_in_less_obvious_ways_pins_too() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    for (sql, reason) in [
+        ("SELECT 1 AS a INTO TEMP into_temp", "temporary table"),
+        ("CREATE TABLE pg_temp.qualified_temp (a int)", "temporary table"),
+        ("SELECT set_config('search_path', 'pg_catalog', false)", "cannot re-apply"),
+    ] {
+        let client = proxy.connect(Some(7)).await;
+        client.batch_execute(sql).await.unwrap();
+        // Anyone else gets a clean connection of shard 1 meanwhile.
+        let other = proxy.connect(Some(8)).await;
+        let path: String = other.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+        assert_eq!(path, "\"$user\", public", "after {sql}");
+        client.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap();
+        let err = client.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap_err();
+        assert_eq!(harness::sqlstate(&err), "0A000", "{sql}: {err:?}");
+        assert!(format!("{err:?}").contains(reason), "{sql}: {err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn listen_and_temp_tables_pin_the_server_connection() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;
     let (listener, mut conn) =
