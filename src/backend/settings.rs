@@ -89,6 +89,12 @@ pub fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
+/// A setting's name as quoted identifiers (`"app"."user"`): a part may be a reserved
+/// word, and the server looks settings up ignoring case anyway.
+fn quote_setting_name(name: &str) -> String {
+    name.split('.').map(|part| format!("\"{}\"", part.replace('"', "\"\""))).collect::<Vec<_>>().join(".")
+}
+
 /// What a server connection's tenant GUC holds, as far as pgtenant knows.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum TenantGuc {
@@ -117,7 +123,7 @@ pub fn settings_sql(from: &Settings, to: &Settings) -> Option<String> {
     let mut sql = String::new();
     for (name, _) in &from.list {
         if to.get(name).is_none() {
-            sql.push_str(&format!("RESET {name};"));
+            sql.push_str(&format!("RESET {};", quote_setting_name(name)));
         }
     }
     for (name, value) in &to.list {
@@ -130,7 +136,7 @@ pub fn settings_sql(from: &Settings, to: &Settings) -> Option<String> {
                 quote_literal(name),
                 quote_literal(v)
             )),
-            SettingValue::Sql(v) => sql.push_str(&format!("SET {name} = {v};")),
+            SettingValue::Sql(v) => sql.push_str(&format!("SET {} = {v};", quote_setting_name(name))),
         }
     }
     (!sql.is_empty()).then_some(sql)
@@ -175,7 +181,7 @@ mod tests {
     fn sync_sets_resets_and_switches_tenant() {
         let from = Settings::intern(vec![("search_path".into(), cfg("a")), ("work_mem".into(), cfg("4MB"))]);
         let to = Settings::intern(vec![("search_path".into(), SettingValue::Sql("b, public".into()))]);
-        assert_eq!(settings_sql(&from, &to).unwrap(), "RESET work_mem;SET search_path = b, public;");
+        assert_eq!(settings_sql(&from, &to).unwrap(), r#"RESET "work_mem";SET "search_path" = b, public;"#);
         assert_eq!(settings_sql(&to, &to), None);
         let one = TenantGuc::Known(Some(TenantId::Int(1)));
         let sql = tenant_sql(&one, Some(&TenantId::Int(2)), Some("pgtenant.tenant_id")).unwrap();

@@ -75,6 +75,9 @@ pub struct Effects {
     pub unprepared: Vec<u64>,
     /// The server sent something no pending message explains.
     pub desync: bool,
+    /// A statement pgtenant added (SETs of settings, of the tenant) failed: the
+    /// server's session state is not what pgtenant believes.
+    pub injected_failed: bool,
     /// The server now skips messages until a Sync that nobody else will send: pgtenant
     /// must send one (see `on_error`).
     pub send_sync: bool,
@@ -234,7 +237,8 @@ impl ResponseQueue {
             Some((_, OnError::Swallow)) => {
                 // The client did not send it, so it must not see the error; an operator should.
                 let fields = protocol::error_fields(raw.get(5..).unwrap_or_default());
-                tracing::warn!(code = %fields.code, message = %fields.message, "a statement pgtenant added failed");
+                tracing::warn!(code = %fields.code, message = %fields.message, "a statement pgtenant added failed; the connection will be closed");
+                fx.injected_failed = true;
                 false
             }
             None => {
@@ -447,6 +451,19 @@ mod tests {
         q.on(msg(b'1', b""), &mut out);
         assert!(stmt.is_validated());
         assert!(out.is_empty(), "an injected ParseComplete is swallowed");
+    }
+
+    #[test]
+    fn a_failed_injected_set_is_swallowed_but_reported() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, prepares: None });
+        q.push(client(Reply::Query));
+        let fx = q.on(msg(b'E', b"SERROR\0C42601\0Msyntax error\0\0"), &mut out);
+        assert!(fx.injected_failed && !fx.client_error);
+        assert!(!q.on(msg(b'Z', b"I"), &mut out).injected_failed);
+        assert!(out.is_empty(), "the client never sees it");
+        assert!(!q.on(msg(b'E', b"SERROR\0C42P01\0Mno table\0\0"), &mut out).injected_failed);
     }
 
     #[test]

@@ -65,6 +65,11 @@ pub enum SessionChange {
         name: String,
         value: String,
     },
+    /// `set_config(name, $n, false)`: the value arrives with the Bind.
+    SetFromParameter {
+        name: String,
+        parameter: u16,
+    },
     Reset {
         name: String,
     },
@@ -208,19 +213,22 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
     let mut sets_tenant_among_many = false;
     let mut session_changes = Vec::new();
     let mut controls_transaction = false;
-    let mut unfollowed = kind == StatementKind::UnfollowedSet;
-    if statements.len() > 1 {
-        for stmt in &statements {
-            let w = Words { sql: &text, tokens: stmt };
-            let mut bad_value = None;
-            let kind = classify(&w, tenant_param, key, &mut bad_value);
-            sets_tenant_among_many |= is_tenant_set(&kind) || bad_value.is_some();
-            controls_transaction |= controls_transaction_block(&w);
-            unfollowed |= kind == StatementKind::UnfollowedSet;
-            session_changes.extend(SessionChange::of(&kind));
-        }
-    } else {
+    let mut unfollowed = false;
+    for stmt in &statements {
+        let w = Words { sql: &text, tokens: stmt };
+        let mut bad_value = None;
+        let kind = match statements.len() {
+            1 => kind.clone(),
+            _ => classify(&w, tenant_param, key, &mut bad_value),
+        };
+        sets_tenant_among_many |= statements.len() > 1 && (is_tenant_set(&kind) || bad_value.is_some());
+        controls_transaction |= controls_transaction_block(&w);
+        unfollowed |= kind == StatementKind::UnfollowedSet;
         session_changes.extend(SessionChange::of(&kind));
+        match session_config_calls(&w) {
+            Some(changes) => session_changes.extend(changes),
+            None => unfollowed = true,
+        }
     }
     if controls_transaction && !session_changes.is_empty() {
         // Whether each SET outlives the string depends on which transaction it fell in
@@ -272,30 +280,61 @@ fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
     })
 }
 
-/// A `set_config(name, value, is_local)` call whose `is_local` is not a literal true:
-/// it may change a setting for the rest of the session, which pgtenant cannot follow.
-fn sets_config_for_session(w: &Words) -> bool {
-    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(").any(|i| {
-        let mut depth = 0;
-        let mut last_argument = i + 2;
+/// What the `set_config(name, value, is_local)` calls of a statement do to the session:
+/// the settings they change when `is_local` is false (read from literals, or from a
+/// `$n` parameter for the value), or `None` when pgtenant cannot tell.
+fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
+    let mut changes = Vec::new();
+    for i in (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(") {
+        // The arguments' token ranges, split at the commas between them.
+        let mut arguments = Vec::new();
+        let (mut depth, mut from) = (0, i + 2);
         for k in i + 1..w.tokens.len() {
             match w.text(k) {
                 "(" => depth += 1,
-                "," if depth == 1 => last_argument = k + 1,
+                "," if depth == 1 => {
+                    arguments.push(from..k);
+                    from = k + 1;
+                }
                 ")" if depth == 1 => {
-                    let local = k == last_argument + 1
-                        && (w.is(last_argument, "true")
-                            || ["'t'", "'true'", "'on'"]
-                                .iter()
-                                .any(|v| w.text(last_argument).eq_ignore_ascii_case(v)));
-                    return !local;
+                    arguments.push(from..k);
+                    break;
                 }
                 ")" => depth -= 1,
                 _ => {}
             }
         }
-        true
-    })
+        let [name, value, is_local] = arguments.as_slice() else { return None };
+        let single = |range: &Range<usize>| {
+            (range.len() == 1).then(|| (w.tokens[range.start].kind, w.text(range.start)))
+        };
+        let truth = |(kind, text): (TokenKind, &str)| match kind {
+            TokenKind::Word => Some(text.to_ascii_lowercase()),
+            _ => plain_string((kind, text)).map(|t| t.trim_matches('\'').to_ascii_lowercase()),
+        };
+        match truth(single(is_local)?)?.as_str() {
+            "true" | "t" | "on" | "yes" | "1" => continue,
+            "false" | "f" | "off" | "no" | "0" => {}
+            _ => return None,
+        }
+        let name = plain_string(single(name)?)?.trim_matches('\'').to_string();
+        if !is_plain_setting(&name) {
+            return None;
+        }
+        changes.push(match single(value)? {
+            (TokenKind::Punct, p) if p.len() > 1 && p.starts_with('$') => {
+                SessionChange::SetFromParameter { name, parameter: p[1..].parse().ok()? }
+            }
+            (TokenKind::Number, n) => SessionChange::Set { name, value: n.to_string() },
+            other => SessionChange::Set { name, value: plain_string(other)?.to_string() },
+        });
+    }
+    Some(changes)
+}
+
+/// A string literal token without escapes, as written (quotes included).
+fn plain_string((kind, text): (TokenKind, &str)) -> Option<&str> {
+    (kind == TokenKind::String && text.starts_with('\'') && !text.contains('\\')).then_some(text)
 }
 
 /// `ALTER ROLE/DATABASE ... SET <tenant parameter>`: a default that server connections
@@ -656,9 +695,6 @@ fn pin_reason(w: &Words) -> Option<PinReason> {
     if w.is(0, "set") && w.is(1, "session") && w.is(2, "role") {
         return Some(PinReason::RoleChange);
     }
-    if sets_config_for_session(w) {
-        return Some(PinReason::UnfollowedSet);
-    }
     let session_lock = (0..w.tokens.len()).any(|i| {
         let t = w.text(i).to_ascii_lowercase();
         t.starts_with("pg_advisory_lock") || t.starts_with("pg_try_advisory_lock")
@@ -808,13 +844,31 @@ mod tests {
             assert_eq!(pin(sql), None, "{sql}");
             assert!(changes(sql).is_empty(), "{sql}");
         }
-        assert_eq!(pin("SELECT set_config('search_path', 'a', false)"), Some(PinReason::UnfollowedSet));
+        // set_config for the session, as asyncpg calls it around its type introspection.
         assert_eq!(
-            pin("select 1, pg_catalog.set_config('x.y', f(1, 2), $1)"),
-            Some(PinReason::UnfollowedSet)
+            changes("SELECT current_setting('jit') AS cur, set_config('jit', 'off', false) AS new"),
+            [set("jit", "'off'")]
         );
-        assert_eq!(pin("SELECT set_config('request.claims', concat('a', 'b'), true)"), None);
-        assert_eq!(pin("SELECT set_config('x.y', 'v', 'on')"), None);
+        assert_eq!(
+            changes("select pg_catalog.set_config('jit', $1, 'f'), set_config('x.y', 5, false)"),
+            [SessionChange::SetFromParameter { name: "jit".into(), parameter: 1 }, set("x.y", "5")]
+        );
+        for sql in [
+            "select 1, set_config('x.y', f(1, 2), false)",
+            "SELECT set_config(name, 'v', false) FROM t",
+            "SELECT set_config('x.y', 'v', $1)",
+            "SELECT set_config('x.y', E'\\n', false)",
+        ] {
+            assert_eq!(pin(sql), Some(PinReason::UnfollowedSet), "{sql}");
+        }
+        // Local to the transaction: nothing to follow.
+        for sql in [
+            "SELECT set_config('request.claims', concat('a', $1), true)",
+            "SELECT set_config('x.y', 'v', 'on')",
+        ] {
+            assert_eq!(pin(sql), None, "{sql}");
+            assert!(changes(sql).is_empty(), "{sql}");
+        }
         assert_eq!(pin("SET SESSION AUTHORIZATION other"), Some(PinReason::RoleChange));
         assert_eq!(pin("SET ROLE other"), Some(PinReason::RoleChange));
     }

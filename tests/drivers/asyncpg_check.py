@@ -32,6 +32,14 @@ async def main():
         assert len(await cur.fetch(40)) == 40
     await c.execute("set application_name = 'asyncpg-check'")
     assert await c.fetchval("select current_setting('application_name')") == "asyncpg-check"
+    # A type asyncpg does not know: it looks it up with set_config('jit', ..., false)
+    # around the query, which pgtenant follows rather than pin the session to shard 2.
+    await c.execute("drop type if exists apg_mood; create type apg_mood as enum ('sad', 'happy')")
+    assert await c.fetchval("select 'happy'::apg_mood") == "happy"
+    await c.execute("set pgtenant.tenant_id = 7")
+    assert await c.fetchval("select shard_id from pgtenant_shard") == 1
+    assert await c.fetchval("select current_setting('application_name')") == "asyncpg-check"
+    await c.execute("set pgtenant.tenant_id = 1500")
 
     got = asyncio.get_running_loop().create_future()
     listener = await connect(1500)

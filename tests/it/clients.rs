@@ -224,16 +224,17 @@ async fn session_settings_follow_the_client_across_server_connections() {
     assert_eq!(name, "alpha");
 }
 
-/// This client's search_path, TimeZone and default isolation, as the server reports them.
-async fn settings_of(client: &tokio_postgres::Client) -> (String, String, String) {
+/// This client's search_path, TimeZone, default isolation and `app.user`, as the
+/// server reports them.
+async fn settings_of(client: &tokio_postgres::Client) -> [String; 4] {
     let row = client
         .query_one(
-            "SELECT current_setting('search_path'), current_setting('TimeZone'), current_setting('transaction_isolation')",
+            "SELECT current_setting('search_path'), current_setting('TimeZone'), current_setting('transaction_isolation'), coalesce(current_setting('app.user', true), '')",
             &[],
         )
         .await
         .unwrap();
-    (row.get(0), row.get(1), row.get(2))
+    [row.get(0), row.get(1), row.get(2), row.get(3)]
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -242,12 +243,16 @@ async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let a = proxy.connect(Some(7)).await;
     let b = proxy.connect(Some(8)).await;
-    let defaults = settings_of(&b).await;
+    let mut defaults = settings_of(&b).await;
     // A SET through the extended protocol (tokio-postgres prepares it, as pgJDBC does),
     // one inside a multi-statement query, and SET SESSION CHARACTERISTICS.
     a.execute("SET search_path = pg_catalog, public", &[]).await.unwrap();
     a.batch_execute("SET TimeZone = 'Asia/Tokyo'; SELECT 1").await.unwrap();
     a.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE").await.unwrap();
+    // set_config for the session, its value a parameter (as asyncpg's around type lookups).
+    let user: String =
+        a.query_one("SELECT set_config('app.user', $1, false)", &[&"alice"]).await.unwrap().get(0);
+    assert_eq!(user, "alice");
     // Undone by the server, so not followed: a SET in a rolled-back transaction, one in
     // a failed extended request.
     let mut a = a;
@@ -255,7 +260,7 @@ async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
     tx.execute("SET search_path = rolled_back", &[]).await.unwrap();
     tx.rollback().await.unwrap();
     a.execute("SET TimeZone = 'no/such_zone'", &[]).await.unwrap_err();
-    let mine = ("pg_catalog, public".to_string(), "Asia/Tokyo".to_string(), "serializable".to_string());
+    let mine = ["pg_catalog, public", "Asia/Tokyo", "serializable", "alice"].map(String::from);
     for _ in 0..3 {
         assert_eq!(settings_of(&a).await, mine);
         assert_eq!(settings_of(&b).await, defaults, "another client's SETs must not leak");
@@ -266,6 +271,7 @@ async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
     assert_eq!(settings_of(&a).await, mine);
     // RESET ALL through the extended protocol: back to the startup settings everywhere.
     a.execute("RESET ALL", &[]).await.unwrap();
+    defaults[3] = String::new(); // a placeholder setting, once made, resets to empty
     assert_eq!(settings_of(&a).await, defaults);
     a.batch_execute("SET pgtenant.tenant_id = 7").await.unwrap();
     assert_eq!(settings_of(&a).await, defaults);
@@ -283,7 +289,7 @@ async fn session_state_made_in_less_obvious_ways_pins_too() {
     for (sql, reason) in [
         ("SELECT 1 AS a INTO TEMP into_temp", "temporary table"),
         ("CREATE TABLE pg_temp.qualified_temp (a int)", "temporary table"),
-        ("SELECT set_config('search_path', 'pg_catalog', false)", "cannot re-apply"),
+        ("SELECT set_config('search_path', current_setting('search_path'), false)", "cannot re-apply"),
     ] {
         let client = proxy.connect(Some(7)).await;
         client.batch_execute(sql).await.unwrap();

@@ -10,12 +10,12 @@ use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use super::snowflake::snowflake_select;
-use super::{ClientStatement, Session};
-use crate::backend::{OnError, Pending, PreparedStatement, Reply};
+use super::{BoundChanges, ClientStatement, Session};
+use crate::backend::{OnError, Pending, PreparedStatement, Reply, quote_literal};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
-use crate::router::{Analysis, ROUTING_VERSION, Route, StatementKind};
+use crate::router::{Analysis, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind};
 
 impl Session {
     /// Keeps a message of a request that is held (see the module comment) and is not its
@@ -372,7 +372,7 @@ impl Session {
                 if let (Some(pin), Some(a)) = (analysis.as_ref().and_then(|a| a.pin), self.server.as_mut()) {
                     a.pin.get_or_insert(pin);
                 }
-                self.note_bound_changes(b.portal, analysis);
+                self.note_bound_changes(b.portal, analysis, b.rest);
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 match stmt {
@@ -436,14 +436,25 @@ impl Session {
     }
 
     /// A Bind to `portal` replaces what the portal held: remembers whether it now holds
-    /// a statement that changes session settings.
-    fn note_bound_changes(&mut self, portal: &[u8], analysis: Option<Arc<Analysis>>) {
-        match analysis {
-            Some(analysis) if !analysis.session_changes.is_empty() => {
-                self.bound_changes = Some((Bytes::copy_from_slice(portal), analysis));
+    /// a statement that changes session settings, with parameter values filled in. One
+    /// whose value cannot be read (NULL, not UTF-8) pins the server connection instead.
+    fn note_bound_changes(&mut self, portal: &[u8], analysis: Option<Arc<Analysis>>, bind_rest: &[u8]) {
+        self.bound_changes.take_if(|b| b.portal[..] == *portal);
+        let Some(analysis) = analysis.filter(|a| !a.session_changes.is_empty()) else { return };
+        let changes: Option<Vec<_>> =
+            analysis.session_changes.iter().map(|c| with_parameter_values(c, bind_rest)).collect();
+        match changes {
+            Some(changes) => {
+                self.bound_changes = Some(BoundChanges {
+                    portal: Bytes::copy_from_slice(portal),
+                    changes,
+                    discards_statements: analysis.kind == StatementKind::DiscardAll,
+                })
             }
-            _ => {
-                self.bound_changes.take_if(|(p, _)| p[..] == *portal);
+            None => {
+                if let Some(a) = self.server.as_mut() {
+                    a.pin.get_or_insert(PinReason::UnfollowedSet);
+                }
             }
         }
     }
@@ -451,10 +462,10 @@ impl Session {
     /// An Execute of `portal` goes to the server: if the portal holds a statement that
     /// changes settings, its changes wait for the request's answer (`on_ready`).
     fn note_executed_changes(&mut self, portal: &[u8]) {
-        let Some((_, analysis)) = self.bound_changes.take_if(|(p, _)| p[..] == *portal) else { return };
-        self.setting_changes.extend(analysis.session_changes.iter().cloned());
-        self.request_changes += analysis.session_changes.len();
-        if analysis.kind == StatementKind::DiscardAll
+        let Some(bound) = self.bound_changes.take_if(|b| b.portal[..] == *portal) else { return };
+        self.request_changes += bound.changes.len();
+        self.setting_changes.extend(bound.changes);
+        if bound.discards_statements
             && let Some(a) = self.server.as_mut()
         {
             // As in a simple query: the server forgets every prepared statement.
@@ -574,6 +585,19 @@ pub(super) fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
 enum LocalAnswer {
     TenantSet { tenant: Option<TenantId>, tag: &'static str },
     RoutingVersion,
+}
+
+/// `change` with the value of its `$n` parameter read from a Bind's remainder.
+fn with_parameter_values(change: &SessionChange, bind_rest: &[u8]) -> Option<SessionChange> {
+    match change {
+        SessionChange::SetFromParameter { name, parameter } => {
+            // The parameter is text (set_config's), whose binary form is its text too.
+            let (_, value) = protocol::bind_param(bind_rest, *parameter)?;
+            let value = std::str::from_utf8(value?).ok()?;
+            Some(SessionChange::Set { name: name.clone(), value: quote_literal(value) })
+        }
+        other => Some(other.clone()),
+    }
 }
 
 pub(super) fn add_new(named: &mut SmallVec<[TenantId; 2]>, tenants: Vec<TenantId>) {

@@ -61,6 +61,15 @@ struct ClientStatement {
     analysis: Arc<Analysis>,
 }
 
+/// A portal whose statement changes session settings (see `Session::bound_changes`).
+struct BoundChanges {
+    portal: Bytes,
+    /// With the values of parameters filled in.
+    changes: Vec<SessionChange>,
+    /// DISCARD ALL / DEALLOCATE ALL: prepared statements go with it.
+    discards_statements: bool,
+}
+
 /// The server working for this client.
 struct Attached {
     conn: PooledConn,
@@ -113,9 +122,9 @@ pub struct Session {
     setting_changes: VecDeque<SessionChange>,
     /// Changes made inside the current transaction; kept only if it commits.
     tx_setting_changes: Vec<SessionChange>,
-    /// A Bind of a statement that changes settings: its portal and the changes, which
-    /// count once an Execute of that portal goes to the server.
-    bound_changes: Option<(Bytes, Arc<Analysis>)>,
+    /// A portal bound to a statement that changes settings: its changes count once an
+    /// Execute of that portal goes to the server.
+    bound_changes: Option<BoundChanges>,
     /// Setting changes executed since the last Sync, which that Sync's answer settles.
     request_changes: usize,
     cancel: CancelKey,

@@ -254,6 +254,8 @@ impl Session {
                     };
                 a.conn.settings = a.conn.settings.without(&name);
             }
+            // Resolved at Bind; a simple query has no parameters: the server refused it.
+            SessionChange::SetFromParameter { .. } => {}
             SessionChange::ResetAll => {
                 self.settings = self.startup_settings.clone();
                 a.conn.settings = Settings::empty();
@@ -430,6 +432,10 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
         }
         if fx.desync {
             tracing::warn!(shard = a.route.shard, tag = %(tag as char), "unexpected server message; the connection will be closed");
+            conn.broken = true;
+        }
+        if fx.injected_failed {
+            // Never handed to another client with state it does not expect.
             conn.broken = true;
         }
         if let Some(status) = fx.ready {
