@@ -86,10 +86,28 @@ pub struct Effects {
 #[derive(Debug, Default)]
 pub struct ResponseQueue {
     pending: VecDeque<Pending>,
+    /// An extended request failed before its Sync was sent: the server answers nothing
+    /// until that Sync, so nothing sent before it is waited for (psycopg's pipelines
+    /// send on after an error they have not read yet).
+    skipping_until_sync: bool,
+    /// Statements whose Parse went out while the server was skipping: never prepared.
+    skipped_prepares: Vec<u64>,
 }
 
 impl ResponseQueue {
     pub fn push(&mut self, p: Pending) {
+        if self.skipping_until_sync {
+            match &p {
+                Pending::Client { reply: Reply::Sync, .. } | Pending::Injected { reply: Reply::Sync, .. } => {
+                    self.skipping_until_sync = false;
+                }
+                Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
+                    self.skipped_prepares.extend(prepares.as_ref().map(|s| s.id));
+                    return;
+                }
+                Pending::Synthetic(_) | Pending::CopyEnd => return,
+            }
+        }
         self.pending.push_back(p);
     }
 
@@ -187,6 +205,7 @@ impl ResponseQueue {
             b'Z' => {
                 let status = raw.get(5).copied().and_then(TxStatus::from_byte);
                 fx.status = status;
+                fx.unprepared.append(&mut self.skipped_prepares);
                 match self.pending.pop_front() {
                     Some(Pending::Client { reply: Reply::Sync | Reply::Query, changes, .. }) => {
                         out.extend_from_slice(raw);
@@ -278,6 +297,7 @@ impl ResponseQueue {
             }
             self.pending.pop_front();
         }
+        self.skipping_until_sync = self.pending.is_empty();
     }
 }
 
@@ -464,6 +484,34 @@ mod tests {
         assert!(!q.on(msg(b'Z', b"I"), &mut out).injected_failed);
         assert!(out.is_empty(), "the client never sees it");
         assert!(!q.on(msg(b'E', b"SERROR\0C42P01\0Mno table\0\0"), &mut out).injected_failed);
+    }
+
+    #[test]
+    fn messages_sent_after_an_error_and_before_the_sync_wait_for_nothing() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        for reply in [Reply::Bind, Reply::Execute] {
+            q.push(client(reply));
+        }
+        let fx = q.on(msg(b'2', b""), &mut out);
+        assert!(!fx.client_error);
+        let fx = q.on(msg(b'E', b"SERROR\0C22012\0Mdivision by zero\0\0"), &mut out);
+        assert!(fx.client_error && q.is_empty());
+        // The client sends on (a pipeline): the server skips all of it but the Sync.
+        let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT 2", b"\0\0");
+        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), changes: 0 });
+        q.push(synthetic(protocol::parse_complete));
+        for reply in [Reply::Bind, Reply::Describe, Reply::Execute, Reply::Sync] {
+            q.push(client(reply));
+        }
+        let fx = q.on(msg(b'Z', b"I"), &mut out);
+        assert!(!fx.desync, "{fx:?}");
+        assert_eq!(fx.ready, Some(TxStatus::Idle));
+        assert_eq!(fx.unprepared, [stmt.id], "the skipped Parse prepared nothing");
+        assert!(q.is_empty());
+        // And the next request is waited for as usual.
+        q.push(client(Reply::Bind));
+        assert!(!q.is_empty());
     }
 
     #[test]

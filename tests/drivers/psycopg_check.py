@@ -39,6 +39,19 @@ with conn.pipeline():
     c2 = conn.execute("select 2")
 assert (c1.fetchone(), c2.fetchone()) == ((1,), (2,))
 conn.commit()
+# executemany pipelines its statements; then a pipeline whose middle statement fails.
+cur.executemany("insert into py_t values (%s, %s)", [(42, f"m{i}") for i in range(6)])
+conn.commit()
+try:
+    with conn.pipeline():
+        conn.execute("select 1")
+        conn.execute("select 1/0")
+        conn.execute("select 2")
+    raise AssertionError("the pipeline did not fail")
+except psycopg.errors.DivisionByZero:
+    conn.rollback()
+assert conn.execute("select count(*) from py_t where v like 'm%'").fetchone() == (6,)
+conn.commit()
 
 
 def cancel():

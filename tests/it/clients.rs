@@ -385,6 +385,56 @@ async fn flush_without_sync_gets_answers() {
     assert_eq!(crate::harness::raw::first_column(&msgs), vec!["42"]);
 }
 
+/// Parse, Bind and Execute of `sql` (unnamed), then `end` (Flush or Sync), as a pipeline sends them.
+fn pipelined(sql: &str, end: fn(&mut bytes::BytesMut)) -> bytes::BytesMut {
+    use postgres_protocol::message::frontend;
+    let mut out = bytes::BytesMut::new();
+    frontend::parse("", sql, [], &mut out).unwrap();
+    crate::harness::raw::bind_unnamed(&mut out);
+    frontend::execute("", 0, &mut out).unwrap();
+    end(&mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pipeline_that_sends_on_after_an_error_gets_its_answers() {
+    use postgres_protocol::message::frontend;
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let mut c =
+        crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    assert_eq!(crate::harness::raw::first_column(&c.query("BEGIN; SELECT 1").await), ["1"]);
+    // The error arrives before the client has sent the rest of its pipeline and the Sync.
+    c.send(&pipelined("SELECT 1/0", frontend::flush)).await;
+    let mut tags = Vec::new();
+    while tags.last() != Some(&b'E') {
+        tags.push(c.recv().await.expect("answers").tag);
+    }
+    assert_eq!(tags, b"1E", "1/0 fails as the Bind plans it");
+    // The server skips everything up to the Sync, and so must pgtenant's expectations.
+    c.send(&pipelined("SELECT 2", frontend::sync)).await;
+    let msgs = tokio::time::timeout(Duration::from_secs(5), c.until_ready()).await.expect("ReadyForQuery");
+    let tags: Vec<u8> = msgs.iter().map(|m| m.tag).collect();
+    assert_eq!(tags, b"Z");
+    assert_eq!(msgs[0].body, b"E", "in a failed transaction");
+    c.query("ROLLBACK").await;
+    assert_eq!(crate::harness::raw::first_column(&c.query("SELECT 3").await), ["3"]);
+
+    // A Flush after a pipeline's Sync (psycopg sends one) opens no request: the server
+    // connection goes back to the pool, and the only one serves another client at once.
+    c.send(&pipelined("SELECT 4", frontend::sync)).await;
+    c.send(&{
+        let mut out = bytes::BytesMut::new();
+        frontend::flush(&mut out);
+        out
+    })
+    .await;
+    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["4"]);
+    let other = proxy.connect(Some(8)).await;
+    let started = std::time::Instant::now();
+    other.batch_execute("SELECT 1").await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?} for the connection", started.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn advisory_locks_pin_until_the_session_ends() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;

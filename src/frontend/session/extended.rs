@@ -345,8 +345,11 @@ impl Session {
 
     /// Sends one extended-protocol message to the attached server, translated.
     fn forward_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
-        if let Some(a) = self.server.as_mut() {
-            // Until Sync, the server holds request state (unnamed statement, portals).
+        if let Some(a) = self.server.as_mut()
+            && frame.tag != b'H'
+        {
+            // Until Sync, the server holds request state (unnamed statement, portals). A
+            // Flush opens nothing: psycopg sends one after each Sync of a pipeline.
             a.open_request = frame.tag != b'S';
         }
         match frame.tag {
