@@ -66,7 +66,7 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     }
     let config = Arc::new(config);
     let tls = match &config.tls {
-        Some(t) => Some(frontend::tls_acceptor(&t.cert, &t.key).map_err(StartError::Tls)?),
+        Some(t) => Some(frontend::client_tls(&t.cert, &t.key).map_err(StartError::Tls)?),
         None => None,
     };
     let server_tls = ServerTls::from_config(&config.server_tls).map_err(StartError::Tls)?;

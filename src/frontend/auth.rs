@@ -6,7 +6,7 @@ use base64::Engine;
 use bytes::Buf;
 
 use super::error::FrontendError;
-use super::scram::{ScramExchange, ScramVerifier};
+use super::scram::{Binding, ScramExchange, ScramVerifier};
 use crate::config::{AuthMethod, UserConfig};
 use crate::net::Duplex;
 use crate::protocol;
@@ -30,11 +30,14 @@ impl UserAuth {
     }
 }
 
-/// Runs the exchange; on success AuthenticationOk has been queued.
+/// Runs the exchange; on success AuthenticationOk has been queued. `binding`: the
+/// channel binding data of the client's TLS connection, which SCRAM-SHA-256-PLUS is
+/// offered with.
 pub async fn authenticate(
     io: &mut Duplex,
     user: &str,
     auth: Option<&UserAuth>,
+    binding: Option<&[u8]>,
     max_len: usize,
 ) -> Result<(), FrontendError> {
     let failed = || FrontendError::AuthFailed { user: user.to_string() };
@@ -44,16 +47,23 @@ pub async fn authenticate(
         AuthMethod::Trust => return Err(failed()),
         AuthMethod::ScramSha256 => {
             let verifier = auth.and_then(|a| a.verifier.clone()).unwrap_or_else(|| ScramVerifier::mock(user));
-            protocol::authentication(&mut io.wbuf, 10, b"SCRAM-SHA-256\0\0");
+            let mechanisms: &[u8] = match binding {
+                Some(_) => b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0",
+                None => b"SCRAM-SHA-256\0\0",
+            };
+            protocol::authentication(&mut io.wbuf, 10, mechanisms);
             io.flush().await?;
             let first = read_password_message(io, max_len).await?;
             let (mechanism, data) = sasl_initial(&first)
                 .ok_or_else(|| FrontendError::Protocol("malformed SASLInitialResponse".into()))?;
-            if mechanism != b"SCRAM-SHA-256" {
-                return Err(FrontendError::Protocol("unsupported SASL mechanism".into()));
-            }
+            let binding = match (mechanism, binding) {
+                (b"SCRAM-SHA-256-PLUS", Some(data)) => Binding::Required(data),
+                (b"SCRAM-SHA-256", Some(_)) => Binding::Declined,
+                (b"SCRAM-SHA-256", None) => Binding::NotOffered,
+                _ => return Err(FrontendError::Protocol("unsupported SASL mechanism".into())),
+            };
             let nonce = base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 18]>());
-            let (exchange, server_first) = ScramExchange::start(verifier, data, &nonce)
+            let (exchange, server_first) = ScramExchange::start(verifier, binding, data, &nonce)
                 .map_err(|e| FrontendError::Protocol(e.to_string()))?;
             protocol::authentication(&mut io.wbuf, 11, server_first.as_bytes());
             io.flush().await?;

@@ -30,11 +30,12 @@ pub async fn serve_connection(
 ) {
     let _ = tcp.set_nodelay(true);
     let timeout = shared.config.proxy.startup_timeout();
-    let negotiated = match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref())).await {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
-        Err(_) => return tracing::debug!("startup timed out"),
-    };
+    let negotiated =
+        match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref().map(|t| &t.acceptor))).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
+            Err(_) => return tracing::debug!("startup timed out"),
+        };
     let (stream, minor, params) = match negotiated {
         Negotiated::Cancel { pid, key } => return forward_cancel(&shared, pid, key).await,
         Negotiated::Login { stream, minor, params } => (stream, minor, params),
@@ -88,7 +89,10 @@ async fn login(
         negotiate_protocol_version(&mut client.wbuf, &params.protocol_options);
     }
     let user = config.user(&params.user).cloned().map(Arc::new);
-    authenticate(client, &params.user, shared.auth.get(&params.user), config.proxy.max_message_size).await?;
+    // Channel binding to the certificate this client's TLS was set up with.
+    let binding = client.stream.is_tls().then(|| shared.tls.as_ref()?.end_point.as_deref()).flatten();
+    let auth = shared.auth.get(&params.user);
+    authenticate(client, &params.user, auth, binding, config.proxy.max_message_size).await?;
     let user = user.ok_or_else(|| FrontendError::AuthFailed { user: params.user.clone() })?;
     let permit = slots
         .try_acquire_owned()

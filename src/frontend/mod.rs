@@ -21,7 +21,7 @@ pub use cancel::CancelRegistry;
 pub use error::FrontendError;
 pub use listener::run_listener;
 pub use scram::ScramVerifier;
-pub use tls::acceptor as tls_acceptor;
+pub use tls::{ClientTls, client_tls};
 
 use crate::backend::{CheckoutError, Pools, StatementRegistry};
 use crate::config::{Config, NodeConfig};
@@ -41,7 +41,7 @@ pub struct Shared {
     pub pools: Pools,
     pub statements: StatementRegistry,
     pub cancels: Arc<CancelRegistry>,
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub tls: Option<ClientTls>,
     /// Mints the snowflake IDs the sessions answer for.
     pub minter: Arc<Minter>,
     auth: HashMap<String, auth::UserAuth>,
@@ -54,7 +54,7 @@ impl Shared {
         config: Arc<Config>,
         router: Router,
         pools: Pools,
-        tls: Option<tokio_rustls::TlsAcceptor>,
+        tls: Option<ClientTls>,
         minter: Arc<Minter>,
     ) -> Self {
         let auth = config.users.iter().map(|u| (u.name.clone(), auth::UserAuth::from_config(u))).collect();

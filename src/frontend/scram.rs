@@ -1,6 +1,6 @@
 //! SCRAM-SHA-256 (RFC 5802 / 7677) as a server: the verifier a user is checked
 //! against, and the two-step exchange as a sans-IO state machine with the server
-//! nonce passed in. Channel binding is not offered (no SCRAM-SHA-256-PLUS).
+//! nonce passed in, with `tls-server-end-point` channel binding (SCRAM-SHA-256-PLUS).
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -97,12 +97,26 @@ pub enum ScramError {
     WrongPassword,
 }
 
+/// Channel binding, as the mechanism the client chose settles it.
+#[derive(Clone, Copy, Debug)]
+pub enum Binding<'a> {
+    /// SCRAM-SHA-256 where SCRAM-SHA-256-PLUS was not offered (no TLS).
+    NotOffered,
+    /// SCRAM-SHA-256 although SCRAM-SHA-256-PLUS was offered: fine for a client that
+    /// cannot bind ("n"); one that can ("y") was made to believe it was not offered.
+    Declined,
+    /// SCRAM-SHA-256-PLUS, with this connection's `tls-server-end-point` data.
+    Required(&'a [u8]),
+}
+
 /// The exchange after the client-first message.
 pub struct ScramExchange {
     verifier: ScramVerifier,
     client_first_bare: String,
     server_first: String,
-    gs2_header: String,
+    /// The `c=` attribute the client-final message must carry: the GS2 header and the
+    /// channel binding data, base64.
+    channel: String,
     nonce: String,
 }
 
@@ -110,16 +124,19 @@ impl ScramExchange {
     /// Reads the client-first message and returns the server-first message to send.
     pub fn start(
         verifier: ScramVerifier,
+        binding: Binding,
         client_first: &[u8],
         server_nonce: &str,
     ) -> Result<(Self, String), ScramError> {
         let text = std::str::from_utf8(client_first).map_err(|_| ScramError::Malformed)?;
         let (gs2_flag, rest) = text.split_once(',').ok_or(ScramError::Malformed)?;
-        match gs2_flag {
-            "n" | "y" => {}
-            f if f.starts_with("p=") => return Err(ScramError::ChannelBinding),
+        let binding_data = match (gs2_flag, binding) {
+            ("n", Binding::NotOffered | Binding::Declined) | ("y", Binding::NotOffered) => &[][..],
+            ("p=tls-server-end-point", Binding::Required(data)) => data,
+            ("n" | "y", _) => return Err(ScramError::ChannelBinding),
+            (f, _) if f.starts_with("p=") => return Err(ScramError::ChannelBinding),
             _ => return Err(ScramError::Malformed),
-        }
+        };
         let (_authzid, bare) = rest.split_once(',').ok_or(ScramError::Malformed)?;
         let client_nonce = bare
             .split(',')
@@ -129,11 +146,13 @@ impl ScramExchange {
         let nonce = format!("{client_nonce}{server_nonce}");
         let server_first = format!("r={nonce},s={},i={}", B64.encode(&verifier.salt), verifier.iterations);
         let gs2_header = format!("{gs2_flag},{},", rest.split_once(',').map(|(a, _)| a).unwrap_or(""));
+        let mut channel = gs2_header.into_bytes();
+        channel.extend_from_slice(binding_data);
         let exchange = Self {
             verifier,
             client_first_bare: bare.to_string(),
             server_first: server_first.clone(),
-            gs2_header,
+            channel: B64.encode(channel),
             nonce,
         };
         Ok((exchange, server_first))
@@ -152,7 +171,7 @@ impl ScramExchange {
                 nonce = Some(r);
             }
         }
-        if channel != Some(B64.encode(&self.gs2_header).as_str()) {
+        if channel != Some(self.channel.as_str()) {
             return Err(ScramError::ChannelBinding);
         }
         if nonce != Some(self.nonce.as_str()) {
@@ -181,9 +200,19 @@ mod tests {
     use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 
     fn run(password_on_server: &str, password_of_client: &str) -> Result<(), ScramError> {
+        run_bound(password_on_server, password_of_client, ChannelBinding::unsupported(), Binding::NotOffered)
+    }
+
+    fn run_bound(
+        password_on_server: &str,
+        password_of_client: &str,
+        client_binding: ChannelBinding,
+        server_binding: Binding,
+    ) -> Result<(), ScramError> {
         let verifier = ScramVerifier::from_password(password_on_server, b"0123456789abcdef".to_vec(), 4096);
-        let mut client = ScramSha256::new(password_of_client.as_bytes(), ChannelBinding::unsupported());
-        let (exchange, server_first) = ScramExchange::start(verifier, client.message(), "SERVERNONCE")?;
+        let mut client = ScramSha256::new(password_of_client.as_bytes(), client_binding);
+        let (exchange, server_first) =
+            ScramExchange::start(verifier, server_binding, client.message(), "SERVERNONCE")?;
         client.update(server_first.as_bytes()).map_err(|_| ScramError::Malformed)?;
         let server_final = exchange.finish(client.message())?;
         client.finish(server_final.as_bytes()).map_err(|_| ScramError::Malformed)
@@ -196,6 +225,35 @@ mod tests {
     }
 
     #[test]
+    fn binds_to_the_tls_certificate_and_refuses_a_downgrade() {
+        let cert_hash = b"hash of the certificate".to_vec();
+        let plus = |client_data: &[u8]| ChannelBinding::tls_server_end_point(client_data.to_vec());
+        assert_eq!(run_bound("app", "app", plus(&cert_hash), Binding::Required(&cert_hash)), Ok(()));
+        assert_eq!(
+            run_bound("app", "wrong", plus(&cert_hash), Binding::Required(&cert_hash)),
+            Err(ScramError::WrongPassword)
+        );
+        // A client that saw another certificate (a man in the middle).
+        assert_eq!(
+            run_bound("app", "app", plus(b"another certificate"), Binding::Required(&cert_hash)),
+            Err(ScramError::ChannelBinding)
+        );
+        // A client that cannot bind may pick plain SCRAM-SHA-256 over TLS; one that could
+        // ("y": it believes the server offers no binding) was downgraded on the way.
+        assert_eq!(run_bound("app", "app", ChannelBinding::unsupported(), Binding::Declined), Ok(()));
+        assert_eq!(
+            run_bound("app", "app", ChannelBinding::unrequested(), Binding::Declined),
+            Err(ScramError::ChannelBinding)
+        );
+        assert_eq!(run_bound("app", "app", ChannelBinding::unrequested(), Binding::NotOffered), Ok(()));
+        // SCRAM-SHA-256-PLUS chosen, but no binding in the message.
+        assert_eq!(
+            run_bound("app", "app", ChannelBinding::unsupported(), Binding::Required(&cert_hash)),
+            Err(ScramError::ChannelBinding)
+        );
+    }
+
+    #[test]
     fn a_mock_verifier_refuses_every_password_with_a_stable_salt_per_user() {
         let mock = ScramVerifier::mock("nobody");
         assert_eq!(mock.salt, ScramVerifier::mock("nobody").salt, "the same salt on every attempt");
@@ -203,7 +261,8 @@ mod tests {
         assert_eq!(mock.iterations, 4096);
         for password in ["", "app", "nobody"] {
             let mut client = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
-            let (exchange, server_first) = ScramExchange::start(mock.clone(), client.message(), "N").unwrap();
+            let (exchange, server_first) =
+                ScramExchange::start(mock.clone(), Binding::NotOffered, client.message(), "N").unwrap();
             assert!(server_first.contains(&format!("s={}", B64.encode(&mock.salt))));
             client.update(server_first.as_bytes()).unwrap();
             assert_eq!(exchange.finish(client.message()), Err(ScramError::WrongPassword));
@@ -227,9 +286,12 @@ mod tests {
     fn rejects_channel_binding_and_garbage() {
         let v = ScramVerifier::from_password("pw", b"salt".to_vec(), 1);
         assert!(matches!(
-            ScramExchange::start(v.clone(), b"p=tls-server-end-point,,n=,r=abc", "x"),
+            ScramExchange::start(v.clone(), Binding::NotOffered, b"p=tls-server-end-point,,n=,r=abc", "x"),
             Err(ScramError::ChannelBinding)
         ));
-        assert!(matches!(ScramExchange::start(v, b"\xff\xfe", "x"), Err(ScramError::Malformed)));
+        assert!(matches!(
+            ScramExchange::start(v, Binding::NotOffered, b"\xff\xfe", "x"),
+            Err(ScramError::Malformed)
+        ));
     }
 }

@@ -60,7 +60,7 @@ impl AsyncWrite for Stream {
 }
 
 impl Stream {
-    fn is_tls(&self) -> bool {
+    pub fn is_tls(&self) -> bool {
         matches!(self, Stream::TlsServer(_) | Stream::TlsClient(_))
     }
 }

@@ -32,6 +32,38 @@ async fn tls_and_plain_connections_both_work() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn scram_binds_to_the_tls_channel_when_the_client_asks() {
+    let proxy = start_proxy(|_| {}).await;
+    let psql = |conninfo: &str| {
+        harness::run_with_stdin(
+            std::process::Command::new("psql").args([
+                "-X",
+                "-tA",
+                "-d",
+                &format!("host=127.0.0.1 port={} user=app dbname=app {conninfo}", proxy.addr.port()),
+                "-c",
+                "SELECT shard_id FROM pgtenant_shard",
+            ]),
+            "",
+        )
+    };
+    let tenant = "options='-c pgtenant.tenant_id=7'";
+    // SCRAM-SHA-256-PLUS with tls-server-end-point, as against PostgreSQL over TLS.
+    let bound = psql(&format!("password=app sslmode=require channel_binding=require {tenant}"));
+    assert_eq!(stdout(&bound).trim(), "1", "{}", harness::stderr(&bound));
+    let wrong = psql(&format!("password=nope sslmode=require channel_binding=require {tenant}"));
+    assert!(
+        harness::stderr(&wrong).contains("password authentication failed"),
+        "{}",
+        harness::stderr(&wrong)
+    );
+    // Without TLS there is no channel to bind to, and libpq will not go on without one.
+    let plain = psql(&format!("password=app sslmode=disable channel_binding=require {tenant}"));
+    assert!(!plain.status.success());
+    assert!(harness::stderr(&plain).contains("channel binding"), "{}", harness::stderr(&plain));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn bytes_after_ssl_request_are_refused() {
     let proxy = start_proxy(|_| {}).await;
     let mut tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
