@@ -12,8 +12,10 @@ use postgres_protocol::message::frontend;
 use tokio::net::{TcpStream, UnixStream};
 
 use super::error::BackendError;
+use super::prepared::server_name;
+use super::prepared_on_server::PreparedOnServer;
 use super::settings::{Settings, TenantGuc};
-use super::state::ResponseQueue;
+use super::state::{OnError, Pending, Reply, ResponseQueue};
 use super::tls::ServerTls;
 use crate::net::{Duplex, Stream};
 use crate::protocol::{self, ErrorFields, TxStatus};
@@ -27,6 +29,8 @@ pub struct ConnectTarget {
     pub password: Option<String>,
     pub database: String,
     pub connect_timeout: Duration,
+    /// How many statements a connection keeps prepared (`max_prepared_statements`).
+    pub max_prepared: usize,
 }
 
 impl ConnectTarget {
@@ -61,7 +65,7 @@ pub struct ServerConn {
     /// ParameterStatus values, as reported at startup and updated since.
     pub params: Vec<(String, String)>,
     /// Statement ids prepared on this server (`pgt_<id>`).
-    pub prepared: foldhash::HashSet<u64>,
+    pub prepared: PreparedOnServer,
     pub settings: Arc<Settings>,
     pub tenant: TenantGuc,
     /// `default_transaction_read_only` was turned on for a tenant that may not write.
@@ -131,6 +135,28 @@ impl ServerConn {
                 }
                 _ => {}
             }
+        }
+    }
+
+    /// Records statement `id` as prepared, its Parse about to go out; closes the least
+    /// recently used statement if that puts the connection over its limit. Not while
+    /// the server skips messages after an error: it would skip the Close too.
+    pub fn note_prepared(&mut self, id: u64) {
+        if self.queue.is_skipping() {
+            self.prepared.record(id);
+            return;
+        }
+        if let Some(evicted) = self.prepared.insert(id) {
+            protocol::put_message(&mut self.io.wbuf, b'C', |b| {
+                b.extend_from_slice(b"S");
+                b.extend_from_slice(server_name(evicted).as_bytes());
+                b.extend_from_slice(b"\0");
+            });
+            self.queue.push(Pending::Injected {
+                reply: Reply::Close,
+                on_error: OnError::Swallow,
+                prepares: None,
+            });
         }
     }
 
@@ -296,7 +322,7 @@ async fn login(
         addr: addr.to_string(),
         cancel: CancelTarget { addr: peer, pid: key.0, key: key.1 },
         params,
-        prepared: foldhash::HashSet::default(),
+        prepared: PreparedOnServer::new(target.max_prepared),
         settings: Settings::empty(),
         tenant: TenantGuc::Unknown,
         read_only: false,

@@ -296,6 +296,7 @@ impl Pools {
             password: user.server_password().map(str::to_string),
             database: node.dbname.clone().unwrap_or_else(|| database.to_string()),
             connect_timeout: self.config.proxy.connect_timeout(),
+            max_prepared: self.config.proxy.max_prepared_statements,
         };
         let pool = ServerPool::new(user.pool_size, target, self.tls.clone());
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());

@@ -30,6 +30,11 @@ impl PreparedStatement {
     }
 }
 
+/// The name statement `id` has on every server.
+pub fn server_name(id: u64) -> String {
+    format!("pgt_{id}")
+}
+
 /// Interns statements; bounded so that clients inventing endless statements cannot grow it without limit.
 pub struct StatementRegistry {
     by_text: Mutex<foldhash::HashMap<(Bytes, Bytes), Arc<PreparedStatement>>>,
@@ -53,7 +58,7 @@ impl StatementRegistry {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let stmt = Arc::new(PreparedStatement {
             id,
-            server_name: Bytes::from(format!("pgt_{id}")),
+            server_name: Bytes::from(server_name(id)),
             query: key.0.clone(),
             param_types: key.1.clone(),
             validated: AtomicBool::new(false),

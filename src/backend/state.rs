@@ -115,6 +115,11 @@ impl ResponseQueue {
         self.pending.is_empty()
     }
 
+    /// Whether the server skips everything up to the client's next Sync.
+    pub fn is_skipping(&self) -> bool {
+        self.skipping_until_sync
+    }
+
     /// What `on_server_message` does with a plain answer (`1 2 3 T n t D C I s`) to the
     /// client's own message at the front, without the rest of its cases: the answer passes
     /// to the client as it is (the caller copies it), and one that completes the entry

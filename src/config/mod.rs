@@ -229,6 +229,9 @@ pub struct ProxyConfig {
     /// A client idle inside a transaction this long is disconnected (25P03) and its
     /// transaction rolled back, so it cannot hold a server connection forever; 0 = never.
     pub idle_transaction_timeout_ms: u64,
+    /// Statements each server connection keeps prepared; past that, the least recently
+    /// used is closed. 0 = no limit.
+    pub max_prepared_statements: usize,
 }
 
 impl Default for ProxyConfig {
@@ -251,6 +254,7 @@ impl Default for ProxyConfig {
             set_tenant_guc: true,
             workers: 0,
             idle_transaction_timeout_ms: 0,
+            max_prepared_statements: 1000,
         }
     }
 }

@@ -121,6 +121,39 @@ async fn prepared_statements_survive_server_changes() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_server_connection_keeps_a_bounded_number_of_prepared_statements() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.max_prepared_statements = 4;
+    })
+    .await;
+    let client = proxy.connect(Some(7)).await;
+    // On the one server connection, through the simple protocol (which prepares nothing).
+    let on_server = || async {
+        let rows = client.simple_query("SELECT count(*) FROM pg_prepared_statements").await.unwrap();
+        match &rows[1] {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).unwrap().parse::<usize>().unwrap(),
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut statements = Vec::new();
+    for n in 0..12 {
+        statements.push(client.prepare_typed(&format!("SELECT $1 + {n}"), &[Type::INT4]).await.unwrap());
+    }
+    for round in 0..2 {
+        for (n, stmt) in statements.iter().enumerate() {
+            let row = client.query_one(stmt, &[&100i32]).await.unwrap();
+            assert_eq!(row.get::<_, i32>(0), 100 + n as i32, "round {round}");
+            let prepared = on_server().await;
+            assert!(prepared <= 4, "{prepared} statements prepared on the server");
+        }
+    }
+    // The most recently used stay: running the last ones again prepares nothing new.
+    client.query_one(&statements[11], &[&1i32]).await.unwrap();
+    assert_eq!(on_server().await, 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn typed_parameters_and_transactions() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
     let mut client = proxy.connect(Some(1500)).await;

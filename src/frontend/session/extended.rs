@@ -498,13 +498,13 @@ impl Session {
             return Ok(());
         }
         let a = self.server.as_mut().ok_or_else(no_server)?;
-        if a.conn.prepared.contains(&stmt.id) {
+        if a.conn.prepared.touch(stmt.id) {
             let mut b = BytesMut::new();
             protocol::parse_complete(&mut b);
             a.conn.queue.push(Pending::Synthetic(b.freeze()));
         } else {
+            a.conn.note_prepared(stmt.id);
             protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
-            a.conn.prepared.insert(stmt.id);
             a.conn.queue.push(Pending::Client {
                 reply: Reply::Parse,
                 prepares: Some(stmt.clone()),
@@ -539,9 +539,9 @@ impl Session {
         }
         let stmt = self.statements.get(name)?.stmt.clone();
         let a = self.server.as_mut()?;
-        if !a.conn.prepared.contains(&stmt.id) {
+        if !a.conn.prepared.touch(stmt.id) {
+            a.conn.note_prepared(stmt.id);
             protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
-            a.conn.prepared.insert(stmt.id);
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Parse,
                 on_error: OnError::Forward,

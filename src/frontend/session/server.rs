@@ -7,8 +7,8 @@ use bytes::{Buf, BytesMut};
 
 use super::{Attached, ClientTx, Session};
 use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Reply, ServerConn, ServerPool, SettingValue, Settings, TenantGuc,
-    Wanted, record_param, settings_sql, tenant_sql,
+    MAX_SERVER_MESSAGE, OnError, Pending, Reply, SET_TENANT_STATEMENT_ID, ServerConn, ServerPool,
+    SettingValue, Settings, TenantGuc, Wanted, record_param, settings_sql, tenant_sql,
 };
 use crate::config::PoolMode;
 use crate::directory::{ShardId, TenantId};
@@ -419,7 +419,7 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
         let fx = conn.queue.on_server_message(tag, raw, out);
         tracing::trace!(client, tag = %(tag as char), ?fx, "server message");
         for id in &fx.unprepared {
-            conn.prepared.remove(id);
+            conn.prepared.remove(*id);
         }
         if fx.client_error {
             a.request_failed = true;
@@ -449,16 +449,16 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
     result
 }
 
-/// The statement that sets the tenant GUC inside a client's extended request, and its
-/// id in `ServerConn::prepared` (client statements' ids count up from 1).
+/// The statement that sets the tenant GUC inside a client's extended request (its id
+/// in `ServerConn::prepared` is `SET_TENANT_STATEMENT_ID`).
 const SET_TENANT_STATEMENT: &[u8] = b"pgtenant_set_tenant";
-const SET_TENANT_STATEMENT_ID: u64 = u64::MAX;
 
 /// Sets the tenant GUC ahead of the client's extended messages, without a Sync: it runs
 /// in the client's implicit transaction. Its answers are swallowed; an error (none is
 /// expected) reaches the client, and the server then skips the request as it should.
 fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&TenantId>) {
-    if conn.prepared.insert(SET_TENANT_STATEMENT_ID) {
+    if !conn.prepared.touch(SET_TENANT_STATEMENT_ID) {
+        conn.prepared.record(SET_TENANT_STATEMENT_ID);
         // No row comes back (set_config never returns NULL): one message less to swallow.
         protocol::parse(
             &mut conn.io.wbuf,
