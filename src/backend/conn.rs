@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
@@ -74,6 +74,9 @@ pub struct ServerConn {
     pub queue: ResponseQueue,
     /// Left in a state that cannot be trusted; closed instead of reused.
     pub broken: bool,
+    pub opened: Instant,
+    /// When it last went back to its pool.
+    pub idle_since: Instant,
 }
 
 impl ServerConn {
@@ -329,6 +332,8 @@ async fn login(
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,
+        opened: Instant::now(),
+        idle_since: Instant::now(),
     })
 }
 

@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
 
@@ -72,6 +73,8 @@ struct NodePool {
     tls: Option<Arc<ServerTls>>,
     /// ParameterStatus values of the first connection, before any client setting.
     startup_params: OnceLock<Arc<Vec<(String, String)>>>,
+    /// Connections older than this are closed as they come back (`server_lifetime_ms`).
+    lifetime: Option<Duration>,
 }
 
 /// How many idle connections, newest first, a checkout looks at: the scan runs under the
@@ -102,7 +105,12 @@ fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
 }
 
 impl ServerPool {
-    fn new(size: usize, target: ConnectTarget, tls: Option<Arc<ServerTls>>) -> Self {
+    fn new(
+        size: usize,
+        target: ConnectTarget,
+        tls: Option<Arc<ServerTls>>,
+        lifetime: Option<Duration>,
+    ) -> Self {
         let config = PoolConfig { max_size: size, timeout: None, runtime: Some(deadpool::Runtime::Tokio1) };
         let permits = unmanaged::Pool::from_config(&config);
         for _ in 0..size {
@@ -116,6 +124,7 @@ impl ServerPool {
             target,
             tls,
             startup_params: OnceLock::new(),
+            lifetime,
         }))
     }
 
@@ -169,7 +178,12 @@ impl PooledConn {
 
 impl Drop for PooledConn {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
+        if let Some(mut conn) = self.conn.take() {
+            let now = Instant::now();
+            if self.pool.lifetime.is_some_and(|lifetime| now.duration_since(conn.opened) >= lifetime) {
+                return;
+            }
+            conn.idle_since = now;
             // Checked under the lock: `close` closes the permits before it empties the shelf.
             let mut shelf = self.pool.lock_shelf();
             if !self.pool.permits.is_closed() {
@@ -241,6 +255,34 @@ impl Pools {
         Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()) }
     }
 
+    /// Closes the idle connections that have sat in their pools for `idle_timeout` or
+    /// longer, or lived past `server_lifetime_ms`.
+    pub fn close_expired(&self, idle_timeout: Option<Duration>) {
+        let pools: Vec<ServerPool> =
+            self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let now = Instant::now();
+        let past =
+            |since: Instant, limit: Option<Duration>| limit.is_some_and(|l| now.duration_since(since) >= l);
+        for pool in pools {
+            let mut expired = Vec::new();
+            {
+                let mut shelf = pool.0.lock_shelf();
+                let mut at = 0;
+                while at < shelf.len() {
+                    let c = &shelf[at];
+                    if past(c.idle_since, idle_timeout) || past(c.opened, pool.0.lifetime) {
+                        expired.push(shelf.remove(at));
+                    } else {
+                        at += 1;
+                    }
+                }
+            }
+            if !expired.is_empty() {
+                tracing::debug!(closed = expired.len(), addr = %pool.0.target.addr(), "closed expired idle server connections");
+            }
+        }
+    }
+
     /// Checks out a connection to `node` of `shard` for `user` and `database`.
     pub async fn checkout(
         &self,
@@ -298,7 +340,8 @@ impl Pools {
             connect_timeout: self.config.proxy.connect_timeout(),
             max_prepared: self.config.proxy.max_prepared_statements,
         };
-        let pool = ServerPool::new(user.pool_size, target, self.tls.clone());
+        let pool =
+            ServerPool::new(user.pool_size, target, self.tls.clone(), self.config.proxy.server_lifetime());
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
     }

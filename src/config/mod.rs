@@ -232,6 +232,10 @@ pub struct ProxyConfig {
     /// Statements each server connection keeps prepared; past that, the least recently
     /// used is closed. 0 = no limit.
     pub max_prepared_statements: usize,
+    /// A server connection this old is closed when it comes back to its pool; 0 = never.
+    pub server_lifetime_ms: u64,
+    /// A server connection idle in its pool this long is closed; 0 = never.
+    pub server_idle_timeout_ms: u64,
 }
 
 impl Default for ProxyConfig {
@@ -255,6 +259,8 @@ impl Default for ProxyConfig {
             workers: 0,
             idle_transaction_timeout_ms: 0,
             max_prepared_statements: 1000,
+            server_lifetime_ms: 3_600_000,
+            server_idle_timeout_ms: 600_000,
         }
     }
 }
@@ -265,6 +271,12 @@ impl ProxyConfig {
     }
     pub fn checkout_timeout(&self) -> Duration {
         Duration::from_millis(self.checkout_timeout_ms)
+    }
+    pub fn server_lifetime(&self) -> Option<Duration> {
+        (self.server_lifetime_ms > 0).then(|| Duration::from_millis(self.server_lifetime_ms))
+    }
+    pub fn server_idle_timeout(&self) -> Option<Duration> {
+        (self.server_idle_timeout_ms > 0).then(|| Duration::from_millis(self.server_idle_timeout_ms))
     }
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)

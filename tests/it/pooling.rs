@@ -77,3 +77,55 @@ async fn connect_as(proxy: &harness::Proxy, application_name: &str, tenant: i64)
         .conninfo(&format!("application_name={application_name} options='-c pgtenant.tenant_id={tenant}'"));
     harness::connect(&conninfo).await.expect("connect through the proxy")
 }
+
+/// Whether server process `pid` of shard 1 has ended, or does within two seconds (it
+/// exits a moment after pgtenant closes its connection).
+async fn backend_ends(pid: i32) -> bool {
+    let admin = harness::shard_admin(1, "postgres").await;
+    for _ in 0..40 {
+        let row = admin.query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&pid]).await;
+        if row.unwrap().get::<_, i64>(0) == 0 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_idle_too_long_are_closed() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 2;
+        c.proxy.server_idle_timeout_ms = 300;
+        c.proxy.server_lifetime_ms = 0;
+    })
+    .await;
+    let client = proxy.connect(Some(7)).await;
+    let (first, _) = backend_of(&client).await;
+    assert_eq!(backend_of(&client).await.0, first, "reused while fresh");
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    assert!(backend_ends(first).await, "closed after sitting idle");
+    assert_ne!(backend_of(&client).await.0, first);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_past_their_lifetime_are_replaced() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.server_idle_timeout_ms = 0;
+        c.proxy.server_lifetime_ms = 500;
+    })
+    .await;
+    let client = proxy.connect(Some(7)).await;
+    let started = std::time::Instant::now();
+    let (first, _) = backend_of(&client).await;
+    // Busy all along (never idle for long): replaced as it comes back past its lifetime.
+    let mut pid = first;
+    while pid == first && started.elapsed() < std::time::Duration::from_secs(5) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        pid = backend_of(&client).await.0;
+    }
+    assert_ne!(pid, first, "still the first server process after {:?}", started.elapsed());
+    assert!(started.elapsed() >= std::time::Duration::from_millis(500));
+    assert!(backend_ends(first).await);
+}
