@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
@@ -74,9 +74,10 @@ pub struct ServerConn {
     pub queue: ResponseQueue,
     /// Left in a state that cannot be trusted; closed instead of reused.
     pub broken: bool,
-    pub opened: Instant,
-    /// When it last went back to its pool.
-    pub idle_since: Instant,
+    /// When it was opened (`coarse_clock::now_ms`).
+    pub opened_ms: u64,
+    /// When it last went back to its pool (`coarse_clock::coarse_ms`).
+    pub idle_since_ms: u64,
 }
 
 impl ServerConn {
@@ -332,8 +333,8 @@ async fn login(
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,
-        opened: Instant::now(),
-        idle_since: Instant::now(),
+        opened_ms: super::coarse_clock::now_ms(),
+        idle_since_ms: super::coarse_clock::now_ms(),
     })
 }
 

@@ -2,6 +2,7 @@
 //! (node, user, database), what each connection still owes, and the settings and
 //! prepared statements it carries.
 
+mod coarse_clock;
 mod conn;
 mod error;
 mod pool;

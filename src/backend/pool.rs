@@ -21,10 +21,11 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
 
+use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
 use super::tls::ServerTls;
@@ -73,8 +74,9 @@ struct NodePool {
     tls: Option<Arc<ServerTls>>,
     /// ParameterStatus values of the first connection, before any client setting.
     startup_params: OnceLock<Arc<Vec<(String, String)>>>,
-    /// Connections older than this are closed as they come back (`server_lifetime_ms`).
-    lifetime: Option<Duration>,
+    /// Connections older than this (ms) are closed as they come back
+    /// (`server_lifetime_ms`; 0: never).
+    lifetime_ms: u64,
 }
 
 /// How many idle connections, newest first, a checkout looks at: the scan runs under the
@@ -105,12 +107,7 @@ fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
 }
 
 impl ServerPool {
-    fn new(
-        size: usize,
-        target: ConnectTarget,
-        tls: Option<Arc<ServerTls>>,
-        lifetime: Option<Duration>,
-    ) -> Self {
+    fn new(size: usize, target: ConnectTarget, tls: Option<Arc<ServerTls>>, lifetime_ms: u64) -> Self {
         let config = PoolConfig { max_size: size, timeout: None, runtime: Some(deadpool::Runtime::Tokio1) };
         let permits = unmanaged::Pool::from_config(&config);
         for _ in 0..size {
@@ -124,7 +121,7 @@ impl ServerPool {
             target,
             tls,
             startup_params: OnceLock::new(),
-            lifetime,
+            lifetime_ms,
         }))
     }
 
@@ -159,10 +156,14 @@ impl PooledConn {
     /// Returns the connection to its pool: at once, or with `reset` once its session
     /// state is reset (DISCARD ALL), in a task of its own so that no client waits for the
     /// reset; it stays checked out until then.
-    pub fn release(mut self, reset: bool) {
-        if !reset {
-            return;
+    #[inline]
+    pub fn release(self, reset: bool) {
+        if reset {
+            self.release_after_reset();
         }
+    }
+
+    fn release_after_reset(mut self) {
         tokio::spawn(async move {
             // Untrusted until the reset completes: if the task is dropped midway (at
             // shutdown), the connection is closed instead of handed out.
@@ -179,11 +180,11 @@ impl PooledConn {
 impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
-            let now = Instant::now();
-            if self.pool.lifetime.is_some_and(|lifetime| now.duration_since(conn.opened) >= lifetime) {
+            let now = coarse_clock::coarse_ms();
+            if self.pool.lifetime_ms > 0 && now.saturating_sub(conn.opened_ms) >= self.pool.lifetime_ms {
                 return;
             }
-            conn.idle_since = now;
+            conn.idle_since_ms = now;
             // Checked under the lock: `close` closes the permits before it empties the shelf.
             let mut shelf = self.pool.lock_shelf();
             if !self.pool.permits.is_closed() {
@@ -260,9 +261,9 @@ impl Pools {
     pub fn close_expired(&self, idle_timeout: Option<Duration>) {
         let pools: Vec<ServerPool> =
             self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        let now = Instant::now();
-        let past =
-            |since: Instant, limit: Option<Duration>| limit.is_some_and(|l| now.duration_since(since) >= l);
+        let now = coarse_clock::advance();
+        let idle_ms = idle_timeout.map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let past = |since: u64, limit: u64| limit > 0 && now.saturating_sub(since) >= limit;
         for pool in pools {
             let mut expired = Vec::new();
             {
@@ -270,7 +271,7 @@ impl Pools {
                 let mut at = 0;
                 while at < shelf.len() {
                     let c = &shelf[at];
-                    if past(c.idle_since, idle_timeout) || past(c.opened, pool.0.lifetime) {
+                    if past(c.idle_since_ms, idle_ms) || past(c.opened_ms, pool.0.lifetime_ms) {
                         expired.push(shelf.remove(at));
                     } else {
                         at += 1;
@@ -341,7 +342,7 @@ impl Pools {
             max_prepared: self.config.proxy.max_prepared_statements,
         };
         let pool =
-            ServerPool::new(user.pool_size, target, self.tls.clone(), self.config.proxy.server_lifetime());
+            ServerPool::new(user.pool_size, target, self.tls.clone(), self.config.proxy.server_lifetime_ms);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
     }

@@ -95,20 +95,28 @@ pub struct ResponseQueue {
 }
 
 impl ResponseQueue {
+    #[inline]
     pub fn push(&mut self, p: Pending) {
         if self.skipping_until_sync {
-            match &p {
-                Pending::Client { reply: Reply::Sync, .. } | Pending::Injected { reply: Reply::Sync, .. } => {
-                    self.skipping_until_sync = false;
-                }
-                Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
-                    self.skipped_prepares.extend(prepares.as_ref().map(|s| s.id));
-                    return;
-                }
-                Pending::Synthetic(_) | Pending::CopyEnd => return,
-            }
+            self.push_while_skipping(p);
+        } else {
+            self.pending.push_back(p);
         }
-        self.pending.push_back(p);
+    }
+
+    /// The server skips `p`'s message: only a Sync is answered (and ends the skipping).
+    #[cold]
+    fn push_while_skipping(&mut self, p: Pending) {
+        match &p {
+            Pending::Client { reply: Reply::Sync, .. } | Pending::Injected { reply: Reply::Sync, .. } => {
+                self.skipping_until_sync = false;
+                self.pending.push_back(p);
+            }
+            Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
+                self.skipped_prepares.extend(prepares.as_ref().map(|s| s.id));
+            }
+            Pending::Synthetic(_) | Pending::CopyEnd => {}
+        }
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,0 +1,28 @@
+//! Milliseconds since the process started, read cheaply: a server connection notes the
+//! time each time it goes back to its pool (once per transaction), where a clock read
+//! would cost more than the rest of the return. The task that closes expired idle
+//! connections moves the clock on, so it lags by at most that task's period.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+static COARSE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The exact time, in milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The time as last moved on by `advance` (never ahead of `now_ms`).
+pub fn coarse_ms() -> u64 {
+    COARSE_MS.load(Ordering::Relaxed)
+}
+
+/// Moves the coarse clock to now; returns now.
+pub fn advance() -> u64 {
+    let now = now_ms();
+    COARSE_MS.fetch_max(now, Ordering::Relaxed);
+    now
+}
