@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -37,7 +38,12 @@ pub async fn serve_connection(
             Err(_) => return tracing::debug!("startup timed out"),
         };
     let (stream, minor, params) = match negotiated {
-        Negotiated::Cancel { pid, key } => return forward_cancel(&shared, pid, key).await,
+        Negotiated::Cancel { mut stream, pid, key } => {
+            forward_cancel(&shared, pid, key).await;
+            // As PostgreSQL: the connection closes once the cancel is sent on.
+            let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
+            return;
+        }
         Negotiated::Login { stream, minor, params } => (stream, minor, params),
     };
     let mut client = Duplex::new(stream);

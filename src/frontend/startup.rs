@@ -17,8 +17,18 @@ use crate::protocol::{StartupPacket, read_startup_frame};
 const MAX_STARTUP_PACKET: u32 = 10_000;
 
 pub enum Negotiated {
-    Login { stream: Stream, minor: u16, params: Vec<(String, String)> },
-    Cancel { pid: u32, key: u32 },
+    Login {
+        stream: Stream,
+        minor: u16,
+        params: Vec<(String, String)>,
+    },
+    /// The stream is kept to be closed once the cancel has gone on: over TLS, with a
+    /// close_notify, or libpq 17+ (which encrypts cancels) reports the cancel as failed.
+    Cancel {
+        stream: Stream,
+        pid: u32,
+        key: u32,
+    },
 }
 
 pub async fn negotiate(tcp: TcpStream, tls: Option<&TlsAcceptor>) -> Result<Negotiated, FrontendError> {
@@ -61,7 +71,7 @@ pub async fn negotiate(tcp: TcpStream, tls: Option<&TlsAcceptor>) -> Result<Nego
                 stream.write_all(b"N").await?;
             }
             StartupPacket::CancelRequest { pid, key } => {
-                return Ok(Negotiated::Cancel { pid, key });
+                return Ok(Negotiated::Cancel { stream, pid, key });
             }
             StartupPacket::Startup { minor, params } => {
                 return Ok(Negotiated::Login { stream, minor, params });

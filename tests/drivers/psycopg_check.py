@@ -83,6 +83,28 @@ except psycopg.OperationalError as e:
 tls = psycopg.connect(f"host=127.0.0.1 port={PORT} user=app password=app dbname=app sslmode=require options='-c pgtenant.tenant_id=7'")
 assert tls.info.pgconn.ssl_in_use
 assert tls.execute("select shard_id from pgtenant_shard").fetchone() == (1,)
+# A cancel over TLS (libpq 17+ encrypts it): it must work and be reported as sent.
+cancel_errors = []
+
+
+def cancel_tls():
+    time.sleep(0.5)
+    try:
+        tls.cancel_safe()
+    except Exception as e:  # noqa: BLE001 - reported below
+        cancel_errors.append(e)
+
+
+canceller = threading.Thread(target=cancel_tls)
+canceller.start()
+try:
+    tls.execute("select pg_sleep(10)")
+    raise AssertionError("pg_sleep over TLS was not cancelled")
+except psycopg.errors.QueryCanceled:
+    pass
+canceller.join()
+assert not cancel_errors, cancel_errors
+tls.rollback()
 # Snowflake IDs answered by pgtenant, also once psycopg prepares the statement.
 last = 0
 for i in range(7):
