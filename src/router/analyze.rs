@@ -152,6 +152,11 @@ impl Analysis {
         is_tenant_set(&self.kind)
     }
 
+    /// The statement text.
+    pub fn text(&self) -> &str {
+        &self.sql
+    }
+
     /// Whether the text contains the tenant column's name at all: when not, it names
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).

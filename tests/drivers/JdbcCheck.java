@@ -50,6 +50,17 @@ public class JdbcCheck {
           check(r.getInt(1) == 1 && r.getString(2).equals("jdbc-check"), "tenant 7 on shard 1 with the session's SET");
         }
         s.execute("set pgtenant.tenant_id = 1500");
+        // Outside autocommit, pgJDBC sends BEGIN and the SET in one request.
+        c.setAutoCommit(false);
+        s.execute("set pgtenant.tenant_id = 7");
+        try (ResultSet r = s.executeQuery("select shard_id from pgtenant_shard")) {
+          r.next();
+          check(r.getInt(1) == 1, "SET first in a transaction");
+        }
+        c.commit();
+        s.execute("set pgtenant.tenant_id = 1500");
+        c.commit();
+        c.setAutoCommit(true);
       }
       try (Statement s = c.createStatement()) {
         s.execute("delete from jdbc_t");

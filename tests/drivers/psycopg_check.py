@@ -105,6 +105,18 @@ except psycopg.errors.QueryCanceled:
 canceller.join()
 assert not cancel_errors, cancel_errors
 tls.rollback()
+# Outside autocommit psycopg begins a transaction before the SET: it holds if that commits.
+cur.execute("set pgtenant.tenant_id = 7")
+assert cur.execute("select shard_id from pgtenant_shard").fetchone() == (1,)
+conn.rollback()
+assert cur.execute("select shard_id from pgtenant_shard").fetchone() == (2,), "rolled back to 42"
+conn.rollback()
+cur.execute("set pgtenant.tenant_id = 7")
+conn.commit()
+assert cur.execute("select shard_id from pgtenant_shard").fetchone() == (1,)
+conn.commit()
+cur.execute("set pgtenant.tenant_id = 42")
+conn.commit()
 # Snowflake IDs answered by pgtenant, also once psycopg prepares the statement.
 last = 0
 for i in range(7):

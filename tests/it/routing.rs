@@ -40,7 +40,9 @@ async fn set_switches_tenant_between_transactions() {
         client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
     assert_eq!(guc, "7");
 
+    // Once the transaction has run a statement, its tenant is settled.
     client.batch_execute("BEGIN").await.unwrap();
+    client.batch_execute("SELECT 1").await.unwrap();
     let err = client.batch_execute("SET pgtenant.tenant_id = 42").await.err().unwrap();
     assert_eq!(sqlstate(&err), "25001");
     client.batch_execute("ROLLBACK").await.unwrap();
@@ -156,6 +158,7 @@ async fn tenant_set_through_the_extended_protocol() {
     // Prepared outside a transaction, executed inside one: refused at execution too.
     let prepared_set = client.prepare("SET pgtenant.tenant_id = 42").await.unwrap();
     client.batch_execute("BEGIN").await.unwrap();
+    client.execute("SELECT 1", &[]).await.unwrap();
     let err = client.execute("SET pgtenant.tenant_id = 42", &[]).await.unwrap_err();
     assert_eq!(sqlstate(&err), "25001");
     client.batch_execute("ROLLBACK; BEGIN").await.unwrap();
@@ -202,4 +205,44 @@ async fn tenant_set_inside_a_multi_statement_string_is_refused() {
         client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
     assert_eq!(guc, "7", "nothing of the refused strings ran");
     assert_eq!(shard_of(&client).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_set_first_in_a_transaction_lasts_if_it_commits() {
+    let proxy = start_proxy(|_| {}).await;
+    let mut client = proxy.connect(Some(7)).await;
+    // As psycopg and pgJDBC do outside autocommit: BEGIN, then the SET.
+    client.batch_execute("BEGIN").await.unwrap();
+    client.batch_execute("SET pgtenant.tenant_id = 42").await.unwrap();
+    assert_eq!(shard_of(&client).await, 2, "the transaction runs on the new tenant's shard");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(shard_of(&client).await, 1, "rolled back with its transaction, as a server's SET");
+    client.batch_execute("BEGIN").await.unwrap();
+    client.batch_execute("SET pgtenant.tenant_id = 42").await.unwrap();
+    client.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(shard_of(&client).await, 2, "committed: the session's tenant from now on");
+    // Through the extended protocol, in a transaction that fails on the server.
+    let tx = client.transaction().await.unwrap();
+    tx.execute("SET pgtenant.tenant_id = 7", &[]).await.unwrap();
+    let shard: i32 = tx.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0);
+    assert_eq!(shard, 1);
+    let err = tx.execute("SELECT 1/0", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22012");
+    // The server answers a failed transaction's COMMIT with ROLLBACK.
+    tx.commit().await.unwrap();
+    assert_eq!(shard_of(&client).await, 2, "a failed transaction's COMMIT rolls back");
+    let tx = client.transaction().await.unwrap();
+    tx.execute("SET pgtenant.tenant_id = 7", &[]).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(shard_of(&client).await, 1);
+    // A multi-statement query that begins a transaction runs all of it.
+    let rows = client.simple_query("BEGIN; SELECT 42; COMMIT").await.unwrap();
+    let values: Vec<_> = rows
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(values, ["42"]);
 }

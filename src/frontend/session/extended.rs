@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use super::snowflake::snowflake_select;
-use super::{BoundChanges, ClientStatement, Session};
+use super::{BoundChanges, ClientStatement, ClientTx, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply, quote_literal};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
@@ -174,7 +174,9 @@ impl Session {
     /// Answers a held request whose statements pgtenant carries out itself, as a server
     /// would: a SET/RESET of the tenant parameter (drivers such as psycopg 3 and pgJDBC
     /// send SET through the extended protocol), or `SHOW pgtenant.routing_version`.
-    /// Such a statement mixed with others (or with the other kind) in one request is refused.
+    /// Such a statement mixed with others (or with the other kind) in one request is
+    /// refused, but for a BEGIN ahead of a tenant SET at the start of a transaction
+    /// (pgJDBC outside autocommit sends them together), which is deferred as in a simple query.
     async fn answer_locally(&mut self, statements: &BatchStatements) -> Result<bool, FrontendError> {
         let all = || statements.parsed.iter().chain(&statements.executed);
         let Some(last) = all().rev().find(|a| local_kind(a).is_some()) else { return Ok(false) };
@@ -189,7 +191,10 @@ impl Session {
             // Mixed with statements for a server: routed by those, answered in line.
             return Ok(false);
         }
-        if !all().all(|a| local_kind(a) == kind) {
+        let begin_deferrable = kind == Some(LocalKind::TenantSet)
+            && self.server.is_none()
+            && matches!(self.tx, ClientTx::Idle | ClientTx::DeferredBegin(_));
+        if !all().all(|a| local_kind(a) == kind || (begin_deferrable && a.kind == StatementKind::Begin)) {
             return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
         let answer = match &last.kind {
@@ -199,6 +204,8 @@ impl Session {
         };
         let mut reply = BytesMut::new();
         let mut failed = false;
+        // The statement of the last Bind, and that of the last unnamed Parse.
+        let (mut bound, mut unnamed) = (None, None);
         for frame in std::mem::take(&mut self.batch) {
             if failed && frame.tag != b'S' {
                 continue;
@@ -206,12 +213,21 @@ impl Session {
             match frame.tag {
                 b'P' => {
                     let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
-                    if !p.name.is_empty() {
+                    if p.name.is_empty() {
+                        unnamed = Some(self.recent.get_or_analyze(&self.shared.router, p.query));
+                    } else {
                         self.register_statement(p.name, p.query, p.param_types);
                     }
                     protocol::parse_complete(&mut reply);
                 }
-                b'B' => protocol::bind_complete(&mut reply),
+                b'B' => {
+                    let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                    bound = match b.statement {
+                        b"" => unnamed.clone().or_else(|| self.unnamed.clone()),
+                        name => self.bound_analysis(name),
+                    };
+                    protocol::bind_complete(&mut reply);
+                }
                 b'D' => {
                     if frame.body().first() == Some(&b'S') {
                         protocol::put_message(&mut reply, b't', |b| b.extend_from_slice(&0i16.to_be_bytes()));
@@ -222,6 +238,13 @@ impl Session {
                             protocol::text_row_description(&mut reply, &[ROUTING_VERSION])
                         }
                     }
+                }
+                b'E' if bound.as_ref().is_some_and(|a| a.kind == StatementKind::Begin) => {
+                    if self.tx == ClientTx::Idle {
+                        let text = bound.as_ref().map(|a| a.text()).unwrap_or("BEGIN");
+                        self.tx = ClientTx::DeferredBegin(Bytes::copy_from_slice(text.as_bytes()));
+                    }
+                    protocol::command_complete(&mut reply, "BEGIN");
                 }
                 b'E' => match &answer {
                     LocalAnswer::TenantSet { tenant, tag } => {

@@ -94,6 +94,9 @@ pub struct Session {
     pool_mode: PoolMode,
     startup_tenant: Option<TenantId>,
     tenant: Option<TenantId>,
+    /// The session tenant before a SET of it at the start of the open transaction,
+    /// restored if the transaction does not commit (as a server undoes a SET).
+    tenant_before_tx: Option<Option<TenantId>>,
     startup_settings: Arc<Settings>,
     settings: Arc<Settings>,
     statements: FastMap<Bytes, ClientStatement>,
@@ -187,6 +190,7 @@ impl Session {
             pool_mode,
             startup_tenant: start.tenant.clone(),
             tenant: start.tenant,
+            tenant_before_tx: None,
             startup_settings: start.settings.clone(),
             settings: start.settings,
             statements: FastMap::default(),

@@ -192,7 +192,7 @@ impl Session {
     pub(super) fn on_server_bytes(&mut self) {
         loop {
             let Some(a) = self.server.as_mut() else { return };
-            let track_commit = !self.tx_setting_changes.is_empty();
+            let track_commit = !self.tx_setting_changes.is_empty() || self.tenant_before_tx.is_some();
             match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid) {
                 Relay::NeedMore => break,
                 Relay::Ready { status, changes } => self.on_ready(status, changes),
@@ -232,6 +232,7 @@ impl Session {
                     self.apply_change(change);
                 }
             }
+            self.end_client_transaction(committed);
         }
     }
 

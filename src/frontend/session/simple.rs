@@ -64,6 +64,7 @@ impl Session {
         match &self.tx {
             ClientTx::Failed if ends_tx => {
                 self.tx = ClientTx::Idle;
+                self.end_client_transaction(false);
                 self.reply_done("ROLLBACK");
                 return Ok(());
             }
@@ -74,8 +75,9 @@ impl Session {
             ClientTx::DeferredBegin(_) if ends_tx && self.server.is_none() => {
                 // An empty transaction: nothing ever reached a server.
                 self.tx = ClientTx::Idle;
-                let tag = if analysis.kind == StatementKind::Commit { "COMMIT" } else { "ROLLBACK" };
-                self.reply_done(tag);
+                let committed = analysis.kind == StatementKind::Commit;
+                self.end_client_transaction(committed);
+                self.reply_done(if committed { "COMMIT" } else { "ROLLBACK" });
                 return Ok(());
             }
             _ => {}
@@ -83,9 +85,11 @@ impl Session {
 
         let named = self.shared.router.named_in_text(&analysis);
         if self.at_transaction_start() {
+            // Deferred until a statement shows where the transaction runs: a tenant SET
+            // may still come first.
             let defer = analysis.kind == StatementKind::Begin
+                && !analysis.is_multi
                 && self.server.is_none()
-                && self.tenant.is_none()
                 && named.is_empty()
                 && self.tx == ClientTx::Idle;
             if defer {
@@ -152,10 +156,14 @@ impl Session {
         Ok(())
     }
 
-    /// Changes the session tenant; refused inside a transaction and for an unplaced tenant.
+    /// Changes the session tenant; refused for an unplaced tenant, and inside a
+    /// transaction once any of it reached a server. At the start of a transaction
+    /// (psycopg and pgJDBC begin one before every statement unless in autocommit), it
+    /// holds for the session if the transaction commits, as a SET on a server would.
     pub(super) async fn change_tenant(&mut self, tenant: Option<TenantId>) -> Result<(), FrontendError> {
         self.settle().await;
-        let in_tx = self.client_status() != TxStatus::Idle
+        let untouched_tx = matches!(self.tx, ClientTx::DeferredBegin(_)) && self.server.is_none();
+        let in_tx = (self.client_status() != TxStatus::Idle && !untouched_tx)
             || self.server.as_ref().is_some_and(|a| !a.conn.queue.is_empty());
         if in_tx {
             return Err(FrontendError::TenantChangeInTransaction {
@@ -175,7 +183,21 @@ impl Session {
             self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
         }
         tracing::debug!(?tenant, "session tenant set");
-        self.tenant = tenant;
+        let before = std::mem::replace(&mut self.tenant, tenant);
+        if untouched_tx {
+            self.tenant_before_tx.get_or_insert(before);
+        }
         Ok(())
+    }
+
+    /// The client's transaction ended; `committed`: by a COMMIT that took. A tenant SET
+    /// inside it lasts only if it committed.
+    pub(super) fn end_client_transaction(&mut self, committed: bool) {
+        if let Some(before) = self.tenant_before_tx.take()
+            && !committed
+        {
+            tracing::debug!(tenant = ?before, "session tenant restored: its transaction did not commit");
+            self.tenant = before;
+        }
     }
 }
