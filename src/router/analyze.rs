@@ -32,6 +32,9 @@ pub enum StatementKind {
     ResetAll,
     /// `DISCARD ALL` or `DEALLOCATE ALL`: prepared statements are gone on the server.
     DiscardAll,
+    /// `DEALLOCATE [PREPARE] name`: answered by pgtenant when `name` is one of the
+    /// client's protocol-level statements (their server names are pgtenant's own).
+    Deallocate(String),
     /// A session-level SET whose effect pgtenant cannot re-apply on another server
     /// connection (`SET XML OPTION`, `SET SESSION CHARACTERISTICS` with several modes):
     /// it pins the connection rather than leak to other clients.
@@ -538,8 +541,19 @@ fn classify(
     if w.is(0, "discard") && w.is(1, "all") {
         return StatementKind::DiscardAll;
     }
-    if w.is(0, "deallocate") && (w.is(1, "all") || (w.is(1, "prepare") && w.is(2, "all"))) {
-        return StatementKind::DiscardAll;
+    if w.is(0, "deallocate") {
+        let at = if w.is(1, "prepare") { 2 } else { 1 };
+        if w.is(at, "all") {
+            return StatementKind::DiscardAll;
+        }
+        let name = match w.tokens.get(at).map(|t| t.kind) {
+            Some(TokenKind::Word) => w.text(at).to_ascii_lowercase(),
+            Some(TokenKind::QuotedIdent) => w.text(at).trim_matches('"').replace("\"\"", "\""),
+            _ => return StatementKind::Other,
+        };
+        if at + 1 == w.tokens.len() {
+            return StatementKind::Deallocate(name);
+        }
     }
     if w.is(0, "select")
         && let Some(call) = super::snowflake_call::recognise(w.sql, w.tokens)
@@ -803,6 +817,9 @@ mod tests {
         assert_eq!(kind("reset search_path"), StatementKind::Reset { name: "search_path".into() });
         assert_eq!(kind("DISCARD ALL"), StatementKind::DiscardAll);
         assert_eq!(kind("DEALLOCATE ALL"), StatementKind::DiscardAll);
+        assert_eq!(kind("deallocate prepare ALL"), StatementKind::DiscardAll);
+        assert_eq!(kind("DEALLOCATE a1"), StatementKind::Deallocate("a1".into()));
+        assert_eq!(kind("DEALLOCATE PREPARE \"S_1\""), StatementKind::Deallocate("S_1".into()));
         let a = analyze(b"SET pgtenant.tenant_id = abc", P, TenantKey::Bigint);
         assert_eq!(a.bad_tenant_value.as_deref(), Some("abc"));
     }

@@ -469,6 +469,54 @@ async fn a_pipeline_that_sends_on_after_an_error_gets_its_answers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn deallocate_of_a_protocol_level_statement_works_as_on_a_server() {
+    use postgres_protocol::message::frontend;
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let mut c =
+        crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let prepare = |sql: &str| {
+        let mut out = bytes::BytesMut::new();
+        frontend::parse("a1", sql, [], &mut out).unwrap();
+        frontend::sync(&mut out);
+        out
+    };
+    let run = || {
+        let mut out = bytes::BytesMut::new();
+        frontend::bind(
+            "a1",
+            "a1",
+            [],
+            std::iter::empty::<()>(),
+            |_, _| Ok(postgres_protocol::IsNull::Yes),
+            [0i16],
+            &mut out,
+        )
+        .map_err(|_| "bind")
+        .unwrap();
+        frontend::execute("a1", 0, &mut out).unwrap();
+        frontend::sync(&mut out);
+        out
+    };
+    c.send(&prepare("SELECT 1")).await;
+    c.until_ready().await;
+    c.send(&run()).await;
+    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["1"]);
+    // As Rails does when its statement cache lets a statement go.
+    let msgs = c.query("DEALLOCATE a1").await;
+    assert!(msgs.iter().any(|m| m.tag == b'C' && m.body.starts_with(b"DEALLOCATE")), "{msgs:?}");
+    c.send(&run()).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "gone: {msgs:?}");
+    // The name is free again.
+    c.send(&prepare("SELECT 2")).await;
+    c.until_ready().await;
+    c.send(&run()).await;
+    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["2"]);
+    let msgs = c.query("DEALLOCATE nosuch").await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "{msgs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn advisory_locks_pin_until_the_session_ends() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 3).await;
     let holder = proxy.connect(Some(7)).await;
