@@ -54,18 +54,31 @@ assert conn.execute("select count(*) from py_t where v like 'm%'").fetchone() ==
 conn.commit()
 
 
-def cancel():
-    time.sleep(0.5)
-    conn.cancel()
+def cancel_sleep(c, cancel):
+    """Runs pg_sleep on c, cancelled after 0.5 s by cancel(c) from another thread;
+    asserts it was cancelled and that cancel raised nothing."""
+    errors = []
+
+    def run():
+        time.sleep(0.5)
+        try:
+            cancel(c)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    canceller = threading.Thread(target=run)
+    canceller.start()
+    try:
+        c.execute("select pg_sleep(10)")
+        raise AssertionError("pg_sleep was not cancelled")
+    except psycopg.errors.QueryCanceled:
+        pass
+    canceller.join()
+    assert not errors, errors
+    c.rollback()
 
 
-threading.Thread(target=cancel).start()
-try:
-    conn.execute("select pg_sleep(10)")
-    raise AssertionError("pg_sleep was not cancelled")
-except psycopg.errors.QueryCanceled:
-    pass
-conn.rollback()
+cancel_sleep(conn, lambda c: c.cancel())
 
 listener = psycopg.connect(f"{BASE} options='-c pgtenant.tenant_id=42'", autocommit=True)
 listener.execute("listen chan")
@@ -84,27 +97,7 @@ tls = psycopg.connect(f"host=127.0.0.1 port={PORT} user=app password=app dbname=
 assert tls.info.pgconn.ssl_in_use
 assert tls.execute("select shard_id from pgtenant_shard").fetchone() == (1,)
 # A cancel over TLS (libpq 17+ encrypts it): it must work and be reported as sent.
-cancel_errors = []
-
-
-def cancel_tls():
-    time.sleep(0.5)
-    try:
-        tls.cancel_safe()
-    except Exception as e:  # noqa: BLE001 - reported below
-        cancel_errors.append(e)
-
-
-canceller = threading.Thread(target=cancel_tls)
-canceller.start()
-try:
-    tls.execute("select pg_sleep(10)")
-    raise AssertionError("pg_sleep over TLS was not cancelled")
-except psycopg.errors.QueryCanceled:
-    pass
-canceller.join()
-assert not cancel_errors, cancel_errors
-tls.rollback()
+cancel_sleep(tls, lambda c: c.cancel_safe())
 # Outside autocommit psycopg begins a transaction before the SET: it holds if that commits.
 cur.execute("set pgtenant.tenant_id = 7")
 assert cur.execute("select shard_id from pgtenant_shard").fetchone() == (1,)

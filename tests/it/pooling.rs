@@ -92,14 +92,20 @@ async fn backend_ends(pid: i32) -> bool {
     false
 }
 
+/// A proxy whose pools of `pool_size` close a server connection idle for `idle_ms` or
+/// older than `lifetime_ms` (0: never).
+async fn proxy_with_expiry(pool_size: usize, idle_ms: u64, lifetime_ms: u64) -> harness::Proxy {
+    start_proxy(|c| {
+        c.users[0].pool_size = pool_size;
+        c.proxy.server_idle_timeout_ms = idle_ms;
+        c.proxy.server_lifetime_ms = lifetime_ms;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_idle_too_long_are_closed() {
-    let proxy = start_proxy(|c| {
-        c.users[0].pool_size = 2;
-        c.proxy.server_idle_timeout_ms = 300;
-        c.proxy.server_lifetime_ms = 0;
-    })
-    .await;
+    let proxy = proxy_with_expiry(2, 300, 0).await;
     let client = proxy.connect(Some(7)).await;
     let (first, _) = backend_of(&client).await;
     assert_eq!(backend_of(&client).await.0, first, "reused while fresh");
@@ -110,12 +116,7 @@ async fn connections_idle_too_long_are_closed() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_past_their_lifetime_are_replaced() {
-    let proxy = start_proxy(|c| {
-        c.users[0].pool_size = 1;
-        c.proxy.server_idle_timeout_ms = 0;
-        c.proxy.server_lifetime_ms = 500;
-    })
-    .await;
+    let proxy = proxy_with_expiry(1, 0, 500).await;
     let client = proxy.connect(Some(7)).await;
     let started = std::time::Instant::now();
     let (first, _) = backend_of(&client).await;
