@@ -278,14 +278,40 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
 /// parameter, or anything pgtenant cannot read as a plain literal (a `$n` parameter,
 /// an expression, an escaped string), which could spell it.
 fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
-    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(").any(|i| {
-        let name = w.text(i + 2);
-        let plain_literal = w.tokens.get(i + 2).is_some_and(|t| t.kind == TokenKind::String)
-            && name.starts_with('\'')
-            && !name.contains('\\')
-            && w.text(i + 3) == ",";
-        !plain_literal || name.trim_matches('\'').replace("''", "'").eq_ignore_ascii_case(tenant_param)
-    })
+    (0..w.tokens.len())
+        .filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(")
+        .any(|i| set_config_name(w, i).is_none_or(|name| name.eq_ignore_ascii_case(tenant_param)))
+}
+
+/// The setting name of the `set_config` call at token `i`, when pgtenant can read it:
+/// a plain literal, or the column `name` of the one `pg_settings` row the statement
+/// reads (`... FROM pg_settings WHERE name = '<setting>'`, as pg_dump sends).
+fn set_config_name(w: &Words, i: usize) -> Option<String> {
+    if w.text(i + 3) != "," {
+        return None;
+    }
+    let token = w.tokens.get(i + 2)?;
+    if token.kind == TokenKind::Word && w.is(i + 2, "name") {
+        return pg_settings_row(w);
+    }
+    let literal = plain_string((token.kind, w.text(i + 2)))?;
+    Some(literal.trim_matches('\'').replace("''", "'"))
+}
+
+/// `<setting>` when the statement ends in `FROM [pg_catalog.]pg_settings WHERE name =
+/// '<setting>'`.
+fn pg_settings_row(w: &Words) -> Option<String> {
+    let n = w.tokens.len();
+    if n < 7 {
+        return None;
+    }
+    let literal = plain_string((w.tokens[n - 1].kind, w.text(n - 1)))?;
+    let tail = [(n - 5, "pg_settings"), (n - 4, "where"), (n - 3, "name")];
+    if !tail.iter().all(|&(k, word)| w.is(k, word)) || w.text(n - 2) != "=" {
+        return None;
+    }
+    let from = if w.text(n - 6) == "." && w.is(n - 7, "pg_catalog") { n.checked_sub(8)? } else { n - 6 };
+    w.is(from, "from").then(|| literal.trim_matches('\'').replace("''", "'"))
 }
 
 /// What the `set_config(name, value, is_local)` calls of a statement do to the session:
@@ -325,7 +351,8 @@ fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
             "false" | "f" | "off" | "no" | "0" => {}
             _ => return None,
         }
-        let name = plain_string(single(name)?)?.trim_matches('\'').to_string();
+        single(name)?;
+        let name = set_config_name(w, i)?;
         if !is_plain_setting(&name) {
             return None;
         }
@@ -784,6 +811,26 @@ mod tests {
         assert!(tampers("ALTER ROLE app SET pgtenant.tenant_id = '5'"));
         assert!(tampers("alter database app set PGTENANT.tenant_id to 5"));
         assert!(!tampers("SELECT set_config('application_name', 'x', false)"));
+        // pg_dump's way: the name of the one pg_settings row read.
+        let dump = "SELECT set_config(name, 'view, foreign-table', false) FROM pg_settings WHERE name = 'restrict_nonsystem_relation_kind'";
+        assert!(!tampers(dump));
+        assert!(tampers(
+            "SELECT set_config(name, '5', false) FROM pg_settings WHERE name = 'pgtenant.tenant_id'"
+        ));
+        assert!(tampers("SELECT set_config(name, '5', false) FROM pg_settings WHERE name LIKE 'pgtenant%'"));
+        assert!(tampers("SELECT set_config(name, '5', false) FROM pg_settings"));
+        assert!(tampers("SELECT set_config(name, 'x', false)"));
+        assert!(!tampers(
+            "select set_config(name, 'x', false) from pg_catalog.pg_settings where name = 'work_mem'"
+        ));
+        let changes = analyze(dump.as_bytes(), P, TenantKey::Bigint).session_changes;
+        assert_eq!(
+            changes[..],
+            [SessionChange::Set {
+                name: "restrict_nonsystem_relation_kind".into(),
+                value: "'view, foreign-table'".into()
+            }]
+        );
         assert!(!tampers("SET LOCAL statement_timeout = 5"));
         assert!(!tampers("ALTER TABLE accounts ADD COLUMN note text"));
     }

@@ -36,6 +36,25 @@ async fn psql_multi_statements_errors_and_rollback() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn pg_dump_of_a_tenant_table() {
+    // pg_dump sets its session up with SETs and a set_config() on a pg_settings row.
+    let proxy = start_proxy(|_| {}).await;
+    let out = harness::run_with_stdin(
+        Command::new("pg_dump").args([
+            "-d",
+            &proxy.conninfo("options='-c pgtenant.tenant_id=7'"),
+            "-t",
+            "accounts",
+        ]),
+        "",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let dump = stdout(&out);
+    assert!(dump.contains("CREATE TABLE public.accounts"), "{dump}");
+    assert!(dump.contains("COPY public.accounts"), "{dump}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn psql_copy_both_ways() {
     let proxy = start_proxy(|_| {}).await;
     let dir = std::env::temp_dir().join(format!("pgtenant-copy-{}", std::process::id()));
