@@ -39,8 +39,10 @@ fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
 }
 
 impl ScramVerifier {
-    /// Derives a verifier from a cleartext password.
+    /// Derives a verifier from a cleartext password, SASLprep-normalised (RFC 4013) as
+    /// PostgreSQL and libpq do, or as it is when it has characters SASLprep prohibits.
     pub fn from_password(password: &str, salt: Vec<u8>, iterations: u32) -> Self {
+        let password = stringprep::saslprep(password).unwrap_or(std::borrow::Cow::Borrowed(password));
         let salted = salted_password(password.as_bytes(), &salt, iterations);
         let client_key = hmac(&salted, b"Client Key");
         Self {
@@ -222,6 +224,16 @@ mod tests {
     fn rust_postgres_client_authenticates() {
         assert_eq!(run("app", "app"), Ok(()));
         assert_eq!(run("app", "wrong"), Err(ScramError::WrongPassword));
+    }
+
+    #[test]
+    fn passwords_are_compared_as_saslprep_normalises_them() {
+        // A soft hyphen maps to nothing, a no-break space to a space, and NFKC composes
+        // "e" and a combining acute: clients hash the normalised form.
+        assert_eq!(run("pass\u{AD}word", "password"), Ok(()));
+        assert_eq!(run("pass\u{A0}word", "pass word"), Ok(()));
+        assert_eq!(run("cafe\u{301}", "caf\u{E9}"), Ok(()));
+        assert_eq!(run("password", "passw0rd"), Err(ScramError::WrongPassword));
     }
 
     #[test]
