@@ -943,6 +943,20 @@ mod tests {
     }
 
     #[test]
+    fn every_prefix_of_a_settings_statement_is_analysed_without_panic() {
+        for sql in [
+            "SELECT set_config(name, 'x', false) FROM pg_catalog.pg_settings WHERE name = 'work_mem'",
+            "select pg_catalog.set_config('a.b', $12, 'off'), set_config(('x'), f(1, (2)), true)",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ ONLY",
+            "DEALLOCATE PREPARE \"a\"\"b\"; BEGIN; SET TIME ZONE INTERVAL '1' HOUR; COMMIT",
+        ] {
+            for end in 0..=sql.len() {
+                let _ = analyze(&sql.as_bytes()[..end], P, TenantKey::Bigint);
+            }
+        }
+    }
+
+    #[test]
     fn finds_hints_pins_and_multi_statements() {
         assert_eq!(
             analyze(b"SELECT 1 /* pgtenant.tenant_id=42 */", P, TenantKey::Bigint).hint,
