@@ -93,9 +93,9 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         None => None,
     };
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls, minter));
-    let idle_timeout = config.proxy.server_idle_timeout();
-    if let Some(shortest) = idle_timeout.into_iter().chain(config.proxy.server_lifetime()).min() {
-        tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), idle_timeout, shortest));
+    let expiries = config.proxy.server_idle_timeout().into_iter().chain(config.proxy.server_lifetime());
+    if let Some(shortest) = expiries.min() {
+        tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     }
     let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
     let task = tokio::spawn(async move {
@@ -112,18 +112,14 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
 /// Closes idle server connections past `server_idle_timeout_ms` or `server_lifetime_ms`
 /// (the `shortest` of the two), looking a few times per that, for as long as the
 /// proxy's sessions and listener hold `shared`.
-async fn close_expired_server_connections(
-    shared: std::sync::Weak<Shared>,
-    idle_timeout: Option<Duration>,
-    shortest: Duration,
-) {
+async fn close_expired_server_connections(shared: std::sync::Weak<Shared>, shortest: Duration) {
     let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     let mut every = tokio::time::interval(period);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
         let Some(shared) = shared.upgrade() else { return };
-        shared.pools.close_expired(idle_timeout);
+        shared.pools.close_expired();
     }
 }
 

@@ -151,11 +151,7 @@ impl ServerConn {
             return;
         }
         if let Some(evicted) = self.prepared.insert(id) {
-            protocol::put_message(&mut self.io.wbuf, b'C', |b| {
-                b.extend_from_slice(b"S");
-                b.extend_from_slice(server_name(evicted).as_bytes());
-                b.extend_from_slice(b"\0");
-            });
+            protocol::close_statement(&mut self.io.wbuf, server_name(evicted).as_bytes());
             self.queue.push(Pending::Injected {
                 reply: Reply::Close,
                 on_error: OnError::Swallow,
@@ -321,6 +317,7 @@ async fn login(
             _ => return Err(protocol_err("unexpected message during login")),
         }
     }
+    let opened_ms = super::coarse_clock::now_ms();
     Ok(ServerConn {
         io,
         addr: addr.to_string(),
@@ -333,8 +330,8 @@ async fn login(
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,
-        opened_ms: super::coarse_clock::now_ms(),
-        idle_since_ms: super::coarse_clock::now_ms(),
+        opened_ms,
+        idle_since_ms: opened_ms,
     })
 }
 

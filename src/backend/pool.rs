@@ -21,7 +21,6 @@
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
-use std::time::Duration;
 
 use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
 
@@ -256,28 +255,21 @@ impl Pools {
         Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()) }
     }
 
-    /// Closes the idle connections that have sat in their pools for `idle_timeout` or
-    /// longer, or lived past `server_lifetime_ms`.
-    pub fn close_expired(&self, idle_timeout: Option<Duration>) {
+    /// Closes the idle connections that have sat in their pools past
+    /// `server_idle_timeout_ms`, or lived past `server_lifetime_ms`.
+    pub fn close_expired(&self) {
         let pools: Vec<ServerPool> =
             self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         let now = coarse_clock::advance();
-        let idle_ms = idle_timeout.map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let idle_ms = self.config.proxy.server_idle_timeout_ms;
         let past = |since: u64, limit: u64| limit > 0 && now.saturating_sub(since) >= limit;
         for pool in pools {
-            let mut expired = Vec::new();
-            {
-                let mut shelf = pool.0.lock_shelf();
-                let mut at = 0;
-                while at < shelf.len() {
-                    let c = &shelf[at];
-                    if past(c.idle_since_ms, idle_ms) || past(c.opened_ms, pool.0.lifetime_ms) {
-                        expired.push(shelf.remove(at));
-                    } else {
-                        at += 1;
-                    }
-                }
-            }
+            // Closed once the shelf's lock is let go.
+            let expired: Vec<Box<ServerConn>> = pool
+                .0
+                .lock_shelf()
+                .extract_if(.., |c| past(c.idle_since_ms, idle_ms) || past(c.opened_ms, pool.0.lifetime_ms))
+                .collect();
             if !expired.is_empty() {
                 tracing::debug!(closed = expired.len(), addr = %pool.0.target.addr(), "closed expired idle server connections");
             }

@@ -40,8 +40,7 @@ impl PreparedOnServer {
     /// close when that puts the connection over its limit. Whether it is new is
     /// `contains` before.
     pub fn insert(&mut self, id: u64) -> Option<u64> {
-        self.tick += 1;
-        self.last_used.insert(id, self.tick);
+        self.record(id);
         if self.limit == 0 || self.last_used.len() <= self.limit {
             return None;
         }

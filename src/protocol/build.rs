@@ -171,6 +171,14 @@ pub fn describe_statement(buf: &mut BytesMut, statement: &[u8]) {
     });
 }
 
+/// Close (F) of a named prepared statement.
+pub fn close_statement(buf: &mut BytesMut, statement: &[u8]) {
+    put_message(buf, b'C', |b| {
+        b.put_u8(b'S');
+        put_cstr(b, statement);
+    });
+}
+
 /// Terminate (F).
 pub fn terminate(buf: &mut BytesMut) {
     put_message(buf, b'X', |_| {});

@@ -248,7 +248,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         .iter()
         .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }))
         .or(unfollowed.then_some(PinReason::UnfollowedSet));
-    let tampers_tenant_guc = code.split(|t| t.kind == TokenKind::Semicolon).any(|stmt| {
+    let tampers_tenant_guc = statements.iter().any(|stmt| {
         let w = Words { sql: &text, tokens: stmt };
         let set_local =
             w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
@@ -294,8 +294,7 @@ fn set_config_name(w: &Words, i: usize) -> Option<String> {
     if token.kind == TokenKind::Word && w.is(i + 2, "name") {
         return pg_settings_row(w);
     }
-    let literal = plain_string((token.kind, w.text(i + 2)))?;
-    Some(literal.trim_matches('\'').replace("''", "'"))
+    plain_string((token.kind, w.text(i + 2))).map(literal_text)
 }
 
 /// `<setting>` when the statement ends in `FROM [pg_catalog.]pg_settings WHERE name =
@@ -311,7 +310,7 @@ fn pg_settings_row(w: &Words) -> Option<String> {
         return None;
     }
     let from = if w.text(n - 6) == "." && w.is(n - 7, "pg_catalog") { n.checked_sub(8)? } else { n - 6 };
-    w.is(from, "from").then(|| literal.trim_matches('\'').replace("''", "'"))
+    w.is(from, "from").then(|| literal_text(literal))
 }
 
 /// What the `set_config(name, value, is_local)` calls of a statement do to the session:
@@ -338,7 +337,8 @@ fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
                 _ => {}
             }
         }
-        let [name, value, is_local] = arguments.as_slice() else { return None };
+        // The name is read by `set_config_name`, which also makes sure it is one token.
+        let [_, value, is_local] = arguments.as_slice() else { return None };
         let single = |range: &Range<usize>| {
             (range.len() == 1).then(|| (w.tokens[range.start].kind, w.text(range.start)))
         };
@@ -351,7 +351,6 @@ fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
             "false" | "f" | "off" | "no" | "0" => {}
             _ => return None,
         }
-        single(name)?;
         let name = set_config_name(w, i)?;
         if !is_plain_setting(&name) {
             return None;
@@ -365,6 +364,11 @@ fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
         });
     }
     Some(changes)
+}
+
+/// The text a plain string literal stands for.
+fn literal_text(literal: &str) -> String {
+    literal.trim_matches('\'').replace("''", "'")
 }
 
 /// A string literal token without escapes, as written (quotes included).
