@@ -18,7 +18,7 @@
 //! per transaction, and its hooks, metrics and recycle futures cost about 1,000
 //! instructions per transaction there, against a few hundred for this.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
@@ -27,6 +27,7 @@ use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
+use super::settings::Settings;
 use super::tls::ServerTls;
 use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::{ShardId, TenantId};
@@ -73,10 +74,17 @@ struct NodePool {
     tls: Option<Arc<ServerTls>>,
     /// ParameterStatus values of the first connection, before any client setting.
     startup_params: OnceLock<Arc<Vec<(String, String)>>>,
+    /// `Settings::version`s of client start-up settings this node has accepted; a login
+    /// with others is checked by a server first, as PostgreSQL checks them at login.
+    accepted_settings: Mutex<HashSet<u64>>,
     /// Connections older than this (ms) are closed as they come back
     /// (`server_lifetime_ms`; 0: never).
     lifetime_ms: u64,
 }
+
+/// How many accepted start-up settings a pool remembers; past that, a login with new
+/// ones is checked by a server each time (a cost, not an error).
+const MAX_ACCEPTED_SETTINGS: usize = 1024;
 
 /// How many idle connections, newest first, a checkout looks at: the scan runs under the
 /// pool's lock once per transaction, and a large pool's oldest connections are cold.
@@ -120,12 +128,30 @@ impl ServerPool {
             target,
             tls,
             startup_params: OnceLock::new(),
+            accepted_settings: Mutex::new(HashSet::new()),
             lifetime_ms,
         }))
     }
 
     pub fn is_closed(&self) -> bool {
         self.0.permits.is_closed()
+    }
+
+    /// The node's own parameters (as reported at login), when a login with start-up
+    /// settings `settings` needs no server: the parameters are known, and the node
+    /// accepted these settings before (`accept_settings`).
+    pub fn login_params(&self, settings: &Settings) -> Option<Arc<Vec<(String, String)>>> {
+        let accepted = settings.list.is_empty()
+            || self.0.accepted_settings.lock().unwrap_or_else(|e| e.into_inner()).contains(&settings.version);
+        if accepted { self.0.startup_params.get().cloned() } else { None }
+    }
+
+    /// Notes that the node accepted start-up settings `settings`.
+    pub fn accept_settings(&self, settings: &Settings) {
+        let mut accepted = self.0.accepted_settings.lock().unwrap_or_else(|e| e.into_inner());
+        if accepted.len() < MAX_ACCEPTED_SETTINGS {
+            accepted.insert(settings.version);
+        }
     }
 
     /// Closes the pool: waiting checkouts fail, idle connections close now, busy ones
@@ -276,18 +302,6 @@ impl Pools {
         }
     }
 
-    /// Checks out a connection to `node` of `shard` for `user` and `database`.
-    pub async fn checkout(
-        &self,
-        shard: ShardId,
-        node: &NodeConfig,
-        user: &UserConfig,
-        database: &str,
-    ) -> Result<PooledConn, CheckoutError> {
-        let pool = self.pool(shard, node, user, database);
-        self.checkout_from(&pool, shard, Wanted::default()).await
-    }
-
     /// Checks out a connection from a pool handle kept by the caller (see `pool`).
     pub async fn checkout_from(
         &self,
@@ -337,17 +351,6 @@ impl Pools {
             ServerPool::new(user.pool_size, target, self.tls.clone(), self.config.proxy.server_lifetime_ms);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
-    }
-
-    /// The server's own parameters (as reported at login) for this pool, once known.
-    pub fn server_params(
-        &self,
-        shard: ShardId,
-        node: &NodeConfig,
-        user: &UserConfig,
-        database: &str,
-    ) -> Option<Arc<Vec<(String, String)>>> {
-        self.pool(shard, node, user, database).0.startup_params.get().cloned()
     }
 
     /// Closes the pools of nodes for which `keep(shard, host, port, dbname)` says no

@@ -17,7 +17,8 @@ use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
 use super::{Shared, primary_node};
 use crate::backend::{
-    BackendError, CheckoutError, SettingValue, Settings, TenantGuc, send_cancel, settings_sql, tenant_sql,
+    BackendError, CheckoutError, ServerPool, SettingValue, Settings, TenantGuc, Wanted, send_cancel,
+    settings_sql, tenant_sql,
 };
 use crate::net::Duplex;
 use crate::protocol::{self, TxStatus};
@@ -117,12 +118,14 @@ async fn login(
     let topology = shared.router.topology();
     let node = primary_node(&topology, shard)?;
     let settings = Settings::intern(params.settings);
-    let reported = match shared.pools.server_params(shard, node, &user, &params.database) {
+    let pool = shared.pools.pool(shard, node, &user, &params.database);
+    let reported = match pool.login_params(&settings) {
         // Known from an earlier login: no server needed; the client's own values win.
         Some(server) => with_client_settings(&server, &settings),
         None => {
-            first_login(shared, shard, node, &user, &params.database, &settings, params.tenant.as_ref())
-                .await?
+            let reported = first_login(shared, &pool, shard, &settings, params.tenant.as_ref()).await?;
+            pool.accept_settings(&settings);
+            reported
         }
     };
     let cancel = shared.cancels.register();
@@ -161,19 +164,19 @@ fn with_client_settings(server: &[(String, String)], settings: &Settings) -> Vec
         .collect()
 }
 
-/// The first login to a pool: a server connection applies the client's settings (a
+/// A login that needs a server: the first to a pool, or one with start-up settings the
+/// node has not accepted before. A server connection applies the client's settings (a
 /// real server would refuse bad ones at login too) and reports the resulting values.
 async fn first_login(
     shared: &Shared,
+    pool: &ServerPool,
     shard: crate::directory::ShardId,
-    node: &crate::config::NodeConfig,
-    user: &crate::config::UserConfig,
-    database: &str,
     settings: &std::sync::Arc<Settings>,
     tenant: Option<&crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
     let config = &shared.config;
-    let mut conn = shared.pools.checkout(shard, node, user, database).await.map_err(|e| match e {
+    let wanted = Wanted { tenant: None, settings: Some(settings.version) };
+    let mut conn = shared.pools.checkout_from(pool, shard, wanted).await.map_err(|e| match e {
         CheckoutError::Unreachable { source: BackendError::Refused { fields, .. }, .. } => {
             FrontendError::ServerRefused(fields)
         }

@@ -298,21 +298,44 @@ async fn a_server_default_for_the_tenant_guc_never_reaches_a_session() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failing_client_setting_never_undoes_the_tenant_guc() {
+    // A text search configuration that only shard 1 has: a setting naming it is valid
+    // there and rejected by shard 2.
+    shard_admin(1, "app")
+        .await
+        .batch_execute(
+            "DO $$ BEGIN CREATE TEXT SEARCH CONFIGURATION public.only_on_shard1 (COPY = pg_catalog.simple); \
+             EXCEPTION WHEN unique_violation OR duplicate_object THEN NULL; END $$",
+        )
+        .await
+        .unwrap();
     // One server connection per shard, so the second client gets the first one's.
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let first = proxy.connect(Some(42)).await;
     let guc: String =
         first.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
     assert_eq!(guc, "42");
-    // A later login is answered from the cached server parameters, so a setting the
-    // server rejects is only found when it is applied with the tenant, at checkout.
+    drop(first);
+    // Shard 1 accepts the setting at login; shard 2 rejects it when the session's next
+    // tenant takes it there, in the same checkout that sets the tenant GUC.
     let second =
-        crate::harness::connect(&proxy.conninfo("options='-c pgtenant.tenant_id=1500 -c work_mem=banana'"))
-            .await
-            .unwrap();
-    let guc: String =
-        second.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
-    assert_eq!(guc, "1500", "the tenant GUC must not roll back with the rejected setting");
+        crate::harness::connect(&proxy.conninfo(
+            "options='-c pgtenant.tenant_id=7 -c default_text_search_config=public.only_on_shard1'",
+        ))
+        .await
+        .unwrap();
+    let config: String = second.query_one("SHOW default_text_search_config", &[]).await.unwrap().get(0);
+    assert_eq!(config, "public.only_on_shard1");
+    second.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap();
+    let row = second
+        .query_one("SELECT current_setting('pgtenant.tenant_id'), (SELECT shard_id FROM pgtenant_shard)", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(1), 2);
+    assert_eq!(
+        row.get::<_, String>(0),
+        "1500",
+        "the tenant GUC must not roll back with the rejected setting"
+    );
     proxy.shutdown().await;
 }
 

@@ -229,6 +229,34 @@ async fn shutdown_tells_idle_clients_57p01() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn start_up_settings_the_server_rejects_refuse_every_login() {
+    let proxy = start_proxy(|_| {}).await;
+    // This first login makes the pool's server parameters known, so that later logins
+    // could be answered without a server: the settings must still be checked.
+    let first = proxy.connect(Some(7)).await;
+    first.batch_execute("SELECT 1").await.unwrap();
+    for (setting, code, message) in [
+        ("work_mem=banana", "22023", r#"invalid value for parameter "work_mem": "banana""#),
+        ("log_statement=all", "42501", r#"permission denied to set parameter "log_statement""#),
+    ] {
+        for attempt in 0..2 {
+            let conninfo = proxy.conninfo(&format!("options='-c pgtenant.tenant_id=7 -c {setting}'"));
+            let err = harness::connect(&conninfo).await.expect_err("PostgreSQL refuses this login");
+            assert_eq!(sqlstate(&err), code, "attempt {attempt}: {err}");
+            let said = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+            assert_eq!(said, message, "attempt {attempt}");
+        }
+    }
+    // Accepted settings are applied, the first time and when the node is known to accept them.
+    for _ in 0..2 {
+        let conninfo = proxy.conninfo("options='-c pgtenant.tenant_id=7 -c work_mem=5MB'");
+        let client = harness::connect(&conninfo).await.unwrap();
+        let work_mem: String = client.query_one("SHOW work_mem", &[]).await.unwrap().get(0);
+        assert_eq!(work_mem, "5MB");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn session_pooling_keeps_one_server_connection() {
     let proxy = start_proxy(|c| c.proxy.pool_mode = pgtenant::config::PoolMode::Session).await;
     let client = proxy.connect(Some(7)).await;
