@@ -46,6 +46,10 @@ impl From<i64> for TenantId {
 impl TenantId {
     /// Parses a tenant from text as clients write it (`42`, ` 42 `, `'42'`, `'acme'`).
     pub fn parse(text: &str, kind: TenantKey) -> Option<Self> {
+        if kind == TenantKey::Bigint && text.bytes().all(|b| b.is_ascii_digit()) {
+            // The usual literal: nothing to trim or unquote (an empty text fails here too).
+            return text.parse().ok().map(TenantId::Int);
+        }
         let t = text.trim();
         let unquoted = t.strip_prefix('\'').and_then(|t| t.strip_suffix('\''));
         match kind {

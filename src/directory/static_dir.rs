@@ -76,6 +76,12 @@ mod tests {
         assert_eq!(shard(0), Err(DirectoryError::NotPlaced(TenantId::Int(0))));
         assert_eq!(TenantId::parse(" '15' ", TenantKey::Bigint), Some(TenantId::Int(15)));
         assert_eq!(TenantId::parse("x", TenantKey::Bigint), None);
+        for (text, key) in [("7", Some(7)), ("0042", Some(42)), ("-3", Some(-3)), (" 8", Some(8))] {
+            assert_eq!(TenantId::parse(text, TenantKey::Bigint), key.map(TenantId::Int), "{text}");
+        }
+        for text in ["", "99999999999999999999", "1 2"] {
+            assert_eq!(TenantId::parse(text, TenantKey::Bigint), None, "{text}");
+        }
         assert_eq!(TenantId::parse("'o''brien'", TenantKey::Text), Some(TenantId::Text("o'brien".into())));
         assert_eq!(TenantId::parse(" acme ", TenantKey::Text), Some(TenantId::Text("acme".into())));
         assert_eq!(TenantId::parse("''", TenantKey::Text), None);

@@ -4,7 +4,10 @@
 //! touches tables and so needs a tenant.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
+
+use smallvec::SmallVec;
 
 use super::facts::{SqlFacts, literal_ranges};
 use super::lexer::{Token, TokenKind, tokenize};
@@ -107,6 +110,38 @@ impl PinReason {
     }
 }
 
+/// A yes/no about a text worked out on first need. Cheaper to make and copy than a
+/// `OnceLock<bool>` (an analysis is made per new simple-protocol text); threads that
+/// race work out the same answer.
+#[derive(Default)]
+pub(super) struct LazyFlag(AtomicU8);
+
+impl LazyFlag {
+    const NO: u8 = 1;
+    const YES: u8 = 2;
+
+    fn get_or_init(&self, work_out: impl FnOnce() -> bool) -> bool {
+        match self.0.load(Ordering::Relaxed) {
+            Self::NO => false,
+            Self::YES => true,
+            _ => {
+                let answer = work_out();
+                self.0.store(if answer { Self::YES } else { Self::NO }, Ordering::Relaxed);
+                answer
+            }
+        }
+    }
+}
+
+impl Clone for LazyFlag {
+    fn clone(&self) -> Self {
+        Self(AtomicU8::new(self.0.load(Ordering::Relaxed)))
+    }
+}
+
+/// The literal ranges of a text, inline for the usual handful.
+pub type Literals = SmallVec<[Range<usize>; 4]>;
+
 /// The analysis of one query string, shared through the parse cache.
 pub struct Analysis {
     pub kind: StatementKind,
@@ -134,9 +169,9 @@ pub struct Analysis {
     /// What sqlparser says, filled by the router on first need.
     pub(super) facts: OnceLock<Arc<SqlFacts>>,
     /// Byte ranges of the literals of `sql` (see `facts::literal_ranges`).
-    pub(super) literals: OnceLock<Box<[Range<usize>]>>,
-    pub(super) may_write: OnceLock<bool>,
-    pub(super) mentions_column: OnceLock<bool>,
+    pub(super) literals: OnceLock<Literals>,
+    pub(super) may_write: LazyFlag,
+    pub(super) mentions_column: LazyFlag,
 }
 
 impl std::fmt::Debug for Analysis {
@@ -164,12 +199,12 @@ impl Analysis {
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).
     pub(super) fn mentions(&self, column: &str) -> bool {
-        *self.mentions_column.get_or_init(|| contains_ignore_case(self.sql.as_bytes(), column.as_bytes()))
+        self.mentions_column.get_or_init(|| contains_ignore_case(self.sql.as_bytes(), column.as_bytes()))
     }
 
     /// Whether the statement may change data or schema (refused for read-only tenants).
     pub fn may_write(&self) -> bool {
-        *self.may_write.get_or_init(|| may_write(&self.sql))
+        self.may_write.get_or_init(|| may_write(&self.sql))
     }
 
     /// The byte ranges of the text's literals, in text order.
@@ -193,8 +228,8 @@ impl Analysis {
             sql,
             facts: OnceLock::new(),
             literals: OnceLock::new(),
-            may_write: OnceLock::new(),
-            mentions_column: OnceLock::new(),
+            may_write: LazyFlag::default(),
+            mentions_column: LazyFlag::default(),
         }
     }
 }
@@ -269,8 +304,8 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         sql: text.into(),
         facts: OnceLock::new(),
         literals: OnceLock::new(),
-        may_write: OnceLock::new(),
-        mentions_column: OnceLock::new(),
+        may_write: LazyFlag::default(),
+        mentions_column: LazyFlag::default(),
     }
 }
 

@@ -10,6 +10,10 @@ mod template;
 
 use std::sync::Arc;
 
+/// The tenants a statement names, inline for the usual one or two (one per statement,
+/// so no allocation for it).
+pub type Named = smallvec::SmallVec<[TenantId; 2]>;
+
 pub use analyze::{Analysis, PinReason, ROUTING_VERSION, SessionChange, StatementKind};
 pub use recent::RecentAnalyses;
 pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};
@@ -201,18 +205,18 @@ impl Router {
 
     /// The tenants a statement's text names: its comment hint and the literals compared
     /// with (or inserted into) the tenant column.
-    pub fn named_in_text(&self, analysis: &Analysis) -> Vec<TenantId> {
+    pub fn named_in_text(&self, analysis: &Analysis) -> Named {
         self.named(analysis, None)
     }
 
     /// The tenants a bound statement names: those of its text, and the parameters of the
     /// Bind (`bind_rest`, see `protocol::bind_param`) that meet the tenant column.
-    pub fn named_in_bind(&self, analysis: &Analysis, bind_rest: &[u8]) -> Vec<TenantId> {
+    pub fn named_in_bind(&self, analysis: &Analysis, bind_rest: &[u8]) -> Named {
         self.named(analysis, Some(bind_rest))
     }
 
-    fn named(&self, analysis: &Analysis, bind_rest: Option<&[u8]>) -> Vec<TenantId> {
-        let mut named: Vec<TenantId> = analysis.hint.iter().cloned().collect();
+    fn named(&self, analysis: &Analysis, bind_rest: Option<&[u8]>) -> Named {
+        let mut named: Named = analysis.hint.iter().cloned().collect();
         if !analysis.mentions(self.facts.tenant_column()) {
             return named;
         }
@@ -343,7 +347,7 @@ mod tests {
         let r = router();
         let a =
             r.analyze(b"/* pgtenant.tenant_id=5 */ select * from t where tenant_id = '6' or tenant_id = -7");
-        assert_eq!(r.named_in_text(&a), vec![TenantId::Int(5), TenantId::Int(6), TenantId::Int(-7)]);
+        assert_eq!(r.named_in_text(&a).to_vec(), vec![TenantId::Int(5), TenantId::Int(6), TenantId::Int(-7)]);
         let a = r.analyze(b"select * from t where TENANT_ID = $2 and id = $1");
         assert!(r.named_in_text(&a).is_empty());
         // Bind remainder: one format (binary) for both values: int4 1, int2 1500.
@@ -353,7 +357,7 @@ mod tests {
         rest.extend_from_slice(&2i32.to_be_bytes());
         rest.extend_from_slice(&1500i16.to_be_bytes());
         rest.extend_from_slice(&[0, 0]);
-        assert_eq!(r.named_in_bind(&a, &rest), vec![TenantId::Int(1500)]);
+        assert_eq!(r.named_in_bind(&a, &rest).to_vec(), vec![TenantId::Int(1500)]);
         let unrelated = r.analyze(b"select abalance from pgbench_accounts where aid = $1");
         assert!(r.named_in_bind(&unrelated, &rest).is_empty());
     }
@@ -363,9 +367,9 @@ mod tests {
         let r = router();
         let mut recent = RecentAnalyses::default();
         let a = recent.get_or_analyze(&r, b"select * from t where tenant_id = 5 and name = 'x'");
-        assert_eq!(r.named_in_text(&a), vec![TenantId::Int(5)]);
+        assert_eq!(r.named_in_text(&a).to_vec(), vec![TenantId::Int(5)]);
         let b = recent.get_or_analyze(&r, b"select * from t where tenant_id = 1500 and name = 'y'");
-        assert_eq!(r.named_in_text(&b), vec![TenantId::Int(1500)]);
+        assert_eq!(r.named_in_text(&b).to_vec(), vec![TenantId::Int(1500)]);
         assert!(Arc::ptr_eq(a.facts.get().unwrap(), b.facts.get().unwrap()), "one parse for both");
     }
 

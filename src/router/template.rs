@@ -7,15 +7,10 @@
 //! Only analyses of plain DML take part (`Analysis::plain`): nothing in them depends
 //! on a literal's value, where a SET, a snowflake call or a `set_config` does.
 
-use std::ops::Range;
 use std::sync::OnceLock;
 
-use smallvec::SmallVec;
-
 use super::Analysis;
-
-/// The literal ranges of a text, inline for the usual handful.
-pub type Literals = SmallVec<[Range<usize>; 4]>;
+use super::analyze::Literals;
 
 /// The literal ranges of `sql` when it is `template`'s text with other literal values:
 /// numbers of digits and dots, and quoted strings without quotes or backslashes inside.
@@ -50,7 +45,7 @@ pub fn rebased(template: &Analysis, sql: &[u8], literals: Literals) -> Option<An
     let text = std::str::from_utf8(sql).ok()?;
     Some(Analysis {
         sql: text.into(),
-        literals: OnceLock::from(literals.into_vec().into_boxed_slice()),
+        literals: OnceLock::from(literals),
         facts: match template.facts.get() {
             Some(facts) if !facts.per_text => OnceLock::from(facts.clone()),
             _ => OnceLock::new(),
@@ -122,7 +117,7 @@ mod tests {
     use crate::router::analyze_for_tests as analyze;
     use crate::router::facts::SqlFacts;
 
-    fn ranges(a: &Analysis) -> Vec<Range<usize>> {
+    fn ranges(a: &Analysis) -> Vec<std::ops::Range<usize>> {
         a.literals().to_vec()
     }
 

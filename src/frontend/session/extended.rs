@@ -15,7 +15,7 @@ use crate::backend::{OnError, Pending, PreparedStatement, Reply, quote_literal};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
-use crate::router::{Analysis, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind};
+use crate::router::{Analysis, Named, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind};
 
 impl Session {
     /// Keeps a message of a request that is held (see the module comment) and is not its
@@ -583,7 +583,7 @@ struct BatchStatements {
     /// Those its Parse messages prepare.
     parsed: SmallVec<[Arc<Analysis>; 2]>,
     /// The tenants they name, Bind parameters included.
-    named: SmallVec<[TenantId; 2]>,
+    named: Named,
 }
 
 /// The statements pgtenant answers itself, by kind.
@@ -626,7 +626,7 @@ fn with_parameter_values(change: &SessionChange, bind_rest: &[u8]) -> Option<Ses
     }
 }
 
-pub(super) fn add_new(named: &mut SmallVec<[TenantId; 2]>, tenants: Vec<TenantId>) {
+pub(super) fn add_new(named: &mut Named, tenants: Named) {
     for t in tenants {
         if !named.contains(&t) {
             named.push(t);
