@@ -46,9 +46,11 @@ impl From<i64> for TenantId {
 impl TenantId {
     /// Parses a tenant from text as clients write it (`42`, ` 42 `, `'42'`, `'acme'`).
     pub fn parse(text: &str, kind: TenantKey) -> Option<Self> {
-        if kind == TenantKey::Bigint && text.bytes().all(|b| b.is_ascii_digit()) {
-            // The usual literal: nothing to trim or unquote (an empty text fails here too).
-            return text.parse().ok().map(TenantId::Int);
+        if kind == TenantKey::Bigint
+            && let Some(n) = plain_digits(text.as_bytes())
+        {
+            // The usual literal: nothing to trim or unquote.
+            return n.map(TenantId::Int);
         }
         let t = text.trim();
         let unquoted = t.strip_prefix('\'').and_then(|t| t.strip_suffix('\''));
@@ -67,7 +69,10 @@ impl TenantId {
     /// A key from raw bytes (a Bind parameter or a NOTIFY payload), as text.
     pub fn from_text_bytes(bytes: &[u8], kind: TenantKey) -> Option<Self> {
         match kind {
-            TenantKey::Bigint => std::str::from_utf8(bytes).ok()?.trim().parse().ok().map(TenantId::Int),
+            TenantKey::Bigint => match plain_digits(bytes) {
+                Some(n) => n.map(TenantId::Int),
+                None => std::str::from_utf8(bytes).ok()?.trim().parse().ok().map(TenantId::Int),
+            },
             TenantKey::Text => {
                 let key = std::str::from_utf8(bytes).ok()?;
                 (!key.is_empty() && key.len() <= MAX_TEXT_KEY).then(|| TenantId::Text(key.into()))
@@ -82,6 +87,16 @@ impl TenantId {
             TenantId::Text(s) => KeyText::Text(s),
         }
     }
+}
+
+/// The value of a non-empty run of ASCII digits (`Some(None)` when it overflows a
+/// bigint), or `None` when `bytes` is anything else: the common form of a tenant key,
+/// read without a UTF-8 check, trimming or unquoting.
+fn plain_digits(bytes: &[u8]) -> Option<Option<i64>> {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(bytes.iter().try_fold(0i64, |n, d| n.checked_mul(10)?.checked_add(i64::from(d - b'0'))))
 }
 
 /// A tenant key as text, without an allocation: an integer's digits inline (this is

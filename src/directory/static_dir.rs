@@ -81,6 +81,13 @@ mod tests {
         }
         for text in ["", "99999999999999999999", "1 2"] {
             assert_eq!(TenantId::parse(text, TenantKey::Bigint), None, "{text}");
+            assert_eq!(TenantId::from_text_bytes(text.as_bytes(), TenantKey::Bigint), None, "{text}");
+        }
+        let max = i64::MAX.to_string();
+        for (bytes, key) in
+            [(&b"15"[..], Some(15)), (b" 16", Some(16)), (max.as_bytes(), Some(i64::MAX)), (b"\xff", None)]
+        {
+            assert_eq!(TenantId::from_text_bytes(bytes, TenantKey::Bigint), key.map(TenantId::Int));
         }
         assert_eq!(TenantId::parse("'o''brien'", TenantKey::Text), Some(TenantId::Text("o'brien".into())));
         assert_eq!(TenantId::parse(" acme ", TenantKey::Text), Some(TenantId::Text("acme".into())));
