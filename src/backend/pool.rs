@@ -137,13 +137,15 @@ impl ServerPool {
         self.0.permits.is_closed()
     }
 
-    /// The node's own parameters (as reported at login), when a login with start-up
-    /// settings `settings` needs no server: the parameters are known, and the node
-    /// accepted these settings before (`accept_settings`).
-    pub fn login_params(&self, settings: &Settings) -> Option<Arc<Vec<(String, String)>>> {
-        let accepted = settings.list.is_empty()
-            || self.0.accepted_settings.lock().unwrap_or_else(|e| e.into_inner()).contains(&settings.version);
-        if accepted { self.0.startup_params.get().cloned() } else { None }
+    /// The node's own parameters, as its first connection reported them at login.
+    pub fn server_params(&self) -> Option<Arc<Vec<(String, String)>>> {
+        self.0.startup_params.get().cloned()
+    }
+
+    /// Whether the node accepted start-up settings `settings` before (`accept_settings`).
+    pub fn accepts(&self, settings: &Settings) -> bool {
+        settings.list.is_empty()
+            || self.0.accepted_settings.lock().unwrap_or_else(|e| e.into_inner()).contains(&settings.version)
     }
 
     /// Notes that the node accepted start-up settings `settings`.
@@ -322,6 +324,27 @@ impl Pools {
             PoolError::Closed | PoolError::NoRuntimeSpecified => CheckoutError::Closed { shard },
         })?;
         pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })
+    }
+
+    /// A connection from `pool` if one can be had without waiting (an idle one, or room
+    /// for a new one); `None` when all are busy.
+    pub async fn checkout_if_free(
+        &self,
+        pool: &ServerPool,
+        shard: ShardId,
+        wanted: Wanted<'_>,
+    ) -> Result<Option<PooledConn>, CheckoutError> {
+        let pool = &pool.0;
+        let permit = match pool.permits.try_get() {
+            Ok(permit) => permit,
+            Err(PoolError::Timeout) => return Ok(None),
+            Err(PoolError::Closed | PoolError::NoRuntimeSpecified) => {
+                return Err(CheckoutError::Closed { shard });
+            }
+        };
+        let conn =
+            pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
+        Ok(Some(conn))
     }
 
     /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The

@@ -17,7 +17,7 @@ use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
 use super::{Shared, primary_node};
 use crate::backend::{
-    BackendError, CheckoutError, ServerPool, SettingValue, Settings, TenantGuc, Wanted, send_cancel,
+    BackendError, CheckoutError, PooledConn, SettingValue, Settings, TenantGuc, Wanted, send_cancel,
     settings_sql, tenant_sql,
 };
 use crate::net::Duplex;
@@ -119,12 +119,34 @@ async fn login(
     let node = primary_node(&topology, shard)?;
     let settings = Settings::intern(params.settings);
     let pool = shared.pools.pool(shard, node, &user, &params.database);
-    let reported = match pool.login_params(&settings) {
-        // Known from an earlier login: no server needed; the client's own values win.
-        Some(server) => with_client_settings(&server, &settings),
+    // The server never rejects an application_name, which many clients make unique; a
+    // login that differs from an accepted one only there needs no server.
+    let to_check = match settings.list.iter().any(|(n, _)| n.eq_ignore_ascii_case("application_name")) {
+        true => settings.without("application_name"),
+        false => settings.clone(),
+    };
+    let wanted = Wanted { tenant: None, settings: Some(settings.version) };
+    let reported = match pool.server_params() {
+        // Known from an earlier login, and so are these settings: no server needed.
+        Some(server) if pool.accepts(&to_check) => with_client_settings(&server, &settings),
+        // New settings are tried on a connection that is free now. A login does not wait
+        // for a busy pool for that: the settings are then tried at the first checkout.
+        Some(server) => {
+            match shared.pools.checkout_if_free(&pool, shard, wanted).await.map_err(checkout_error)? {
+                Some(conn) => {
+                    let reported =
+                        apply_login_settings(shared, conn, shard, &settings, params.tenant.as_ref()).await?;
+                    pool.accept_settings(&to_check);
+                    reported
+                }
+                None => with_client_settings(&server, &settings),
+            }
+        }
         None => {
-            let reported = first_login(shared, &pool, shard, &settings, params.tenant.as_ref()).await?;
-            pool.accept_settings(&settings);
+            let conn = shared.pools.checkout_from(&pool, shard, wanted).await.map_err(checkout_error)?;
+            let reported =
+                apply_login_settings(shared, conn, shard, &settings, params.tenant.as_ref()).await?;
+            pool.accept_settings(&to_check);
             reported
         }
     };
@@ -164,24 +186,27 @@ fn with_client_settings(server: &[(String, String)], settings: &Settings) -> Vec
         .collect()
 }
 
-/// A login that needs a server: the first to a pool, or one with start-up settings the
-/// node has not accepted before. A server connection applies the client's settings (a
-/// real server would refuse bad ones at login too) and reports the resulting values.
-async fn first_login(
+/// A checkout error as a login reports it: a server's refusal as the server said it.
+fn checkout_error(e: CheckoutError) -> FrontendError {
+    match e {
+        CheckoutError::Unreachable { source: BackendError::Refused { fields, .. }, .. } => {
+            FrontendError::ServerRefused(fields)
+        }
+        other => FrontendError::Checkout(other),
+    }
+}
+
+/// A login that needs a server (the first to a pool, or one with start-up settings the
+/// node has not accepted before): `conn` applies the client's settings (a real server
+/// would refuse bad ones at login too) and reports the resulting values.
+async fn apply_login_settings(
     shared: &Shared,
-    pool: &ServerPool,
+    mut conn: PooledConn,
     shard: crate::directory::ShardId,
     settings: &std::sync::Arc<Settings>,
     tenant: Option<&crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
     let config = &shared.config;
-    let wanted = Wanted { tenant: None, settings: Some(settings.version) };
-    let mut conn = shared.pools.checkout_from(pool, shard, wanted).await.map_err(|e| match e {
-        CheckoutError::Unreachable { source: BackendError::Refused { fields, .. }, .. } => {
-            FrontendError::ServerRefused(fields)
-        }
-        other => FrontendError::Checkout(other),
-    })?;
     let guc = config.proxy.set_tenant_guc.then_some(config.proxy.tenant_parameter.as_str());
     // One string is fine here: a rejected setting refuses the login, and nothing is recorded.
     let sql: String = [settings_sql(&conn.settings, settings), tenant_sql(&conn.tenant, tenant, guc)]

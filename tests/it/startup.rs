@@ -257,6 +257,29 @@ async fn start_up_settings_the_server_rejects_refuse_every_login() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn logins_do_not_wait_for_a_busy_pool_to_check_their_settings() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.checkout_timeout_ms = 300;
+    })
+    .await;
+    let busy = proxy.connect(Some(7)).await;
+    busy.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    // The only server connection is taken: a login that had to check its settings on a
+    // server would wait for it, and fail (53300). application_name needs no check.
+    let conninfo = proxy.conninfo("application_name=worker-4711 options='-c pgtenant.tenant_id=7'");
+    let client = harness::connect(&conninfo).await.expect("login without a server connection");
+    // New settings are not checked while no connection is free (they are at checkout).
+    let conninfo = proxy.conninfo("options='-c pgtenant.tenant_id=7 -c work_mem=6MB'");
+    let tuned = harness::connect(&conninfo).await.expect("login without a server connection");
+    busy.batch_execute("COMMIT").await.unwrap();
+    let name: String = client.query_one("SHOW application_name", &[]).await.unwrap().get(0);
+    assert_eq!(name, "worker-4711");
+    let work_mem: String = tuned.query_one("SHOW work_mem", &[]).await.unwrap().get(0);
+    assert_eq!(work_mem, "6MB");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn session_pooling_keeps_one_server_connection() {
     let proxy = start_proxy(|c| c.proxy.pool_mode = pgtenant::config::PoolMode::Session).await;
     let client = proxy.connect(Some(7)).await;
