@@ -121,9 +121,10 @@ async fn login(
     let pool = shared.pools.pool(shard, node, &user, &params.database);
     // The server never rejects an application_name, which many clients make unique; a
     // login that differs from an accepted one only there needs no server.
-    let to_check = match settings.list.iter().any(|(n, _)| n.eq_ignore_ascii_case("application_name")) {
-        true => settings.without("application_name"),
-        false => settings.clone(),
+    let to_check = if settings.list.iter().any(|(n, _)| n.eq_ignore_ascii_case("application_name")) {
+        settings.without("application_name")
+    } else {
+        settings.clone()
     };
     let wanted = Wanted { tenant: None, settings: Some(settings.version) };
     let reported = match pool.server_params() {
