@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use super::prepared::PreparedStatement;
-use crate::protocol::{self, TxStatus};
+use crate::protocol::{self, ErrorFields, TxStatus};
 
 /// The message whose responses an entry waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +37,10 @@ impl Reply {
 pub enum OnError {
     Forward,
     Swallow,
+    /// The SETs of the client's own session settings: kept from the client as an error
+    /// (the client's request still runs) and reported in `Effects::settings_failed`.
+    /// They ran as one query, whose failure undid all of them.
+    Report,
 }
 
 #[derive(Clone, Debug)]
@@ -78,6 +82,9 @@ pub struct Effects {
     /// A statement pgtenant added (SETs of settings, of the tenant) failed: the
     /// server's session state is not what pgtenant believes.
     pub injected_failed: bool,
+    /// The session settings pgtenant applied (`OnError::Report`) were refused: the
+    /// server still holds the settings it held before.
+    pub settings_failed: Option<ErrorFields>,
     /// The server now skips messages until a Sync that nobody else will send: pgtenant
     /// must send one (see `on_error`).
     pub send_sync: bool,
@@ -271,6 +278,10 @@ impl ResponseQueue {
                 let fields = protocol::error_fields(raw.get(5..).unwrap_or_default());
                 tracing::warn!(code = %fields.code, message = %fields.message, "a statement pgtenant added failed; the connection will be closed");
                 fx.injected_failed = true;
+                false
+            }
+            Some((_, OnError::Report)) => {
+                fx.settings_failed = Some(protocol::error_fields(raw.get(5..).unwrap_or_default()));
                 false
             }
             None => {
@@ -497,6 +508,24 @@ mod tests {
         assert!(!q.on(msg(b'Z', b"I"), &mut out).injected_failed);
         assert!(out.is_empty(), "the client never sees it");
         assert!(!q.on(msg(b'E', b"SERROR\0C42P01\0Mno table\0\0"), &mut out).injected_failed);
+    }
+
+    #[test]
+    fn refused_session_settings_are_reported_without_closing_the_connection() {
+        let mut q = ResponseQueue::default();
+        let mut out = BytesMut::new();
+        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Report, prepares: None });
+        q.push(client(Reply::Query));
+        let fx = q.on(msg(b'E', b"SERROR\0C22023\0Minvalid value\0\0"), &mut out);
+        assert!(!fx.injected_failed && !fx.client_error);
+        assert_eq!(
+            fx.settings_failed.map(|f| (f.code, f.message)),
+            Some(("22023".into(), "invalid value".into()))
+        );
+        assert!(q.on(msg(b'Z', b"I"), &mut out).settings_failed.is_none());
+        assert!(out.is_empty(), "the session tells the client, not the queue");
+        let fx = q.on(msg(b'E', b"SERROR\0C42P01\0Mno table\0\0"), &mut out);
+        assert!(fx.client_error && fx.settings_failed.is_none(), "the client's own error passes");
     }
 
     #[test]

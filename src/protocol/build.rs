@@ -23,6 +23,7 @@ fn put_cstr(buf: &mut BytesMut, s: &[u8]) {
 /// Severity of an error pgtenant raises.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
+    Warning,
     Error,
     Fatal,
 }
@@ -30,6 +31,7 @@ pub enum Severity {
 impl Severity {
     fn as_str(self) -> &'static str {
         match self {
+            Self::Warning => "WARNING",
             Self::Error => "ERROR",
             Self::Fatal => "FATAL",
         }
@@ -38,7 +40,16 @@ impl Severity {
 
 /// ErrorResponse (B).
 pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, message: &str) {
-    put_message(buf, b'E', |b| {
+    put_fields(buf, b'E', severity, code, message);
+}
+
+/// NoticeResponse (B).
+pub fn notice_response(buf: &mut BytesMut, severity: Severity, code: &str, message: &str) {
+    put_fields(buf, b'N', severity, code, message);
+}
+
+fn put_fields(buf: &mut BytesMut, tag: u8, severity: Severity, code: &str, message: &str) {
+    put_message(buf, tag, |b| {
         b.put_u8(b'S');
         put_cstr(b, severity.as_str().as_bytes());
         b.put_u8(b'V');

@@ -297,9 +297,10 @@ async fn a_server_default_for_the_tenant_guc_never_reaches_a_session() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_failing_client_setting_never_undoes_the_tenant_guc() {
+async fn a_setting_one_shard_refuses_is_reported_and_never_undoes_the_tenant_guc() {
+    use crate::harness::raw::{RawClient, first_column};
     // A text search configuration that only shard 1 has: a setting naming it is valid
-    // there and rejected by shard 2.
+    // there and refused by shard 2.
     shard_admin(1, "app")
         .await
         .batch_execute(
@@ -311,31 +312,34 @@ async fn a_failing_client_setting_never_undoes_the_tenant_guc() {
     // One server connection per shard, so the second client gets the first one's.
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let first = proxy.connect(Some(42)).await;
-    let guc: String =
-        first.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap().get(0);
-    assert_eq!(guc, "42");
+    let row =
+        first.query_one("SELECT current_setting('pgtenant.tenant_id'), pg_backend_pid()", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "42");
+    let shard2_pid = row.get::<_, i32>(1).to_string();
     drop(first);
-    // Shard 1 accepts the setting at login; shard 2 rejects it when the session's next
+    // Shard 1 accepts the setting at login; shard 2 refuses it when the session's next
     // tenant takes it there, in the same checkout that sets the tenant GUC.
-    let second =
-        crate::harness::connect(&proxy.conninfo(
-            "options='-c pgtenant.tenant_id=7 -c default_text_search_config=public.only_on_shard1'",
-        ))
-        .await
-        .unwrap();
-    let config: String = second.query_one("SHOW default_text_search_config", &[]).await.unwrap().get(0);
-    assert_eq!(config, "public.only_on_shard1");
-    second.batch_execute("SET pgtenant.tenant_id = 1500").await.unwrap();
-    let row = second
-        .query_one("SELECT current_setting('pgtenant.tenant_id'), (SELECT shard_id FROM pgtenant_shard)", &[])
-        .await
-        .unwrap();
-    assert_eq!(row.get::<_, i32>(1), 2);
-    assert_eq!(
-        row.get::<_, String>(0),
-        "1500",
-        "the tenant GUC must not roll back with the rejected setting"
-    );
+    let options = "-c pgtenant.tenant_id=7 -c default_text_search_config=public.only_on_shard1";
+    let mut second = RawClient::login(proxy.addr, &[("options", options)]).await;
+    let config = first_column(&second.query("SHOW default_text_search_config").await);
+    assert_eq!(config, ["public.only_on_shard1"]);
+    second.query("SET pgtenant.tenant_id = 1500").await;
+    for _ in 0..2 {
+        let msgs = second
+            .query("SELECT current_setting('pgtenant.tenant_id') || ' ' || pg_backend_pid() FROM pgtenant_shard WHERE shard_id = 2")
+            .await;
+        assert!(msgs.iter().all(|m| m.tag != b'E'), "{msgs:?}");
+        let warning = msgs.iter().find(|m| m.tag == b'N').expect("a warning that the settings were refused");
+        let text = String::from_utf8_lossy(&warning.body);
+        assert!(
+            text.contains("WARNING") && text.contains("shard 2 refused this session's settings"),
+            "{text}"
+        );
+        assert_eq!(warning.sqlstate().as_deref(), Some("22023"));
+        // The tenant GUC holds; the server connection is kept (the refused SETs undid
+        // themselves), not closed and opened again for every transaction.
+        assert_eq!(first_column(&msgs), [format!("1500 {shard2_pid}")]);
+    }
     proxy.shutdown().await;
 }
 

@@ -84,6 +84,9 @@ struct Attached {
     /// The tenant GUC was set inside the client's request (see `begin_on`): it holds
     /// only if that request commits without an error.
     tenant_in_request: bool,
+    /// What the connection held before pgtenant last sent it the client's settings: it
+    /// holds that again if the server refuses them (`Effects::settings_failed`).
+    settings_before: Option<Arc<Settings>>,
 }
 
 pub struct Session {

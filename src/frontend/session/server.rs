@@ -14,7 +14,7 @@ use crate::config::PoolMode;
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_node;
-use crate::protocol::{self, TxStatus};
+use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{Analysis, Route, Router, SessionChange};
 
 impl Session {
@@ -59,6 +59,7 @@ impl Session {
                 saw_commit: false,
                 open_request: false,
                 tenant_in_request: false,
+                settings_before: None,
             });
         }
         let tenant_guc = self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
@@ -87,8 +88,8 @@ impl Session {
             return Ok(());
         }
         if let Some(sql) = settings {
-            inject_sql(&mut a.conn, &sql);
-            a.conn.settings = self.settings.clone();
+            inject_sql(&mut a.conn, &sql, OnError::Report);
+            a.settings_before = Some(std::mem::replace(&mut a.conn.settings, self.settings.clone()));
         }
         // The tenant GUC and read-only mode go in a query of their own: a client setting the
         // server rejects rolls back its whole query, and must not take the tenant with it.
@@ -103,7 +104,7 @@ impl Session {
             });
         }
         if !guard.is_empty() {
-            inject_sql(&mut a.conn, &guard);
+            inject_sql(&mut a.conn, &guard, OnError::Swallow);
             a.conn.tenant = TenantGuc::Known(route.tenant.clone());
             a.conn.read_only = read_only;
         }
@@ -439,6 +440,9 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
             // Never handed to another client with state it does not expect.
             conn.broken = true;
         }
+        if let Some(refused) = fx.settings_failed {
+            settings_refused(conn, a.settings_before.take(), a.route.shard, &refused, out);
+        }
         if let Some(status) = fx.ready {
             break Relay::Ready { status, changes: fx.changes_done };
         }
@@ -448,6 +452,29 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
     }
     conn.io.rbuf.advance(at);
     result
+}
+
+/// The server refused the SETs that bring the client's session settings to its
+/// connection (a setting this shard does not accept, where the one the client logged in
+/// to did). They ran as one query, so the connection still holds what it held before;
+/// the client's statement runs without them, and the client is told so.
+fn settings_refused(
+    conn: &mut ServerConn,
+    before: Option<Arc<Settings>>,
+    shard: ShardId,
+    refused: &ErrorFields,
+    out: &mut BytesMut,
+) {
+    tracing::warn!(shard, code = %refused.code, message = %refused.message, "the server refused a client's session settings");
+    match before {
+        Some(before) => conn.settings = before,
+        None => conn.broken = true,
+    }
+    let message = format!(
+        "pgtenant: shard {shard} refused this session's settings ({}); the statement runs without them",
+        refused.message
+    );
+    protocol::notice_response(out, protocol::Severity::Warning, &refused.code, &message);
 }
 
 /// The statement that sets the tenant GUC inside a client's extended request (its id
@@ -481,8 +508,9 @@ fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&Te
     conn.queue.push(Pending::Injected { reply: Reply::Execute, on_error: OnError::Forward, prepares: None });
 }
 
-/// Sends `sql` ahead of the client's messages; its answer is swallowed.
-fn inject_sql(conn: &mut ServerConn, sql: &str) {
+/// Sends `sql` ahead of the client's messages; its answer is swallowed, its error as
+/// `on_error` says.
+fn inject_sql(conn: &mut ServerConn, sql: &str, on_error: OnError) {
     protocol::query(&mut conn.io.wbuf, sql);
-    conn.queue.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, prepares: None });
+    conn.queue.push(Pending::Injected { reply: Reply::Query, on_error, prepares: None });
 }
