@@ -17,8 +17,8 @@ use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
 use super::{Shared, primary_node};
 use crate::backend::{
-    BackendError, CheckoutError, PooledConn, SettingValue, Settings, TenantGuc, Wanted, send_cancel,
-    settings_sql, tenant_sql,
+    BackendError, CheckoutError, PooledConn, ServerPool, SettingValue, Settings, TenantGuc, Wanted,
+    send_cancel, settings_sql, tenant_sql,
 };
 use crate::net::Duplex;
 use crate::protocol::{self, TxStatus};
@@ -127,29 +127,23 @@ async fn login(
         settings.clone()
     };
     let wanted = Wanted { tenant: None, settings: Some(settings.version) };
-    let reported = match pool.server_params() {
+    // A server connection to apply the settings on, or else the node's known parameters.
+    let server: Result<PooledConn, _> = match pool.server_params() {
         // Known from an earlier login, and so are these settings: no server needed.
-        Some(server) if pool.accepts(&to_check) => with_client_settings(&server, &settings),
+        Some(known) if pool.accepts(&to_check) => Err(known),
         // New settings are tried on a connection that is free now. A login does not wait
         // for a busy pool for that: the settings are then tried at the first checkout.
-        Some(server) => {
-            match shared.pools.checkout_if_free(&pool, shard, wanted).await.map_err(checkout_error)? {
-                Some(conn) => {
-                    let reported =
-                        apply_login_settings(shared, conn, shard, &settings, params.tenant.as_ref()).await?;
-                    pool.accept_settings(&to_check);
-                    reported
-                }
-                None => with_client_settings(&server, &settings),
-            }
+        Some(known) => {
+            shared.pools.checkout_if_free(&pool, shard, wanted).await.map_err(checkout_error)?.ok_or(known)
         }
-        None => {
-            let conn = shared.pools.checkout_from(&pool, shard, wanted).await.map_err(checkout_error)?;
-            let reported =
-                apply_login_settings(shared, conn, shard, &settings, params.tenant.as_ref()).await?;
-            pool.accept_settings(&to_check);
-            reported
+        None => Ok(shared.pools.checkout_from(&pool, shard, wanted).await.map_err(checkout_error)?),
+    };
+    let reported = match server {
+        Ok(conn) => {
+            apply_login_settings(shared, &pool, conn, shard, &settings, &to_check, params.tenant.as_ref())
+                .await?
         }
+        Err(known) => with_client_settings(&known, &settings),
     };
     let cancel = shared.cancels.register();
     for (name, value) in &reported {
@@ -199,12 +193,15 @@ fn checkout_error(e: CheckoutError) -> FrontendError {
 
 /// A login that needs a server (the first to a pool, or one with start-up settings the
 /// node has not accepted before): `conn` applies the client's settings (a real server
-/// would refuse bad ones at login too) and reports the resulting values.
+/// would refuse bad ones at login too) and reports the resulting values; once it has,
+/// `pool` notes `to_check` (the settings less what needs no check) as accepted.
 async fn apply_login_settings(
     shared: &Shared,
+    pool: &ServerPool,
     mut conn: PooledConn,
     shard: crate::directory::ShardId,
     settings: &std::sync::Arc<Settings>,
+    to_check: &Settings,
     tenant: Option<&crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
     let config = &shared.config;
@@ -226,5 +223,6 @@ async fn apply_login_settings(
     if conn.status != TxStatus::Idle {
         return Err(FrontendError::Protocol("server connection not idle after login".into()));
     }
+    pool.accept_settings(to_check);
     Ok(conn.params.clone())
 }
