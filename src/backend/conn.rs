@@ -155,7 +155,7 @@ impl ServerConn {
             self.queue.push(Pending::Injected {
                 reply: Reply::Close,
                 on_error: OnError::Swallow,
-                prepares: None,
+                statement: None,
             });
         }
     }

@@ -1,6 +1,7 @@
 //! Server-side names for named prepared statements. Identical statements (same
 //! text and parameter types) from any client share one id and one server name, so
-//! a server that prepared it for one client serves all of them.
+//! a server that prepared it for one client serves all of them, until a schema change
+//! that alters its result retires it: the next Parse of the text gets a new id.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,10 @@ pub struct PreparedStatement {
     pub param_types: Bytes,
     /// A server accepted it once, so a later Parse of it needs no server to succeed.
     validated: AtomicBool,
+    /// A server refused it as outdated by a schema change: new Parses of its text get
+    /// a statement of their own, while clients that hold this one keep it, as a server
+    /// would keep theirs.
+    retired: AtomicBool,
 }
 
 impl PreparedStatement {
@@ -27,6 +32,14 @@ impl PreparedStatement {
 
     pub fn mark_validated(&self) {
         self.validated.store(true, Ordering::Relaxed);
+    }
+
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
     }
 }
 
@@ -52,7 +65,7 @@ impl StatementRegistry {
         // Look up with borrowed slices would need a custom key type; statements are
         // short and this runs once per client Parse, not per execution.
         let key = (Bytes::copy_from_slice(query), Bytes::copy_from_slice(param_types));
-        if let Some(s) = map.get(&key) {
+        if let Some(s) = map.get(&key).filter(|s| !s.is_retired()) {
             return s.clone();
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -62,8 +75,9 @@ impl StatementRegistry {
             query: key.0.clone(),
             param_types: key.1.clone(),
             validated: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
         });
-        if map.len() < self.capacity {
+        if map.len() < self.capacity || map.contains_key(&key) {
             map.insert(key, stmt.clone());
         }
         stmt
@@ -83,5 +97,15 @@ mod tests {
         assert_eq!(a.id, b.id);
         assert_ne!(a.id, c.id);
         assert_eq!(&a.server_name[..], format!("pgt_{}", a.id).as_bytes());
+    }
+
+    #[test]
+    fn a_retired_statement_gives_way_to_a_new_one() {
+        let r = StatementRegistry::new(1);
+        let old = r.intern(b"SELECT * FROM t", b"\0\0");
+        old.retire();
+        let new = r.intern(b"SELECT * FROM t", b"\0\0");
+        assert_ne!(old.id, new.id);
+        assert_eq!(r.intern(b"SELECT * FROM t", b"\0\0").id, new.id, "replaced, even at capacity");
     }
 }

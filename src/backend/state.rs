@@ -45,13 +45,14 @@ pub enum OnError {
 
 #[derive(Clone, Debug)]
 pub enum Pending {
-    /// A client message: its responses pass through. `prepares` is the statement a
-    /// Parse creates on the server, so a failed Parse can be forgotten; `changes`, on the
+    /// A client message: its responses pass through. `statement` is the statement of
+    /// pgtenant's that a Parse creates on the server (so a failed Parse can be forgotten)
+    /// or that a Bind or Describe uses (so a stale one can be retired); `changes`, on the
     /// Sync or Query that ends a request, counts the session setting changes (SETs it
     /// re-applies elsewhere) that the request's success settles.
-    Client { reply: Reply, prepares: Option<Arc<PreparedStatement>>, changes: usize },
+    Client { reply: Reply, statement: Option<Arc<PreparedStatement>>, changes: usize },
     /// A message pgtenant added: its responses are swallowed.
-    Injected { reply: Reply, on_error: OnError, prepares: Option<Arc<PreparedStatement>> },
+    Injected { reply: Reply, on_error: OnError, statement: Option<Arc<PreparedStatement>> },
     /// Complete messages pgtenant sends itself once everything before them has been answered.
     Synthetic(Bytes),
     /// The client ended a COPY FROM STDIN (CopyDone/CopyFail); no reply of its own.
@@ -60,7 +61,7 @@ pub enum Pending {
 
 impl Pending {
     pub fn client(reply: Reply) -> Self {
-        Pending::Client { reply, prepares: None, changes: 0 }
+        Pending::Client { reply, statement: None, changes: 0 }
     }
 }
 
@@ -119,9 +120,11 @@ impl ResponseQueue {
                 self.skipping_until_sync = false;
                 self.pending.push_back(p);
             }
-            Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
-                self.skipped_prepares.extend(prepares.as_ref().map(|s| s.id));
+            Pending::Client { reply: Reply::Parse, statement, .. }
+            | Pending::Injected { reply: Reply::Parse, statement, .. } => {
+                self.skipped_prepares.extend(statement.as_ref().map(|s| s.id));
             }
+            Pending::Client { .. } | Pending::Injected { .. } => {}
             Pending::Synthetic(_) | Pending::CopyEnd => {}
         }
     }
@@ -158,8 +161,10 @@ impl ResponseQueue {
         if !completes(reply, tag) {
             return false;
         }
-        if let Some(Pending::Client { prepares: Some(s), .. } | Pending::Injected { prepares: Some(s), .. }) =
-            self.pending.pop_front()
+        if let Some(
+            Pending::Client { reply: Reply::Parse, statement: Some(s), .. }
+            | Pending::Injected { reply: Reply::Parse, statement: Some(s), .. },
+        ) = self.pending.pop_front()
         {
             s.mark_validated();
         }
@@ -295,6 +300,17 @@ impl ResponseQueue {
             out.extend_from_slice(raw);
             fx.client_error = true;
         }
+        if let Some(Pending::Client { reply: Reply::Bind | Reply::Describe, statement: Some(stmt), .. }) =
+            self.pending.front()
+            && is_stale_plan(raw)
+        {
+            // The server's statement predates a schema change that altered its result
+            // (0A000 "cached plan must not change result type"): every server holding
+            // it would refuse it too, so a client that prepares the text again, as
+            // asyncpg and pgJDBC do on this error, must get a statement of its own.
+            tracing::debug!(statement = stmt.id, "a prepared statement outlived a schema change; retired");
+            stmt.retire();
+        }
         let Some((reply, _)) = front else { return };
         if !reply.is_extended() {
             // Simple query: the entry ends at ReadyForQuery.
@@ -314,15 +330,28 @@ impl ResponseQueue {
                     fx.send_sync = true;
                     break;
                 }
-                Pending::Client { prepares, .. } | Pending::Injected { prepares, .. } => {
-                    fx.unprepared.extend(prepares.as_ref().map(|s| s.id))
+                Pending::Client { reply: Reply::Parse, statement, .. }
+                | Pending::Injected { reply: Reply::Parse, statement, .. } => {
+                    fx.unprepared.extend(statement.as_ref().map(|s| s.id))
                 }
+                Pending::Client { .. } | Pending::Injected { .. } => {}
                 Pending::Synthetic(_) | Pending::CopyEnd => {}
             }
             self.pending.pop_front();
         }
         self.skipping_until_sync = self.pending.is_empty();
     }
+}
+
+/// Whether ErrorResponse `raw` says that a prepared statement's result changed under it:
+/// 0A000 from the plan cache's revalidation (its routine, which is not translated, or
+/// else its English message).
+fn is_stale_plan(raw: &[u8]) -> bool {
+    let body = raw.get(5..).unwrap_or_default();
+    let field = |kind| protocol::error_field(body, kind).unwrap_or_default();
+    field(b'C') == b"0A000"
+        && (field(b'R') == b"RevalidateCachedQuery"
+            || field(b'M') == b"cached plan must not change result type")
 }
 
 /// Whether a message with `tag` is the last response to `reply`.
@@ -374,7 +403,7 @@ mod tests {
         let registry = crate::backend::prepared::StatementRegistry::new(10);
         let stmt = registry.intern(b"select 1", b"\0\0");
         let mut q = ResponseQueue::default();
-        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), changes: 0 });
+        q.push(Pending::Client { reply: Reply::Parse, statement: Some(stmt.clone()), changes: 0 });
         q.push(synthetic(protocol::parse_complete));
         q.push(client(Reply::Execute));
         q.push(client(Reply::Sync));
@@ -391,7 +420,7 @@ mod tests {
         assert_eq!(q.pass_answer(b'C'), Some(false), "forwarded as on_server_message would, nothing popped");
         assert!(!q.is_empty(), "the Sync waits for its ReadyForQuery");
         let mut q = ResponseQueue::default();
-        q.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Swallow, prepares: None });
+        q.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Swallow, statement: None });
         assert_eq!(q.pass_answer(b'2'), None, "swallowed by on_server_message");
     }
 
@@ -399,7 +428,7 @@ mod tests {
     fn synthetic_parse_complete_comes_first_and_injected_replies_are_swallowed() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, prepares: None });
+        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, statement: None });
         q.push(synthetic(protocol::parse_complete));
         q.push(client(Reply::Bind));
         q.push(client(Reply::Execute));
@@ -421,7 +450,7 @@ mod tests {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
         for reply in [Reply::Bind, Reply::Execute] {
-            q.push(Pending::Injected { reply, on_error: OnError::Forward, prepares: None });
+            q.push(Pending::Injected { reply, on_error: OnError::Forward, statement: None });
         }
         q.push(client(Reply::Query));
         assert_eq!(q.on(msg(b'2', b""), &mut out), Effects::default());
@@ -435,11 +464,36 @@ mod tests {
     }
 
     #[test]
+    fn a_bind_refused_for_a_stale_plan_retires_its_statement_and_keeps_it_prepared() {
+        let registry = crate::backend::StatementRegistry::new(10);
+        let stale = b"SERROR\0C0A000\0Mcached plan must not change result type\0RRevalidateCachedQuery\0\0";
+        let translated = b"SERROR\0C0A000\0Mle plan en cache ne doit pas changer\0RRevalidateCachedQuery\0\0";
+        let other = b"SERROR\0C22P02\0Minvalid input syntax\0RRevalidateCachedQuery\0\0";
+        for (reply, error, retired) in [
+            (Reply::Bind, &stale[..], true),
+            (Reply::Describe, &translated[..], true),
+            (Reply::Bind, &other[..], false),
+        ] {
+            let stmt = registry.intern(b"SELECT * FROM t", b"\0\0");
+            let mut q = ResponseQueue::default();
+            let mut out = BytesMut::new();
+            q.push(Pending::Client { reply, statement: Some(stmt.clone()), changes: 0 });
+            q.push(client(Reply::Execute));
+            q.push(client(Reply::Sync));
+            let fx = q.on(msg(b'E', error), &mut out);
+            assert!(fx.client_error && fx.unprepared.is_empty(), "the server still has it: {fx:?}");
+            let next = registry.intern(b"SELECT * FROM t", b"\0\0");
+            assert_eq!(next.id != stmt.id, retired, "{reply:?} {:?}", String::from_utf8_lossy(error));
+            assert_eq!(q.on(msg(b'Z', b"I"), &mut out).ready, Some(TxStatus::Idle));
+        }
+    }
+
+    #[test]
     fn error_skips_to_sync_and_forgets_failed_prepares() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
         let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
-        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), changes: 0 });
+        q.push(Pending::Client { reply: Reply::Parse, statement: Some(stmt.clone()), changes: 0 });
         q.push(client(Reply::Bind));
         q.push(synthetic(protocol::close_complete));
         q.push(client(Reply::Sync));
@@ -490,7 +544,7 @@ mod tests {
         q.push(Pending::Injected {
             reply: Reply::Parse,
             on_error: OnError::Forward,
-            prepares: Some(stmt.clone()),
+            statement: Some(stmt.clone()),
         });
         q.on(msg(b'1', b""), &mut out);
         assert!(stmt.is_validated());
@@ -501,7 +555,7 @@ mod tests {
     fn a_failed_injected_set_is_swallowed_but_reported() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, prepares: None });
+        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Swallow, statement: None });
         q.push(client(Reply::Query));
         let fx = q.on(msg(b'E', b"SERROR\0C42601\0Msyntax error\0\0"), &mut out);
         assert!(fx.injected_failed && !fx.client_error);
@@ -514,7 +568,7 @@ mod tests {
     fn refused_session_settings_are_reported_without_closing_the_connection() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Report, prepares: None });
+        q.push(Pending::Injected { reply: Reply::Query, on_error: OnError::Report, statement: None });
         q.push(client(Reply::Query));
         let fx = q.on(msg(b'E', b"SERROR\0C22023\0Minvalid value\0\0"), &mut out);
         assert!(!fx.injected_failed && !fx.client_error);
@@ -541,7 +595,7 @@ mod tests {
         assert!(fx.client_error && q.is_empty());
         // The client sends on (a pipeline): the server skips all of it but the Sync.
         let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT 2", b"\0\0");
-        q.push(Pending::Client { reply: Reply::Parse, prepares: Some(stmt.clone()), changes: 0 });
+        q.push(Pending::Client { reply: Reply::Parse, statement: Some(stmt.clone()), changes: 0 });
         q.push(synthetic(protocol::parse_complete));
         for reply in [Reply::Bind, Reply::Describe, Reply::Execute, Reply::Sync] {
             q.push(client(reply));

@@ -175,25 +175,25 @@ pub struct ErrorFields {
 }
 
 pub fn error_fields(body: &[u8]) -> ErrorFields {
-    let mut out = ErrorFields::default();
+    let text =
+        |kind| error_field(body, kind).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default();
+    ErrorFields { severity: text(b'S'), code: text(b'C'), message: text(b'M') }
+}
+
+/// ErrorResponse / NoticeResponse (B): the raw value of the field of type `kind`.
+pub fn error_field(body: &[u8], kind: u8) -> Option<&[u8]> {
     let mut b = body;
-    while let Some((&kind, rest)) = b.split_first() {
-        if kind == 0 {
-            break;
+    while let Some((&this, rest)) = b.split_first() {
+        if this == 0 {
+            return None;
         }
-        let Some((value, rest)) = split_cstr(rest) else {
-            break;
-        };
-        let value = String::from_utf8_lossy(value).into_owned();
-        match kind {
-            b'S' => out.severity = value,
-            b'C' => out.code = value,
-            b'M' => out.message = value,
-            _ => {}
+        let (value, rest) = split_cstr(rest)?;
+        if this == kind {
+            return Some(value);
         }
         b = rest;
     }
-    out
+    None
 }
 
 #[cfg(test)]

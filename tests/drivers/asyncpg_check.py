@@ -36,6 +36,11 @@ async def main():
     # around the query, which pgtenant follows rather than pin the session to shard 2.
     await c.execute("drop type if exists apg_mood; create type apg_mood as enum ('sad', 'happy')")
     assert await c.fetchval("select 'happy'::apg_mood") == "happy"
+    # A schema change under a cached statement: asyncpg prepares it again and retries.
+    await c.execute("drop table if exists apg_alter; create table apg_alter (tenant_id bigint, a int)")
+    assert await c.fetch("select * from apg_alter") == []
+    await c.execute("alter table apg_alter add column b int; insert into apg_alter values (1500, 1, 2)")
+    assert [tuple(r) for r in await c.fetch("select * from apg_alter")] == [(1500, 1, 2)]
     await c.execute("set pgtenant.tenant_id = 7")
     assert await c.fetchval("select shard_id from pgtenant_shard") == 1
     assert await c.fetchval("select current_setting('application_name')") == "asyncpg-check"

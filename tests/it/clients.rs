@@ -140,6 +140,37 @@ async fn prepared_statements_survive_server_changes() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_statement_prepared_again_after_a_schema_change_sees_the_new_columns() {
+    // One server connection: every client's statements share it, as pgtenant shares them.
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let a = proxy.connect(Some(7)).await;
+    let b = proxy.connect(Some(7)).await;
+    a.batch_execute("DROP TABLE IF EXISTS stale_plan_t; CREATE TABLE stale_plan_t (tenant_id bigint, a int)")
+        .await
+        .unwrap();
+    let text = "SELECT * FROM stale_plan_t";
+    let old_a = a.prepare(text).await.unwrap();
+    let old_b = b.prepare(text).await.unwrap();
+    assert!(a.query(&old_a, &[]).await.unwrap().is_empty());
+    a.batch_execute("ALTER TABLE stale_plan_t ADD COLUMN b int; INSERT INTO stale_plan_t VALUES (7, 1, 2)")
+        .await
+        .unwrap();
+    // As on PostgreSQL: a statement prepared before the change is refused, ...
+    for (client, old) in [(&a, &old_a), (&b, &old_b)] {
+        let err = client.query(old, &[]).await.unwrap_err();
+        assert_eq!(harness::sqlstate(&err), "0A000", "{err:?}");
+    }
+    // ... and one prepared again (asyncpg and pgJDBC do it on that error) sees the new
+    // columns, although the server connection still holds the old one under its name.
+    for client in [&a, &b, &proxy.connect(Some(7)).await] {
+        let rows = client.query(&client.prepare(text).await.unwrap(), &[]).await.unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].len(), 3, "the new column is there");
+        assert_eq!(rows[0].get::<_, Option<i32>>(2), Some(2));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_server_connection_keeps_a_bounded_number_of_prepared_statements() {
     let proxy = start_proxy(|c| {
         c.users[0].pool_size = 1;

@@ -401,24 +401,24 @@ impl Session {
                 self.note_bound_changes(b.portal, analysis, b.rest);
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
-                match stmt {
+                match &stmt {
                     Some(stmt) => {
                         protocol::bind_renamed(&mut a.conn.io.wbuf, b.portal, &stmt.server_name, b.rest)
                     }
                     None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
                 }
-                a.conn.queue.push(Pending::client(Reply::Bind));
+                a.conn.queue.push(Pending::Client { reply: Reply::Bind, statement: stmt, changes: 0 });
             }
             b'D' => {
                 let (kind, name) =
                     protocol::target_view(frame.body()).ok_or_else(|| malformed("Describe"))?;
                 let stmt = if kind == b'S' { self.server_statement(name) } else { None };
                 let a = self.server.as_mut().ok_or_else(no_server)?;
-                match stmt {
+                match &stmt {
                     Some(stmt) => protocol::describe_statement(&mut a.conn.io.wbuf, &stmt.server_name),
                     None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
                 }
-                a.conn.queue.push(Pending::client(Reply::Describe));
+                a.conn.queue.push(Pending::Client { reply: Reply::Describe, statement: stmt, changes: 0 });
             }
             b'C' => {
                 let (kind, name) = protocol::target_view(frame.body()).ok_or_else(|| malformed("Close"))?;
@@ -445,7 +445,7 @@ impl Session {
                 let changes = std::mem::take(&mut self.request_changes);
                 let a = self.server.as_mut().ok_or_else(no_server)?;
                 a.conn.io.wbuf.extend_from_slice(&frame.raw);
-                a.conn.queue.push(Pending::Client { reply: Reply::Sync, prepares: None, changes });
+                a.conn.queue.push(Pending::Client { reply: Reply::Sync, statement: None, changes });
             }
             b'H' => {
                 let a = self.server.as_mut().ok_or_else(no_server)?;
@@ -530,7 +530,7 @@ impl Session {
             protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
             a.conn.queue.push(Pending::Client {
                 reply: Reply::Parse,
-                prepares: Some(stmt.clone()),
+                statement: Some(stmt.clone()),
                 changes: 0,
             });
         }
@@ -568,7 +568,7 @@ impl Session {
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Parse,
                 on_error: OnError::Forward,
-                prepares: Some(stmt.clone()),
+                statement: Some(stmt.clone()),
             });
         }
         Some(stmt)

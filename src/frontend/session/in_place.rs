@@ -163,7 +163,7 @@ impl Session {
             a.pin.get_or_insert(pin);
         }
         let rbuf = &self.client.rbuf;
-        match server_statement {
+        match &server_statement {
             Some(stmt) => {
                 let b = protocol::bind_view(body(rbuf, &layout.bind)).ok_or_else(|| malformed("Bind"))?;
                 protocol::bind_renamed(&mut a.conn.io.wbuf, b.portal, &stmt.server_name, b.rest);
@@ -171,7 +171,7 @@ impl Session {
             }
             None => a.conn.io.wbuf.extend_from_slice(&rbuf[copied..layout.total]),
         }
-        a.conn.queue.push(Pending::client(Reply::Bind));
+        a.conn.queue.push(Pending::Client { reply: Reply::Bind, statement: server_statement, changes: 0 });
         for reply in layout.after_bind {
             a.conn.queue.push(Pending::client(reply));
         }

@@ -117,7 +117,7 @@ impl Session {
             a.conn.queue.push(Pending::Injected {
                 reply: Reply::Query,
                 on_error: OnError::Forward,
-                prepares: None,
+                statement: None,
             });
         }
         Ok(())
@@ -497,20 +497,20 @@ fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&Te
         conn.queue.push(Pending::Injected {
             reply: Reply::Parse,
             on_error: OnError::Forward,
-            prepares: None,
+            statement: None,
         });
     }
     let value = tenant.map(|t| t.key_text()).unwrap_or_default();
     // The unnamed portal: the client's own Bind, which follows, replaces it.
     protocol::bind_text(&mut conn.io.wbuf, SET_TENANT_STATEMENT, &[guc.as_bytes(), value.as_bytes()]);
-    conn.queue.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Forward, prepares: None });
+    conn.queue.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Forward, statement: None });
     protocol::execute(&mut conn.io.wbuf);
-    conn.queue.push(Pending::Injected { reply: Reply::Execute, on_error: OnError::Forward, prepares: None });
+    conn.queue.push(Pending::Injected { reply: Reply::Execute, on_error: OnError::Forward, statement: None });
 }
 
 /// Sends `sql` ahead of the client's messages; its answer is swallowed, its error as
 /// `on_error` says.
 fn inject_sql(conn: &mut ServerConn, sql: &str, on_error: OnError) {
     protocol::query(&mut conn.io.wbuf, sql);
-    conn.queue.push(Pending::Injected { reply: Reply::Query, on_error, prepares: None });
+    conn.queue.push(Pending::Injected { reply: Reply::Query, on_error, statement: None });
 }

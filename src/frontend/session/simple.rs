@@ -133,7 +133,7 @@ impl Session {
             self.statements.clear();
         }
         let changes = analysis.session_changes.len();
-        a.conn.queue.push(Pending::Client { reply: Reply::Query, prepares: None, changes });
+        a.conn.queue.push(Pending::Client { reply: Reply::Query, statement: None, changes });
         a.conn.io.wbuf.extend_from_slice(&frame.raw);
         self.setting_changes.extend(analysis.session_changes.iter().cloned());
         Ok(())
