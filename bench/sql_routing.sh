@@ -3,6 +3,10 @@
 # statement carries `tenant_id = :tid`, 8 clients, in simple, extended and prepared
 # mode, against
 #   direct    shard 1, random tenants (no proxy at all),
+#   direct-guc  prepared mode only: the same, each transaction also setting the tenant
+#             GUC as pgtenant does when a server connection passes to another tenant (a
+#             prepared set_config, in the same request before the statement): what that
+#             switch costs PostgreSQL itself, compared with `direct`;
 #   session   pgtenant with session tenant 7 (the script names that same tenant),
 #   sql       pgtenant without a session tenant: every transaction routed by its SQL,
 #             random tenants of shard 1 (1..=1000), so that only the routing differs
@@ -17,11 +21,11 @@
 #             tenant i (1..=8) throughout, by its session tenant or by SQL: many tenants
 #             at once, where tenant-aware checkouts spare most GUC switches; mix-sql is
 #             compared with mix-session;
-# interleaved over several rounds. Prints median TPS, sql/session, pgtenant's CPU per
+# interleaved over several rounds. Prints median TPS, the ratios above, pgtenant's CPU per
 # transaction and its memory, then the directory benchmark (resolution latency for
 # cache misses and hits, memory per cached tenant).
 #
-#   bench/sql_routing.sh [rounds=3] [seconds=5]
+#   [TARGETS="session sql ..."] bench/sql_routing.sh [rounds=3] [seconds=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -54,7 +58,11 @@ script "random(1, 1000)" sql
 script "random(1, 2000)" sql-both
 script "random($TENANTS_FROM, $TENANTS_TO)" sql-1m
 cp "$STATE/sql.sql" "$STATE/sql-noguc.sql"
-for i in $(seq 8); do script "$i" "mix-$i"; done
+# direct-guc: a pipeline of the two statements with one Sync (prepared mode only: in
+# the others pgbench would parse the set_config each time, which pgtenant does not).
+printf '\\set tid random(1, 1000)\n\\startpipeline\n%s;\n%s\n\\endpipeline\n' \
+  "SELECT WHERE pg_catalog.set_config('pgtenant.tenant_id', :tid::text, false) IS NULL" \
+  "SELECT count(*) FROM accounts WHERE tenant_id = :tid;" >"$STATE/direct-guc.sql"
 
 rss_mib() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 TICKS=$(getconf CLK_TCK)
@@ -71,6 +79,10 @@ run() { # target mode
   local port=$PROXY_PORT opts="" script="$STATE/$1.sql" pid=$PROXY_PID
   case $1 in
     direct) port=$SHARD_PORT; script="$STATE/sql.sql" ;;
+    direct-guc)
+      [ "$2" = prepared ] || return 0
+      port=$SHARD_PORT
+      ;;
     session) opts="-c pgtenant.tenant_id=7" ;;
     sql-noguc) port=$NOGUC_PORT; pid=$NOGUC_PID ;;
   esac
@@ -82,7 +94,7 @@ run() { # target mode
   tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
   if echo "$out" | grep -q "Run was aborted"; then tps=0; echo "$out" | tail -3 >&2; fi
   cpu=$(cpu_per_tx $((after - before)) "$tx")
-  [ "$1" = direct ] && cpu=0
+  case $1 in direct*) cpu=0 ;; esac
   echo "$1 $2 ${tps:-0} $cpu" >>"$RESULTS"
 }
 
@@ -107,7 +119,7 @@ run_mix() { # target mode: eight one-client pgbench processes, client i on tenan
   echo "$1 $2 $tps $(cpu_per_tx $((after - before)) "$tx")" >>"$RESULTS"
 }
 
-TARGETS="direct session sql sql-noguc sql-both sql-1m mix-session mix-sql"
+TARGETS=${TARGETS:-"direct direct-guc session sql sql-noguc sql-both sql-1m mix-session mix-sql"}
 for round in $(seq "$ROUNDS"); do
   for mode in simple extended prepared; do
     for target in $TARGETS; do run "$target" "$mode"; done
@@ -116,12 +128,16 @@ for round in $(seq "$ROUNDS"); do
 done
 echo "pgtenant RSS after: $(rss_mib "$PROXY_PID") MiB" >>"$STATE/memory"
 
-printf "\n%-9s %-11s | %10s %8s | %10s\n" mode target tps "cpu us" "/session"
+echo
+echo "ratio: to session; mix-sql to mix-session, direct-guc to direct"
+printf "%-9s %-11s | %10s %8s | %10s\n" mode target tps "cpu us" "ratio"
 for mode in simple extended prepared; do
   pick() { awk -v t="$1" -v m=$mode -v f="$2" '$1==t && $2==m {print $f}' "$RESULTS" | median; }
   for target in $TARGETS; do
+    [ "$target" = direct-guc ] && [ $mode != prepared ] && continue
     s=$(pick session 3)
     [ "$target" = mix-sql ] && s=$(pick mix-session 3)
+    [ "$target" = direct-guc ] && s=$(pick direct 3)
     t=$(pick $target 3)
     printf "%-9s %-11s | %10.0f %8s | %10s\n" $mode $target "$t" "$(pick $target 4)" \
       "$(awk -v a="$t" -v b="$s" 'BEGIN { printf "%.3f", a / b }')"
