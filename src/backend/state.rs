@@ -63,6 +63,15 @@ impl Pending {
     pub fn client(reply: Reply) -> Self {
         Pending::Client { reply, statement: None, changes: 0 }
     }
+
+    /// The statement this message creates on the server: a Parse's.
+    fn prepares(&self) -> Option<&Arc<PreparedStatement>> {
+        match self {
+            Pending::Client { reply: Reply::Parse, statement, .. }
+            | Pending::Injected { reply: Reply::Parse, statement, .. } => statement.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// What the session must learn from one server message.
@@ -120,12 +129,7 @@ impl ResponseQueue {
                 self.skipping_until_sync = false;
                 self.pending.push_back(p);
             }
-            Pending::Client { reply: Reply::Parse, statement, .. }
-            | Pending::Injected { reply: Reply::Parse, statement, .. } => {
-                self.skipped_prepares.extend(statement.as_ref().map(|s| s.id));
-            }
-            Pending::Client { .. } | Pending::Injected { .. } => {}
-            Pending::Synthetic(_) | Pending::CopyEnd => {}
+            _ => self.skipped_prepares.extend(p.prepares().map(|s| s.id)),
         }
     }
 
@@ -161,11 +165,7 @@ impl ResponseQueue {
         if !completes(reply, tag) {
             return false;
         }
-        if let Some(
-            Pending::Client { reply: Reply::Parse, statement: Some(s), .. }
-            | Pending::Injected { reply: Reply::Parse, statement: Some(s), .. },
-        ) = self.pending.pop_front()
-        {
+        if let Some(s) = self.pending.pop_front().as_ref().and_then(Pending::prepares) {
             s.mark_validated();
         }
         true
@@ -330,12 +330,7 @@ impl ResponseQueue {
                     fx.send_sync = true;
                     break;
                 }
-                Pending::Client { reply: Reply::Parse, statement, .. }
-                | Pending::Injected { reply: Reply::Parse, statement, .. } => {
-                    fx.unprepared.extend(statement.as_ref().map(|s| s.id))
-                }
-                Pending::Client { .. } | Pending::Injected { .. } => {}
-                Pending::Synthetic(_) | Pending::CopyEnd => {}
+                _ => fx.unprepared.extend(p.prepares().map(|s| s.id)),
             }
             self.pending.pop_front();
         }
