@@ -1,5 +1,7 @@
 //! Tenant resolution through the catalog directory: the latency of a cache miss (a
-//! catalog query) and of a hit (memory), and the memory the cached tenants take.
+//! catalog query) and of a hit (memory), the memory the cached tenants take, and how
+//! long a change of a cached tenant's placement in the catalog takes to reach
+//! resolution (its NOTIFY; the target is under a second).
 //!
 //!   cargo bench --bench directory -- <catalog port> <catalog dbname> <first tenant> <last tenant> [lookups]
 //!
@@ -116,5 +118,50 @@ fn main() {
             rss_after / 1024,
             (rss_after.saturating_sub(rss_before) * 1024) as f64 / cached.max(1) as f64
         );
+
+        let mut propagation =
+            propagation(&catalog, directory.as_ref(), &tenants[..20.min(tenants.len())]).await;
+        propagation.sort();
+        println!(
+            "catalog change -> resolution (NOTIFY), {} moves of a cached tenant: p50 {:?}  max {:?}",
+            propagation.len(),
+            percentile(&propagation, 0.5),
+            propagation.last().unwrap()
+        );
     });
+}
+
+/// Moves each of `tenants` (cached, explicitly mapped) to the other shard and back,
+/// timing from the commit of each change until a lookup resolves the new shard.
+async fn propagation(
+    catalog: &pgtenant::config::CatalogConfig,
+    directory: &CatalogDirectory,
+    tenants: &[TenantId],
+) -> Vec<Duration> {
+    let conninfo = format!(
+        "host={} port={} user={} dbname={}",
+        catalog.host, catalog.port, catalog.user, catalog.dbname
+    );
+    let (admin, connection) =
+        tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await.expect("catalog");
+    tokio::spawn(connection);
+    let move_to = |t: &TenantId, shard: i16| {
+        let TenantId::Int(id) = t else { unreachable!("bigint tenants") };
+        format!("UPDATE pgtenant.tenant_shard_map SET shard_id = {shard} WHERE tenant_id = {id}")
+    };
+    let mut took = Vec::new();
+    for t in tenants {
+        let from = directory.lookup(t).await.expect("placed").shard;
+        let to = if from == 1 { 2 } else { 1 };
+        for (sql, want) in [(move_to(t, to as i16), to), (move_to(t, from as i16), from)] {
+            admin.batch_execute(&sql).await.expect("move");
+            let start = Instant::now();
+            while directory.lookup(t).await.expect("placed").shard != want {
+                assert!(start.elapsed() < Duration::from_secs(30), "tenant {t} never moved");
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            took.push(start.elapsed());
+        }
+    }
+    took
 }

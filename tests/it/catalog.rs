@@ -66,8 +66,14 @@ async fn map_then_ranges_then_hash_groups_then_not_placed() {
     proxy.shutdown().await;
 }
 
+/// How long a test waits for a catalog change to reach routing. Only the change's NOTIFY
+/// can move a tenant this soon: the cache trusts a placement for 300 s (`local_catalog`).
+/// How soon it does (the target: within a second) is measured by `cargo bench --bench
+/// directory`, not here, where the load of a CI machine running every test decides.
+const NOTIFY_WAIT: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread")]
-async fn a_catalog_change_reaches_routing_within_a_second() {
+async fn a_catalog_change_reaches_routing_through_its_notify() {
     let catalog = new_catalog("notify").await;
     let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
     let client = proxy.connect(Some(7)).await;
@@ -78,8 +84,9 @@ async fn a_catalog_change_reaches_routing_within_a_second() {
         let conninfo = proxy.conninfo("options='-c pgtenant.tenant_id=7'");
         tokio::spawn(async move {
             let c = crate::harness::connect(&conninfo).await.unwrap();
-            let mut seen = Vec::new();
-            for _ in 0..200 {
+            // Until it has answered from shard 2 fifty times in a row, or the wait is over.
+            let (mut seen, start) = (Vec::new(), std::time::Instant::now());
+            while seen.len() < 200 || (!seen.ends_with(&[2; 50]) && start.elapsed() < NOTIFY_WAIT) {
                 let shard: i32 =
                     c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0);
                 seen.push(shard);
@@ -95,8 +102,8 @@ async fn a_catalog_change_reaches_routing_within_a_second() {
         .batch_execute("INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id) VALUES (7, 2)")
         .await
         .unwrap();
-    let took = eventually(Duration::from_secs(1), || async { shard_of(&client).await == 2 }).await;
-    assert!(took.is_some(), "tenant 7 did not move to shard 2 within a second");
+    let took = eventually(NOTIFY_WAIT, || async { shard_of(&client).await == 2 }).await;
+    assert!(took.is_some(), "tenant 7 did not move to shard 2 within {NOTIFY_WAIT:?}");
     assert_eq!(routing_version(&proxy).await, before + 1);
     assert_eq!(routing_version(&proxy).await, catalog.version().await);
 
@@ -116,8 +123,8 @@ async fn a_catalog_change_reaches_routing_within_a_second() {
         .await
         .unwrap();
     assert_eq!(catalog.version().await, before + 1, "one version per statement");
-    let took = eventually(Duration::from_secs(1), || async { lands_on(&proxy, 500).await == Ok(2) }).await;
-    assert!(took.is_some(), "the bulk change did not reach routing within a second");
+    let took = eventually(NOTIFY_WAIT, || async { lands_on(&proxy, 500).await == Ok(2) }).await;
+    assert!(took.is_some(), "the bulk change did not reach routing within {NOTIFY_WAIT:?}");
 
     // A node moving to another port (a shard change) reloads the topology: shard 2's
     // node is pointed at shard 1's server, so tenant 7 now answers from there.
@@ -129,8 +136,8 @@ async fn a_catalog_change_reaches_routing_within_a_second() {
         )
         .await
         .unwrap();
-    let took = eventually(Duration::from_secs(1), || async { shard_of(&client).await == 1 }).await;
-    assert!(took.is_some(), "the node change did not reach routing within a second");
+    let took = eventually(NOTIFY_WAIT, || async { shard_of(&client).await == 1 }).await;
+    assert!(took.is_some(), "the node change did not reach routing within {NOTIFY_WAIT:?}");
     proxy.shutdown().await;
 }
 
@@ -174,11 +181,7 @@ async fn read_only_tenants_read_but_do_not_write_and_disabled_shards_refuse() {
         .await
         .unwrap();
     let version = catalog.version().await;
-    assert!(
-        eventually(Duration::from_secs(1), || async { routing_version(&proxy).await == version })
-            .await
-            .is_some()
-    );
+    assert!(eventually(NOTIFY_WAIT, || async { routing_version(&proxy).await == version }).await.is_some());
     let updated =
         client.execute("UPDATE accounts SET balance = balance WHERE tenant_id = 500", &[]).await.unwrap();
     assert_eq!(updated, 3);
@@ -189,7 +192,7 @@ async fn read_only_tenants_read_but_do_not_write_and_disabled_shards_refuse() {
         .await
         .unwrap();
     assert!(
-        eventually(Duration::from_secs(1), || async { lands_on(&proxy, 1500).await == Err("57P03".into()) })
+        eventually(NOTIFY_WAIT, || async { lands_on(&proxy, 1500).await == Err("57P03".into()) })
             .await
             .is_some()
     );
@@ -351,7 +354,7 @@ async fn text_tenant_keys_route_by_map_and_hash_groups_and_stay_isolated() {
         .batch_execute("UPDATE pgtenant.tenant_shard_map_text SET shard_id = 1 WHERE tenant_key = 'acme'")
         .await
         .unwrap();
-    let took = eventually(Duration::from_secs(1), || async { shard_of(&acme).await == 1 }).await;
-    assert!(took.is_some(), "acme did not move within a second");
+    let took = eventually(NOTIFY_WAIT, || async { shard_of(&acme).await == 1 }).await;
+    assert!(took.is_some(), "acme did not move within {NOTIFY_WAIT:?}");
     proxy.shutdown().await;
 }
