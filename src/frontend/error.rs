@@ -43,6 +43,10 @@ pub enum FrontendError {
     ServerLost { shard: ShardId, reason: String },
     #[error("current transaction is aborted, commands ignored until end of transaction block")]
     InFailedTransaction,
+    #[error("prepared statement \"{name}\" does not exist")]
+    StatementNotFound { name: String },
+    #[error("at most {max} portals of DEALLOCATE statements may be open at once")]
+    TooManyDeallocatePortals { max: usize },
     #[error("cannot change {param} inside a transaction block")]
     TenantChangeInTransaction { param: String },
     #[error("invalid value for {param}: \"{value}\" (a tenant id is a bigint)")]

@@ -46,6 +46,8 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Checkout(CheckoutError::Closed { .. }) => sqlstate::CANNOT_CONNECT_NOW,
         E::ServerLost { .. } => sqlstate::CONNECTION_FAILURE,
         E::InFailedTransaction => sqlstate::IN_FAILED_SQL_TRANSACTION,
+        E::StatementNotFound { .. } => sqlstate::INVALID_SQL_STATEMENT_NAME,
+        E::TooManyDeallocatePortals { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
         E::TenantChangeInTransaction { .. } => sqlstate::ACTIVE_SQL_TRANSACTION,
         E::Snowflake(
             SnowflakeError::ShardOutOfRange { .. }

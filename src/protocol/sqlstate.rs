@@ -14,6 +14,7 @@ pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 pub const ACTIVE_SQL_TRANSACTION: &str = "25001";
 pub const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
+pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 pub const NULL_VALUE_NOT_ALLOWED: &str = "22004";
 pub const INVALID_TEXT_REPRESENTATION: &str = "22P02";

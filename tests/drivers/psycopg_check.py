@@ -121,4 +121,21 @@ for i in range(7):
 cur.execute("select pgtenant.next_id(%s)", (5,))
 assert (cur.fetchone()[0] >> 12) & 1023 == 5
 conn.rollback()
+
+# A statement cache that lets statements go inside a pipeline. With a libpq before 17
+# (Debian 12 has 15) psycopg sends DEALLOCATE name there, through the extended protocol;
+# with a newer one, a protocol-level Close. The older way is forced here.
+import psycopg._connection_base as connection_base  # noqa: E402
+
+connection_base._HAS_SEND_CLOSE = False
+cache = psycopg.connect(f"{BASE} options='-c pgtenant.tenant_id=42'", autocommit=True)
+cache.prepare_threshold = 0
+cache.prepared_max = 2
+evicted = []
+with cache.pipeline() as p:
+    for i in range(6):
+        evicted.append(cache.execute(f"select {i}::int + %s", (1,)))
+        p.sync()  # results come back, and psycopg evicts at the next execute
+assert [c.fetchone()[0] for c in evicted] == [i + 1 for i in range(6)]
+connection_base._HAS_SEND_CLOSE = True
 print("psycopg ok")

@@ -564,6 +564,57 @@ async fn deallocate_of_a_protocol_level_statement_works_as_on_a_server() {
     assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["2"]);
     let msgs = c.query("DEALLOCATE nosuch").await;
     assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "{msgs:?}");
+
+    // Through the extended protocol, amid other statements of one request: psycopg 3 in a
+    // pipeline (with a libpq before 17) lets a statement go this way.
+    let unnamed = |sql: &str, out: &mut bytes::BytesMut| {
+        frontend::parse("", sql, [], out).unwrap();
+        crate::harness::raw::bind_unnamed(out);
+        frontend::describe(b'P', "", out).unwrap();
+        frontend::execute("", 0, out).unwrap();
+    };
+    let mut pipeline = run();
+    pipeline.truncate(pipeline.len() - 5); // its Sync
+    unnamed("DEALLOCATE a1", &mut pipeline);
+    unnamed("SELECT 3", &mut pipeline);
+    frontend::sync(&mut pipeline);
+    c.send(&pipeline).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), None, "{msgs:?}");
+    assert_eq!(crate::harness::raw::first_column(&msgs), ["2", "3"]);
+    let tags: Vec<_> = msgs
+        .iter()
+        .filter(|m| m.tag == b'C')
+        .map(|m| String::from_utf8_lossy(&m.body).into_owned())
+        .collect();
+    assert_eq!(tags, ["SELECT 1\0", "DEALLOCATE\0", "SELECT 1\0"]);
+    c.send(&run()).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "gone: {msgs:?}");
+    // A name pgtenant does not know is the server's business, as before.
+    let mut request = bytes::BytesMut::new();
+    unnamed("DEALLOCATE nosuch", &mut request);
+    frontend::sync(&mut request);
+    c.send(&request).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "{msgs:?}");
+    // And the name is free again.
+    c.send(&prepare("SELECT 4")).await;
+    c.until_ready().await;
+    c.send(&run()).await;
+    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["4"]);
+    // The same DEALLOCATE as a request of its own (the shape pgtenant copies to a server
+    // straight from its read buffer when the statement is the server's).
+    let mut request = bytes::BytesMut::new();
+    unnamed("DEALLOCATE a1", &mut request);
+    frontend::sync(&mut request);
+    c.send(&request).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), None, "{msgs:?}");
+    assert!(msgs.iter().any(|m| m.tag == b'C' && m.body.starts_with(b"DEALLOCATE")), "{msgs:?}");
+    c.send(&run()).await;
+    let msgs = c.until_ready().await;
+    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "gone: {msgs:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -56,8 +56,8 @@ impl Session {
             return Ok(());
         }
         if self.batch.is_empty() && !self.at_transaction_start() {
-            let frame = if self.may_concern_snowflake(&frame) {
-                let Some(frame) = self.answer_snowflake_message(frame).await? else { return Ok(()) };
+            let frame = if self.may_concern_local(&frame) {
+                let Some(frame) = self.answer_local_message(frame).await? else { return Ok(()) };
                 frame
             } else {
                 frame
@@ -102,9 +102,9 @@ impl Session {
         for frame in batch.drain(..) {
             if self.skip_until_sync {
                 Box::pin(self.on_extended(frame)).await?;
-            } else if !self.may_concern_snowflake(&frame) {
+            } else if !self.may_concern_local(&frame) {
                 self.forward_extended(frame)?;
-            } else if let Some(frame) = self.answer_snowflake_message(frame).await? {
+            } else if let Some(frame) = self.answer_local_message(frame).await? {
                 self.forward_extended(frame)?;
             }
         }
@@ -505,9 +505,14 @@ impl Session {
         if p.name.is_empty() {
             let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
             let snowflake = snowflake_select(&analysis).is_some();
+            self.unnamed_deallocates = self.deallocated_here(&analysis);
             self.unnamed = Some(analysis);
             if snowflake {
                 self.parsed_snowflake();
+                return Ok(());
+            }
+            if self.unnamed_deallocates.is_some() {
+                self.parsed_locally();
                 return Ok(());
             }
             let a = self.server.as_mut().ok_or_else(no_server)?;
@@ -540,17 +545,50 @@ impl Session {
     /// A snowflake statement was prepared: pgtenant answers for it, the server never sees it.
     pub(super) fn parsed_snowflake(&mut self) {
         self.snowflake_seen = true;
+        self.parsed_locally();
+    }
+
+    /// A statement pgtenant runs itself was prepared: its ParseComplete, in line.
+    fn parsed_locally(&mut self) {
         let mut b = BytesMut::new();
         protocol::parse_complete(&mut b);
         self.reply(b);
     }
 
-    /// Whether a message to forward may be about a snowflake statement or portal. Parse
-    /// is checked where it is forwarded; the rest only once this session prepared a
-    /// snowflake statement. Checked before awaiting anything: the common path stays
-    /// synchronous.
-    fn may_concern_snowflake(&self, frame: &Frame) -> bool {
-        self.snowflake_seen && frame.tag != b'P'
+    /// Whether a message to forward may be about a statement or portal pgtenant runs
+    /// itself (a snowflake call, a DEALLOCATE). Parse is checked where it is forwarded;
+    /// the rest only while this session has such statements. Checked before awaiting
+    /// anything: the common path stays synchronous.
+    fn may_concern_local(&self, frame: &Frame) -> bool {
+        self.has_local_statements() && frame.tag != b'P'
+    }
+
+    /// This session prepared a snowflake statement, or a DEALLOCATE pgtenant answers.
+    pub(super) fn has_local_statements(&self) -> bool {
+        self.snowflake_seen || self.unnamed_deallocates.is_some() || !self.deallocate_portals.is_empty()
+    }
+
+    /// Handles an extended-protocol message if it concerns a statement or portal pgtenant
+    /// runs itself; gives the frame back otherwise. Errors are reported here, as a server
+    /// would: the rest of the request up to Sync is skipped.
+    pub(super) async fn answer_local_message(
+        &mut self,
+        frame: Frame,
+    ) -> Result<Option<Frame>, FrontendError> {
+        let handled = match self.deallocate_message(&frame) {
+            Ok(false) => self.snowflake_message(&frame).await,
+            other => other,
+        };
+        match handled {
+            Ok(true) => Ok(None),
+            Ok(false) => Ok(Some(frame)),
+            Err(err) if err.is_fatal() => Err(err),
+            Err(err) => {
+                self.reply_error(&err, false);
+                self.skip_until_sync = true;
+                Ok(None)
+            }
+        }
     }
 
     /// The server-side statement for a client statement name, prepared on the

@@ -18,7 +18,7 @@ use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
 use crate::frontend::error::FrontendError;
 use crate::protocol;
-use crate::router::Analysis;
+use crate::router::{Analysis, StatementKind};
 
 /// Where the messages of such a request lie in the read buffer (whole messages, tag
 /// and length included).
@@ -65,10 +65,13 @@ fn body<'a>(buf: &'a [u8], message: &Range<usize>) -> &'a [u8] {
     &buf[message.start + 5..message.end]
 }
 
-/// A statement the general path would answer or refuse itself, or one that changes
-/// session settings, which the general path follows.
+/// A statement the general path would answer or refuse itself (a DEALLOCATE may be
+/// one), or one that changes session settings, which the general path follows.
 fn needs_general_path(analysis: &Analysis) -> bool {
-    analysis.tampers_tenant_guc || local_kind(analysis).is_some() || !analysis.session_changes.is_empty()
+    analysis.tampers_tenant_guc
+        || local_kind(analysis).is_some()
+        || !analysis.session_changes.is_empty()
+        || matches!(analysis.kind, StatementKind::Deallocate(_))
 }
 
 impl Session {
@@ -77,7 +80,7 @@ impl Session {
     pub(super) async fn request_in_place(&mut self) -> Result<bool, FrontendError> {
         if !self.batch.is_empty()
             || self.skip_until_sync
-            || self.snowflake_seen
+            || self.has_local_statements()
             || !matches!(self.tx, ClientTx::Idle)
             || !self.at_transaction_start()
         {

@@ -9,6 +9,7 @@
 //!   pgtenant's own replies go through that queue whenever it is not empty, so the
 //!   client sees them in order.
 
+mod deallocate;
 mod extended;
 mod in_place;
 mod server;
@@ -123,6 +124,11 @@ pub struct Session {
     snowflake_seen: bool,
     /// Portals bound to snowflake statements, answered by pgtenant.
     local_portals: FastMap<Bytes, snowflake::LocalPortal>,
+    /// The last unnamed Parse was a DEALLOCATE of this client statement, answered by
+    /// pgtenant (see `deallocate`).
+    unnamed_deallocates: Option<Bytes>,
+    /// Portals bound to such a DEALLOCATE: the client statement each lets go.
+    deallocate_portals: FastMap<Bytes, Bytes>,
     /// Setting changes of forwarded statements, oldest first, waiting for the
     /// ReadyForQuery of their request to tell whether they took effect.
     setting_changes: VecDeque<SessionChange>,
@@ -207,6 +213,8 @@ impl Session {
             skip_until_sync: false,
             snowflake_seen: false,
             local_portals: FastMap::default(),
+            unnamed_deallocates: None,
+            deallocate_portals: FastMap::default(),
             setting_changes: VecDeque::new(),
             tx_setting_changes: Vec::new(),
             bound_changes: None,

@@ -160,25 +160,8 @@ impl Session {
     }
 
     /// Handles an extended-protocol message if it concerns a snowflake statement or a
-    /// local portal; gives the frame back otherwise. Errors are reported here, as a
-    /// server would: the rest of the request up to Sync is skipped.
-    pub(super) async fn answer_snowflake_message(
-        &mut self,
-        frame: Frame,
-    ) -> Result<Option<Frame>, FrontendError> {
-        match self.snowflake_message(&frame).await {
-            Ok(true) => Ok(None),
-            Ok(false) => Ok(Some(frame)),
-            Err(err) if err.is_fatal() => Err(err),
-            Err(err) => {
-                self.reply_error(&err, false);
-                self.skip_until_sync = true;
-                Ok(None)
-            }
-        }
-    }
-
-    async fn snowflake_message(&mut self, frame: &Frame) -> Result<bool, FrontendError> {
+    /// local portal (`true`); see `Session::answer_local_message`.
+    pub(super) async fn snowflake_message(&mut self, frame: &Frame) -> Result<bool, FrontendError> {
         let body = frame.body();
         match frame.tag {
             b'P' => {
@@ -335,7 +318,7 @@ impl Session {
                 protocol::ready_for_query(&mut b, self.client_status());
                 self.reply(b);
             } else if !self.skip_until_sync && frame.tag != b'H' {
-                self.answer_snowflake_message(frame).await?;
+                self.answer_local_message(frame).await?;
             }
         }
         Ok(())
