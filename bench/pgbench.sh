@@ -3,14 +3,21 @@
 # and 32 clients, directly against PostgreSQL and through pgtenant (transaction
 # pooling, pool size 20, session tenant set), and through PgBouncer (transaction
 # pooling, pool size 20) when `pgbouncer` is installed; the targets interleaved over
-# several rounds. Prints median TPS, latency, the ratio to direct, and the proxies'
-# CPU time per transaction.
+# several rounds. Prints median TPS, latency, the ratio to direct, and the CPU time per
+# transaction of the proxy, of PostgreSQL (the whole cluster) and of pgbench.
+#
+# "free" is the ratio to direct that a proxy costing no CPU at all would reach, from
+# what PostgreSQL and pgbench spent per transaction in that run: all cores divided by
+# their time per transaction. It bounds a proxy only where the machine is saturated
+# (8 and 32 clients here); at 1 client the run waits on round trips, not on CPU.
 #
 # With UNIX=1, a second pgtenant ("pgtenant-unix") reaches the same cluster through its
 # Unix socket instead of TCP, as a proxy on the database host would, and so does a
 # second PgBouncer ("pgbouncer-unix") when PgBouncer is installed.
 #
-#   [WORKERS=1] [PGBOUNCER=0] [UNIX=1] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+# MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
+#
+#   [WORKERS=1] [PGBOUNCER=0] [UNIX=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -21,6 +28,8 @@ SHARD_PORT=${SHARD_PORT:-6542}
 BOUNCER_PORT=${BOUNCER_PORT:-6552}
 UNIX_PROXY_PORT=${UNIX_PROXY_PORT:-6562}
 UNIX_BOUNCER_PORT=${UNIX_BOUNCER_PORT:-6572}
+MODES=${MODES:-simple extended prepared}
+CLIENTS=${CLIENTS:-1 8 32}
 
 source bench/common.sh
 start_dev bench "${WORKERS:-1}"
@@ -101,6 +110,18 @@ PY
 fi
 
 TICKS=$(getconf CLK_TCK)
+CORES=$(nproc)
+SHARD_POSTMASTER=$(head -1 "$STATE/shard1/postmaster.pid")
+# cluster_ticks: CPU ticks of shard 1's cluster so far: the postmaster, the children it
+# has reaped (backends of connections that closed), and those still running.
+cluster_ticks() {
+  local total
+  total=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$SHARD_POSTMASTER/stat")
+  for child in $(pgrep -P "$SHARD_POSTMASTER"); do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$child/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
 RESULTS="$STATE/results"
 : >"$RESULTS"
 
@@ -113,10 +134,13 @@ run() { # target mode clients
     pgtenant-unix) port=$UNIX_PROXY_PORT; pid=$UNIX_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
   local jobs=$(( $3 < 2 ? 1 : 2 ))
-  local before after out
+  local before after out pg_before pg_after
   before=$(cpu_ticks "$pid")
-  out=$(PGOPTIONS="$opts" pgbench -p "$port" -S -M "$2" -c "$3" -j "$jobs" -T "$SECONDS_PER_RUN" -n 2>&1) || true
+  pg_before=$(cluster_ticks)
+  # pgbench's own CPU (user and system seconds) through the shell's `time`.
+  out=$( { TIMEFORMAT='%3U %3S'; time PGOPTIONS="$opts" pgbench -p "$port" -S -M "$2" -c "$3" -j "$jobs" -T "$SECONDS_PER_RUN" -n 2>&1; } 2>"$STATE/pgbench-time") || true
   after=$(cpu_ticks "$pid")
+  pg_after=$(cluster_ticks)
   local tps lat tx
   tps=$(echo "$out" | awk '/^tps/ {print $3}')
   tps=${tps:-0}
@@ -129,14 +153,17 @@ run() { # target mode clients
   local cpu_us
   cpu_us=$(awk -v d=$((after - before)) -v t="$TICKS" -v n="$tx" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
   [ "$1" = direct ] && cpu_us=0
-  echo "$1 $2 $3 $tps $lat $cpu_us" >>"$RESULTS"
+  local pg_us bench_us
+  pg_us=$(awk -v d=$((pg_after - pg_before)) -v t="$TICKS" -v n="$tx" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+  bench_us=$(awk -v n="$tx" '{ printf "%.1f", (n > 0 ? ($1 + $2) * 1e6 / n : 0) }' "$STATE/pgbench-time")
+  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us ${bench_us:-0}" >>"$RESULTS"
 }
 
 for round in $(seq "$ROUNDS"); do
   # Rotate the order of the targets from round to round.
   order=$(echo $TARGETS | tr ' ' '\n' | awk -v r="$round" '{a[NR]=$0} END {for (i = 0; i < NR; i++) print a[(i + r) % NR + 1]}')
-  for mode in simple extended prepared; do
-    for clients in 1 8 32; do
+  for mode in $MODES; do
+    for clients in $CLIENTS; do
       for target in $order; do run "$target" $mode $clients; done
     done
   done
@@ -145,13 +172,17 @@ done
 
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo
-  printf "%-9s %7s | %12s %9s | %14s %9s %7s %10s\n" mode clients "direct tps" "lat ms" "$target tps" "lat ms" ratio "cpu us/tx"
-  for mode in simple extended prepared; do
-    for clients in 1 8 32; do
+  printf "%-9s %7s | %12s %9s | %14s %9s %7s | %9s %9s %9s %9s %5s\n" mode clients "direct tps" "lat ms" "$target tps" "lat ms" ratio \
+    "proxy us" "pg us" "pg dir us" "bench us" free
+  for mode in $MODES; do
+    for clients in $CLIENTS; do
       pick() { awk -v t="$1" -v m=$mode -v c=$clients -v f="$2" '$1==t && $2==m && $3==c {print $f}' "$RESULTS" | median; }
       d=$(pick direct 4); dl=$(pick direct 5); p=$(pick "$target" 4); pl=$(pick "$target" 5); cpu=$(pick "$target" 6)
+      pg=$(pick "$target" 7); pg_direct=$(pick direct 7); bench=$(pick "$target" 8)
       ratio=$(awk -v p="$p" -v d="$d" 'BEGIN { printf "%.2f", p / d }')
-      printf "%-9s %7s | %12.0f %9.3f | %14.0f %9.3f %7s %10s\n" $mode $clients "$d" "$dl" "$p" "$pl" "$ratio" "$cpu"
+      free=$(awk -v c="$CORES" -v pg="$pg" -v b="$bench" -v d="$d" 'BEGIN { printf "%.2f", (pg + b > 0 ? c * 1e6 / (pg + b) / d : 0) }')
+      printf "%-9s %7s | %12.0f %9.3f | %14.0f %9.3f %7s | %9s %9s %9s %9s %5s\n" $mode $clients "$d" "$dl" "$p" "$pl" "$ratio" \
+        "$cpu" "$pg" "$pg_direct" "$bench" "$free"
     done
   done
 done

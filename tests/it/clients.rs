@@ -520,6 +520,7 @@ async fn a_pipeline_that_sends_on_after_an_error_gets_its_answers() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deallocate_of_a_protocol_level_statement_works_as_on_a_server() {
+    use crate::harness::raw::{first_column, sqlstate};
     use postgres_protocol::message::frontend;
     let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
     let mut c =
@@ -530,8 +531,8 @@ async fn deallocate_of_a_protocol_level_statement_works_as_on_a_server() {
         frontend::sync(&mut out);
         out
     };
-    let run = || {
-        let mut out = bytes::BytesMut::new();
+    // Bind a1 and Execute it, without the Sync.
+    let run_unsynced = |out: &mut bytes::BytesMut| {
         frontend::bind(
             "a1",
             "a1",
@@ -539,82 +540,75 @@ async fn deallocate_of_a_protocol_level_statement_works_as_on_a_server() {
             std::iter::empty::<()>(),
             |_, _| Ok(postgres_protocol::IsNull::Yes),
             [0i16],
-            &mut out,
+            out,
         )
         .map_err(|_| "bind")
         .unwrap();
-        frontend::execute("a1", 0, &mut out).unwrap();
+        frontend::execute("a1", 0, out).unwrap();
+    };
+    let run = || {
+        let mut out = bytes::BytesMut::new();
+        run_unsynced(&mut out);
         frontend::sync(&mut out);
         out
     };
-    c.send(&prepare("SELECT 1")).await;
-    c.until_ready().await;
-    c.send(&run()).await;
-    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["1"]);
-    // As Rails does when its statement cache lets a statement go.
-    let msgs = c.query("DEALLOCATE a1").await;
-    assert!(msgs.iter().any(|m| m.tag == b'C' && m.body.starts_with(b"DEALLOCATE")), "{msgs:?}");
-    c.send(&run()).await;
-    let msgs = c.until_ready().await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "gone: {msgs:?}");
-    // The name is free again.
-    c.send(&prepare("SELECT 2")).await;
-    c.until_ready().await;
-    c.send(&run()).await;
-    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["2"]);
-    let msgs = c.query("DEALLOCATE nosuch").await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "{msgs:?}");
-
-    // Through the extended protocol, amid other statements of one request: psycopg 3 in a
-    // pipeline (with a libpq before 17) lets a statement go this way.
+    // Parse, Bind, Describe and Execute of an unnamed statement, without the Sync.
     let unnamed = |sql: &str, out: &mut bytes::BytesMut| {
         frontend::parse("", sql, [], out).unwrap();
         crate::harness::raw::bind_unnamed(out);
         frontend::describe(b'P', "", out).unwrap();
         frontend::execute("", 0, out).unwrap();
     };
-    let mut pipeline = run();
-    pipeline.truncate(pipeline.len() - 5); // its Sync
+    let alone = |sql: &str| {
+        let mut out = bytes::BytesMut::new();
+        unnamed(sql, &mut out);
+        frontend::sync(&mut out);
+        out
+    };
+    let deallocated = |msgs: &[crate::harness::raw::Msg]| {
+        assert_eq!(sqlstate(msgs), None, "{msgs:?}");
+        assert!(msgs.iter().any(|m| m.tag == b'C' && m.body.starts_with(b"DEALLOCATE")), "{msgs:?}");
+    };
+    c.request(&prepare("SELECT 1")).await;
+    assert_eq!(first_column(&c.request(&run()).await), ["1"]);
+    // As Rails does when its statement cache lets a statement go.
+    deallocated(&c.query("DEALLOCATE a1").await);
+    let msgs = c.request(&run()).await;
+    assert_eq!(sqlstate(&msgs), Some("26000".to_string()), "gone: {msgs:?}");
+    // The name is free again.
+    c.request(&prepare("SELECT 2")).await;
+    assert_eq!(first_column(&c.request(&run()).await), ["2"]);
+    let msgs = c.query("DEALLOCATE nosuch").await;
+    assert_eq!(sqlstate(&msgs), Some("26000".to_string()), "{msgs:?}");
+
+    // Through the extended protocol, amid other statements of one request: psycopg 3 in a
+    // pipeline (with a libpq before 17) lets a statement go this way.
+    let mut pipeline = bytes::BytesMut::new();
+    run_unsynced(&mut pipeline);
     unnamed("DEALLOCATE a1", &mut pipeline);
     unnamed("SELECT 3", &mut pipeline);
     frontend::sync(&mut pipeline);
-    c.send(&pipeline).await;
-    let msgs = c.until_ready().await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), None, "{msgs:?}");
-    assert_eq!(crate::harness::raw::first_column(&msgs), ["2", "3"]);
+    let msgs = c.request(&pipeline).await;
+    deallocated(&msgs);
+    assert_eq!(first_column(&msgs), ["2", "3"]);
     let tags: Vec<_> = msgs
         .iter()
         .filter(|m| m.tag == b'C')
         .map(|m| String::from_utf8_lossy(&m.body).into_owned())
         .collect();
     assert_eq!(tags, ["SELECT 1\0", "DEALLOCATE\0", "SELECT 1\0"]);
-    c.send(&run()).await;
-    let msgs = c.until_ready().await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "gone: {msgs:?}");
+    let msgs = c.request(&run()).await;
+    assert_eq!(sqlstate(&msgs), Some("26000".to_string()), "gone: {msgs:?}");
     // A name pgtenant does not know is the server's business, as before.
-    let mut request = bytes::BytesMut::new();
-    unnamed("DEALLOCATE nosuch", &mut request);
-    frontend::sync(&mut request);
-    c.send(&request).await;
-    let msgs = c.until_ready().await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "{msgs:?}");
-    // And the name is free again.
-    c.send(&prepare("SELECT 4")).await;
-    c.until_ready().await;
-    c.send(&run()).await;
-    assert_eq!(crate::harness::raw::first_column(&c.until_ready().await), ["4"]);
+    let msgs = c.request(&alone("DEALLOCATE nosuch")).await;
+    assert_eq!(sqlstate(&msgs), Some("26000".to_string()), "{msgs:?}");
     // The same DEALLOCATE as a request of its own (the shape pgtenant copies to a server
     // straight from its read buffer when the statement is the server's).
-    let mut request = bytes::BytesMut::new();
-    unnamed("DEALLOCATE a1", &mut request);
-    frontend::sync(&mut request);
-    c.send(&request).await;
-    let msgs = c.until_ready().await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), None, "{msgs:?}");
-    assert!(msgs.iter().any(|m| m.tag == b'C' && m.body.starts_with(b"DEALLOCATE")), "{msgs:?}");
-    c.send(&run()).await;
-    let msgs = c.until_ready().await;
-    assert_eq!(msgs.iter().find_map(|m| m.sqlstate()), Some("26000".to_string()), "gone: {msgs:?}");
+    c.request(&prepare("SELECT 4")).await;
+    assert_eq!(first_column(&c.request(&run()).await), ["4"]);
+    deallocated(&c.request(&alone("DEALLOCATE a1")).await);
+    let msgs = c.request(&run()).await;
+    assert_eq!(sqlstate(&msgs), Some("26000".to_string()), "gone: {msgs:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -108,12 +108,23 @@ impl RawClient {
         out
     }
 
+    /// Sends `request` and reads its answer, up to and including ReadyForQuery.
+    pub async fn request(&mut self, request: &[u8]) -> Vec<Msg> {
+        self.send(request).await;
+        self.until_ready().await
+    }
+
     pub async fn query(&mut self, sql: &str) -> Vec<Msg> {
         let mut out = BytesMut::new();
         frontend::query(sql, &mut out).unwrap();
         self.send(&out).await;
         self.until_ready().await
     }
+}
+
+/// The SQLSTATE of the first ErrorResponse, if any.
+pub fn sqlstate(msgs: &[Msg]) -> Option<String> {
+    msgs.iter().find_map(|m| m.sqlstate())
 }
 
 /// The text of the first column of every DataRow.
