@@ -140,6 +140,8 @@ run() { # target mode clients
   # pgbench's own CPU (user and system seconds) through the shell's `time`.
   out=$( { TIMEFORMAT='%3U %3S'; time PGOPTIONS="$opts" pgbench -p "$port" -S -M "$2" -c "$3" -j "$jobs" -T "$SECONDS_PER_RUN" -n 2>&1; } 2>"$STATE/pgbench-time") || true
   after=$(cpu_ticks "$pid")
+  # A direct run's backends exit with pgbench: their time counts once they are reaped.
+  [ "$1" = direct ] && sleep 0.5
   pg_after=$(cluster_ticks)
   local tps lat tx
   tps=$(echo "$out" | awk '/^tps/ {print $3}')
