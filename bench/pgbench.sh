@@ -122,6 +122,8 @@ cluster_ticks() {
   done
   echo "$total"
 }
+# per_tx_us TICKS TRANSACTIONS: CPU ticks as microseconds per transaction.
+per_tx_us() { awk -v d="$1" -v t="$TICKS" -v n="$2" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }'; }
 RESULTS="$STATE/results"
 : >"$RESULTS"
 
@@ -153,10 +155,10 @@ run() { # target mode clients
   tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
   tx=${tx:-0}
   local cpu_us
-  cpu_us=$(awk -v d=$((after - before)) -v t="$TICKS" -v n="$tx" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+  cpu_us=$(per_tx_us $((after - before)) "$tx")
   [ "$1" = direct ] && cpu_us=0
   local pg_us bench_us
-  pg_us=$(awk -v d=$((pg_after - pg_before)) -v t="$TICKS" -v n="$tx" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+  pg_us=$(per_tx_us $((pg_after - pg_before)) "$tx")
   bench_us=$(awk -v n="$tx" '{ printf "%.1f", (n > 0 ? ($1 + $2) * 1e6 / n : 0) }' "$STATE/pgbench-time")
   echo "$1 $2 $3 $tps $lat $cpu_us $pg_us ${bench_us:-0}" >>"$RESULTS"
 }

@@ -22,7 +22,8 @@ use crate::router::{Analysis, StatementKind};
 const MAX_DEALLOCATE_PORTALS: usize = 64;
 
 impl Session {
-    /// The client statement a DEALLOCATE's text names, when pgtenant answers for it.
+    /// The client statement a DEALLOCATE's text names, when pgtenant answers for it
+    /// (in either protocol).
     pub(super) fn deallocated_here(&self, analysis: &Analysis) -> Option<Bytes> {
         match &analysis.kind {
             StatementKind::Deallocate(name) if !analysis.is_multi => {

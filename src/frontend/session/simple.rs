@@ -29,12 +29,14 @@ impl Session {
                     let select = select.clone();
                     return self.answer_snowflake_query(&select, &analysis).await;
                 }
-                StatementKind::Deallocate(name) if self.statements.contains_key(name.as_bytes()) => {
-                    // The server knows it by pgtenant's name, shared with other clients:
-                    // forgetting the client's name is all a DEALLOCATE must do.
-                    self.statements.remove(name.as_bytes());
-                    self.reply_done("DEALLOCATE");
-                    return Ok(());
+                StatementKind::Deallocate(_) => {
+                    if let Some(name) = self.deallocated_here(&analysis) {
+                        // The server knows it by pgtenant's name, shared with other clients:
+                        // forgetting the client's name is all a DEALLOCATE must do.
+                        self.statements.remove(&name);
+                        self.reply_done("DEALLOCATE");
+                        return Ok(());
+                    }
                 }
                 StatementKind::ShowRoutingVersion => {
                     let version = self.shared.router.routing_version().to_string();
