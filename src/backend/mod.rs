@@ -5,18 +5,22 @@
 mod coarse_clock;
 mod conn;
 mod error;
+mod lane;
 mod pool;
 mod prepared;
 mod prepared_on_server;
+mod relay;
 mod settings;
 mod state;
 mod tls;
 
 pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel};
 pub use error::{BackendError, CheckoutError};
+pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};
 pub use pool::{PooledConn, Pools, ServerPool, Wanted};
 pub use prepared::{PreparedStatement, StatementRegistry, server_name};
 pub use prepared_on_server::{PreparedOnServer, SET_TENANT_STATEMENT_ID};
+pub use relay::{RelayNotes, RelayStop};
 pub use settings::{SettingValue, Settings, TenantGuc, quote_literal, settings_sql, tenant_sql};
 pub use state::{Effects, OnError, Pending, Reply, ResponseQueue};
 pub use tls::ServerTls;

@@ -27,6 +27,7 @@ use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
+use super::lane::{Lane, LaneJoin};
 use super::settings::Settings;
 use super::tls::ServerTls;
 use crate::config::{Config, NodeConfig, UserConfig};
@@ -77,6 +78,8 @@ struct NodePool {
     /// `Settings::version`s of client start-up settings this node has accepted; a login
     /// with others is checked by a server first, as PostgreSQL checks them at login.
     accepted_settings: Mutex<HashSet<u64>>,
+    /// Pipelined lanes open on this node (see `lane`).
+    lanes: Mutex<Vec<Arc<Lane>>>,
     /// Connections older than this (ms) are closed as they come back
     /// (`server_lifetime_ms`; 0: never).
     lifetime_ms: u64,
@@ -129,6 +132,7 @@ impl ServerPool {
             tls,
             startup_params: OnceLock::new(),
             accepted_settings: Mutex::new(HashSet::new()),
+            lanes: Mutex::new(Vec::new()),
             lifetime_ms,
         }))
     }
@@ -154,6 +158,40 @@ impl ServerPool {
         if accepted.len() < MAX_ACCEPTED_SETTINGS {
             accepted.insert(settings.version);
         }
+    }
+
+    /// The least deep open lane for clients with settings `settings_version` and
+    /// read-only mode `read_only` that has fewer than `join.depth` requests on the wire,
+    /// the oldest sent less than `join.window` ago.
+    pub fn lane_with_room(
+        &self,
+        settings_version: u64,
+        read_only: bool,
+        join: LaneJoin,
+    ) -> Option<Arc<Lane>> {
+        let lanes = self.0.lock_lanes();
+        lanes
+            .iter()
+            .filter(|l| l.settings_version == settings_version && l.read_only == read_only)
+            .filter_map(|l| l.depth_for_joining(join.window).filter(|d| *d < join.depth).map(|d| (d, l)))
+            .min_by_key(|(d, _)| *d)
+            .map(|(_, l)| l.clone())
+    }
+
+    /// How many lanes are open on this node.
+    pub fn lanes_open(&self) -> usize {
+        self.0.lock_lanes().len()
+    }
+
+    /// Starts `lane`'s driver (after its first request was submitted) and lists it
+    /// for others to join until it ends.
+    pub fn start_lane(&self, lane: Arc<Lane>) {
+        self.0.lock_lanes().push(lane.clone());
+        let pool = self.0.clone();
+        tokio::spawn(async move {
+            lane.clone().drive().await;
+            pool.lock_lanes().retain(|l| !Arc::ptr_eq(l, &lane));
+        });
     }
 
     /// Closes the pool: waiting checkouts fail, idle connections close now, busy ones
@@ -235,6 +273,10 @@ impl DerefMut for PooledConn {
 }
 
 impl NodePool {
+    fn lock_lanes(&self) -> MutexGuard<'_, Vec<Arc<Lane>>> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn lock_shelf(&self) -> MutexGuard<'_, Shelf> {
         // The shelf stays consistent across a panic elsewhere: each change is one step.
         self.shelf.lock().unwrap_or_else(|e| e.into_inner())

@@ -236,6 +236,13 @@ pub struct ProxyConfig {
     pub server_lifetime_ms: u64,
     /// A server connection idle in its pool this long is closed; 0 = never.
     pub server_idle_timeout_ms: u64,
+    /// Autocommit requests of different clients that one server connection may carry
+    /// at once, each sent without waiting for the answer to the one before (see
+    /// `backend::lane`); 0 or 1 = never pipelined. Default 8.
+    pub pipeline_depth: usize,
+    /// A request joins such a connection only while the oldest request on it went out
+    /// less than this long ago (µs), so that little waits behind a slow statement.
+    pub pipeline_join_window_us: u64,
 }
 
 impl Default for ProxyConfig {
@@ -261,6 +268,8 @@ impl Default for ProxyConfig {
             max_prepared_statements: 1000,
             server_lifetime_ms: 3_600_000,
             server_idle_timeout_ms: 600_000,
+            pipeline_depth: 8,
+            pipeline_join_window_us: 1000,
         }
     }
 }

@@ -5,9 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::CancelTarget;
-
-type Slot = Arc<Mutex<Option<CancelTarget>>>;
+use crate::backend::{CancelSlot as Slot, CancelTarget};
 
 #[derive(Default)]
 pub struct CancelRegistry {
@@ -50,6 +48,11 @@ impl CancelRegistry {
 }
 
 impl CancelKey {
+    /// The slot a pipelined lane fills while it runs this client's request.
+    pub fn slot(&self) -> Slot {
+        self.slot.clone()
+    }
+
     pub fn set_target(&self, target: Option<CancelTarget>) {
         *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = target;
     }

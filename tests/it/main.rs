@@ -7,6 +7,7 @@ mod cli;
 mod clients;
 mod drivers;
 mod failures;
+mod pipelining;
 mod pooling;
 mod routing;
 mod snowflake;

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::snowflake::snowflake_select;
 use super::{BoundChanges, ClientStatement, ClientTx, Session};
-use crate::backend::{OnError, Pending, PreparedStatement, Reply, quote_literal};
+use crate::backend::{OnError, Pending, PreparedStatement, Reply, ServerConn, quote_literal};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
@@ -600,16 +600,21 @@ impl Session {
         }
         let stmt = self.statements.get(name)?.stmt.clone();
         let a = self.server.as_mut()?;
-        if !a.conn.prepared.touch(stmt.id) {
-            a.conn.note_prepared(stmt.id);
-            protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
-            a.conn.queue.push(Pending::Injected {
-                reply: Reply::Parse,
-                on_error: OnError::Forward,
-                statement: Some(stmt.clone()),
-            });
-        }
+        prepare_on(&mut a.conn, &stmt);
         Some(stmt)
+    }
+}
+
+/// Prepares `stmt` on `conn` ahead of what comes next, unless it is there already.
+pub(super) fn prepare_on(conn: &mut ServerConn, stmt: &Arc<PreparedStatement>) {
+    if !conn.prepared.touch(stmt.id) {
+        conn.note_prepared(stmt.id);
+        protocol::parse(&mut conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
+        conn.queue.push(Pending::Injected {
+            reply: Reply::Parse,
+            on_error: OnError::Forward,
+            statement: Some(stmt.clone()),
+        });
     }
 }
 

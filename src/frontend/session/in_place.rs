@@ -14,19 +14,20 @@ use bytes::Buf;
 use smallvec::SmallVec;
 
 use super::extended::{add_new, local_kind, malformed, no_server};
+use super::lane::LaneRequest;
 use super::{ClientTx, Session};
-use crate::backend::{Pending, Reply};
+use crate::backend::{Pending, PreparedStatement, Reply, ServerConn};
 use crate::frontend::error::FrontendError;
 use crate::protocol;
 use crate::router::{Analysis, StatementKind};
 
 /// Where the messages of such a request lie in the read buffer (whole messages, tag
 /// and length included).
-struct Layout {
-    parse: Option<Range<usize>>,
+pub(super) struct Layout {
+    pub(super) parse: Option<Range<usize>>,
     bind: Range<usize>,
     /// Describe and Execute, then Sync at `total`'s end: copied as they are.
-    total: usize,
+    pub(super) total: usize,
     /// The Reply of each message after the Bind, in order.
     after_bind: SmallVec<[Reply; 3]>,
 }
@@ -123,6 +124,14 @@ impl Session {
             .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
             .await
         {
+            Ok(route) if self.may_use_lane(&bound) => {
+                let request = LaneRequest::Extended { layout: &layout, statement: statement.as_deref() };
+                match self.request_on_lane(&route, &bound, request).await {
+                    Ok(true) => return Ok(true),
+                    Ok(false) => self.begin_on(route, bound.single_dml).await,
+                    Err(err) => Err(err),
+                }
+            }
             Ok(route) => self.begin_on(route, bound.single_dml).await,
             Err(err) => Err(err.into()),
         };
@@ -165,24 +174,37 @@ impl Session {
         if let Some(pin) = bound.pin {
             a.pin.get_or_insert(pin);
         }
-        let rbuf = &self.client.rbuf;
-        match &server_statement {
-            Some(stmt) => {
-                let b = protocol::bind_view(body(rbuf, &layout.bind)).ok_or_else(|| malformed("Bind"))?;
-                protocol::bind_renamed(&mut a.conn.io.wbuf, b.portal, &stmt.server_name, b.rest);
-                a.conn.io.wbuf.extend_from_slice(&rbuf[layout.bind.end..layout.total]);
-            }
-            None => a.conn.io.wbuf.extend_from_slice(&rbuf[copied..layout.total]),
-        }
-        a.conn.queue.push(Pending::Client { reply: Reply::Bind, statement: server_statement, changes: 0 });
-        for reply in layout.after_bind {
-            a.conn.queue.push(Pending::client(reply));
-        }
+        write_from_bind(&mut a.conn, &self.client.rbuf, &layout, copied, server_statement)?;
         a.open_request = false;
         a.conn.queue.drain_synthetic(&mut self.client.wbuf);
         self.client.rbuf.advance(layout.total);
         Ok(())
     }
+}
+
+/// Writes the request from its Bind on (from `from` when that is before it: the
+/// Parse too) to `conn`, its Bind renamed to `server_statement` when it binds a named
+/// statement, and queues what each message answers.
+pub(super) fn write_from_bind(
+    conn: &mut ServerConn,
+    rbuf: &[u8],
+    layout: &Layout,
+    from: usize,
+    server_statement: Option<Arc<PreparedStatement>>,
+) -> Result<(), FrontendError> {
+    match &server_statement {
+        Some(stmt) => {
+            let b = protocol::bind_view(body(rbuf, &layout.bind)).ok_or_else(|| malformed("Bind"))?;
+            protocol::bind_renamed(&mut conn.io.wbuf, b.portal, &stmt.server_name, b.rest);
+            conn.io.wbuf.extend_from_slice(&rbuf[layout.bind.end..layout.total]);
+        }
+        None => conn.io.wbuf.extend_from_slice(&rbuf[from..layout.total]),
+    }
+    conn.queue.push(Pending::Client { reply: Reply::Bind, statement: server_statement, changes: 0 });
+    for reply in &layout.after_bind {
+        conn.queue.push(Pending::client(*reply));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 mod deallocate;
 mod extended;
 mod in_place;
+mod lane;
 mod server;
 mod simple;
 mod snowflake;

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 
 use super::{Attached, ClientTx, Session};
 use crate::backend::{
-    MAX_SERVER_MESSAGE, OnError, Pending, Reply, SET_TENANT_STATEMENT_ID, ServerConn, ServerPool,
-    SettingValue, Settings, TenantGuc, Wanted, record_param, settings_sql, tenant_sql,
+    OnError, Pending, PooledConn, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID, ServerConn,
+    ServerPool, SettingValue, Settings, TenantGuc, Wanted, settings_sql, tenant_sql,
 };
 use crate::config::PoolMode;
 use crate::directory::{ShardId, TenantId};
@@ -50,17 +50,7 @@ impl Session {
                 settings: Some(self.settings.version),
             };
             let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
-            self.cancel.set_target(Some(conn.cancel.clone()));
-            self.server = Some(Attached {
-                conn,
-                route: route.clone(),
-                pin: None,
-                request_failed: false,
-                saw_commit: false,
-                open_request: false,
-                tenant_in_request: false,
-                settings_before: None,
-            });
+            self.attach(conn, &route);
         }
         let tenant_guc = self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
         let Some(a) = self.server.as_mut() else {
@@ -123,9 +113,24 @@ impl Session {
         Ok(())
     }
 
+    /// Makes `conn` this client's server for a transaction on `route`.
+    pub(super) fn attach(&mut self, conn: PooledConn, route: &Route) {
+        self.cancel.set_target(Some(conn.cancel.clone()));
+        self.server = Some(Attached {
+            conn,
+            route: route.clone(),
+            pin: None,
+            request_failed: false,
+            saw_commit: false,
+            open_request: false,
+            tenant_in_request: false,
+            settings_before: None,
+        });
+    }
+
     /// The pool of `shard`'s primary, from this session's handles while the topology
     /// they were taken from is still the one in force.
-    fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
+    pub(super) fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
         let generation = self.shared.router.generation();
         if generation != self.pools.generation {
             let topology = self.shared.router.topology();
@@ -195,9 +200,9 @@ impl Session {
             let Some(a) = self.server.as_mut() else { return };
             let track_commit = !self.tx_setting_changes.is_empty() || self.tenant_before_tx.is_some();
             match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid) {
-                Relay::NeedMore => break,
-                Relay::Ready { status, changes } => self.on_ready(status, changes),
-                Relay::Lost(reason) => return self.on_server_lost(reason),
+                RelayStop::NeedMore => break,
+                RelayStop::Ready { status, changes } => self.on_ready(status, changes),
+                RelayStop::Lost(reason) => return self.on_server_lost(reason),
             }
         }
         self.release_if_done();
@@ -365,93 +370,18 @@ pub(super) fn check_writable_on(route: &Route, analysis: &Analysis) -> Result<()
     Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
 }
 
-/// What relaying stopped at.
-enum Relay {
-    /// The read buffer holds no further complete message.
-    NeedMore,
-    /// A ReadyForQuery ended a client request.
-    Ready {
-        status: TxStatus,
-        /// The session setting changes the request carried.
-        changes: usize,
-    },
-    Lost(String),
-}
-
-/// Relays complete messages from the server's read buffer in place (no per-message
-/// allocation), up to the first that ends a client request.
-fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) -> Relay {
-    let conn: &mut ServerConn = &mut a.conn;
-    let mut at = 0;
-    // Answers for the client, not yet copied: `rbuf[rows_from..at]`, one copy per run.
-    let mut rows_from = 0;
-    let result = loop {
-        let (tag, total) = match protocol::frame_header(&conn.io.rbuf[at..], MAX_SERVER_MESSAGE) {
-            Ok(Some(header)) => header,
-            Ok(None) => break Relay::NeedMore,
-            Err(e) => break Relay::Lost(format!("bad message from server: {e}")),
-        };
-        if !(tag == b'C' && track_commit)
-            && let Some(drain) = conn.queue.pass_answer(tag)
-        {
-            // Passed as it is, copied with the run it belongs to.
-            at += total;
-            if drain {
-                out.extend_from_slice(&conn.io.rbuf[rows_from..at]);
-                rows_from = at;
-                conn.queue.drain_synthetic(out);
-            }
-            continue;
-        }
-        if rows_from < at {
-            out.extend_from_slice(&conn.io.rbuf[rows_from..at]);
-        }
-        let raw = &conn.io.rbuf[at..at + total];
-        at += total;
-        rows_from = at;
-        match tag {
-            b'S' => {
-                if let Some((name, value)) = protocol::parameter_status(&raw[5..]) {
-                    record_param(&mut conn.params, name, value);
-                }
-            }
-            b'C' if track_commit && protocol::command_tag(&raw[5..]) == b"COMMIT" => a.saw_commit = true,
-            _ => {}
-        }
-        let fx = conn.queue.on_server_message(tag, raw, out);
-        tracing::trace!(client, tag = %(tag as char), ?fx, "server message");
-        for id in &fx.unprepared {
-            conn.prepared.remove(*id);
-        }
-        if fx.client_error {
-            a.request_failed = true;
-        }
-        if fx.send_sync {
-            protocol::sync(&mut conn.io.wbuf);
-        }
-        if let Some(status) = fx.status {
-            conn.status = status;
-        }
-        if fx.desync {
-            tracing::warn!(shard = a.route.shard, tag = %(tag as char), "unexpected server message; the connection will be closed");
-            conn.broken = true;
-        }
-        if fx.injected_failed {
-            // Never handed to another client with state it does not expect.
-            conn.broken = true;
-        }
-        if let Some(refused) = fx.settings_failed {
-            settings_refused(conn, a.settings_before.take(), a.route.shard, &refused, out);
-        }
-        if let Some(status) = fx.ready {
-            break Relay::Ready { status, changes: fx.changes_done };
-        }
-    };
-    if rows_from < at {
-        out.extend_from_slice(&conn.io.rbuf[rows_from..at]);
-    }
-    conn.io.rbuf.advance(at);
-    result
+/// Relays complete messages from the server's read buffer up to the first that ends
+/// a client request, noting on `a` what they said about the request.
+fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) -> RelayStop {
+    let shard = a.route.shard;
+    let before = &mut a.settings_before;
+    let mut notes = RelayNotes::default();
+    let stop = a.conn.relay(out, track_commit, (shard, client), &mut notes, |conn, refused, out| {
+        settings_refused(conn, before.take(), shard, refused, out)
+    });
+    a.request_failed |= notes.client_error;
+    a.saw_commit |= notes.saw_commit;
+    stop
 }
 
 /// The server refused the SETs that bring the client's session settings to its
@@ -484,7 +414,7 @@ const SET_TENANT_STATEMENT: &[u8] = b"pgtenant_set_tenant";
 /// Sets the tenant GUC ahead of the client's extended messages, without a Sync: it runs
 /// in the client's implicit transaction. Its answers are swallowed; an error (none is
 /// expected) reaches the client, and the server then skips the request as it should.
-fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&TenantId>) {
+pub(super) fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&TenantId>) {
     if !conn.prepared.touch(SET_TENANT_STATEMENT_ID) {
         conn.prepared.record(SET_TENANT_STATEMENT_ID);
         // No row comes back (set_config never returns NULL): one message less to swallow.

@@ -3,6 +3,7 @@
 
 use bytes::BytesMut;
 
+use super::lane::LaneRequest;
 use super::server::check_writable_on;
 use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
@@ -114,6 +115,18 @@ impl Session {
                 .await
                 .map_err(FrontendError::from)
                 .and_then(|route| check_writable_on(&route, &analysis).map(|()| route));
+            if let Ok(r) = &route
+                && self.may_use_lane(&analysis)
+            {
+                match self.request_on_lane(r, &analysis, LaneRequest::Query(&frame.raw)).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    Err(err) => {
+                        self.reply_error(&err, true);
+                        return Ok(());
+                    }
+                }
+            }
             if !self.begin_or_reply(route, analysis.single_dml).await {
                 return Ok(());
             }

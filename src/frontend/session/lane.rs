@@ -1,0 +1,166 @@
+//! Autocommit requests on a pipelined lane (see `backend::lane`): which requests may
+//! share a server connection with other clients' at once, and handing one over and
+//! relaying its answer. A request that may not, or that finds no lane, takes a
+//! server of its own as usual.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+
+use super::in_place::{Layout, write_from_bind};
+use super::server::{check_writable_on, inject_tenant_in_request};
+use super::{ClientTx, HIGH_WATER, Session};
+use crate::backend::{Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
+use crate::config::PoolMode;
+use crate::frontend::error::FrontendError;
+use crate::protocol::{self, TxStatus};
+use crate::router::{Analysis, Route, StatementKind};
+
+/// A request as the client sent it, whole.
+pub(super) enum LaneRequest<'a> {
+    /// `[Parse] Bind [Describe] Execute Sync`, at the front of the read buffer; the Bind
+    /// names `statement` (a client's name) when not the unnamed one.
+    Extended { layout: &'a Layout, statement: Option<&'a [u8]> },
+    /// A Query message.
+    Query(&'a [u8]),
+}
+
+/// A statement whose request leaves nothing behind on the server connection once it
+/// is answered: no transaction block, no setting, nothing that pins the connection.
+fn leaves_no_state(analysis: &Analysis) -> bool {
+    analysis.single_dml
+        && !analysis.is_multi
+        && analysis.kind == StatementKind::Other
+        && analysis.pin.is_none()
+        && analysis.session_changes.is_empty()
+        && !analysis.tampers_tenant_guc
+}
+
+impl Session {
+    /// Whether this request may ride a lane, given its statement: the session holds no
+    /// server and is outside any transaction.
+    pub(super) fn may_use_lane(&self, analysis: &Analysis) -> bool {
+        self.shared.config.proxy.pipeline_depth > 1
+            && self.pool_mode == PoolMode::Transaction
+            && self.server.is_none()
+            && self.tx == ClientTx::Idle
+            && self.batch.is_empty()
+            && !self.skip_until_sync
+            && leaves_no_state(analysis)
+    }
+
+    /// Sends the request on a lane of `route`'s shard and relays its answer; `false`
+    /// when it must take the usual path (a server for itself is then attached when one
+    /// was checked out here). A checkout error is the caller's to answer.
+    pub(super) async fn request_on_lane(
+        &mut self,
+        route: &Route,
+        analysis: &Arc<Analysis>,
+        request: LaneRequest<'_>,
+    ) -> Result<bool, FrontendError> {
+        if check_writable_on(route, analysis).is_err() {
+            return Ok(false);
+        }
+        let pool = self.pool_of(route.shard)?;
+        let read_only = !route.state.allows_writes();
+        let proxy = &self.shared.config.proxy;
+        let join = LaneJoin {
+            depth: proxy.pipeline_depth,
+            window: Duration::from_micros(proxy.pipeline_join_window_us),
+        };
+        let version = self.settings.version;
+        let (lane, new) = match pool.lane_with_room(version, read_only, join) {
+            Some(lane) => (lane, false),
+            None => {
+                let guc = self.shared.config.proxy.set_tenant_guc;
+                let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
+                let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
+                if conn.settings.version != version || conn.read_only != read_only {
+                    // It needs SETs first: the usual path sends them.
+                    self.attach(conn, route);
+                    return Ok(false);
+                }
+                (Lane::new(conn), true)
+            }
+        };
+        // Written and submitted in a block: the lane stays locked only for that.
+        let mut answer = {
+            let Some(mut entry) = lane.enter() else { return Ok(false) };
+            let tenant_guc =
+                self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
+            let mut sets_tenant = None;
+            if let Some(guc) = tenant_guc
+                && !entry.holds_tenant(route.tenant.as_ref())
+            {
+                inject_tenant_in_request(entry.conn(), guc, route.tenant.as_ref());
+                sets_tenant = Some(route.tenant.clone());
+            }
+            match request {
+                LaneRequest::Extended { layout, statement } => {
+                    let stmt = statement.and_then(|name| self.statements.get(name)).map(|s| s.stmt.clone());
+                    let conn = entry.conn();
+                    if let Some(stmt) = &stmt {
+                        super::extended::prepare_on(conn, stmt);
+                    }
+                    if layout.parse.is_some() {
+                        conn.queue.push(Pending::client(Reply::Parse));
+                        self.unnamed = Some(analysis.clone());
+                    }
+                    if let Err(err) = write_from_bind(conn, &self.client.rbuf, layout, 0, stmt) {
+                        // What went ahead of it was answered by nobody's request: the
+                        // connection is closed once the lane ends.
+                        conn.broken = true;
+                        return Err(err);
+                    }
+                    self.client.rbuf.advance(layout.total);
+                }
+                LaneRequest::Query(raw) => write_query(entry.conn(), raw),
+            }
+            entry.submit(self.cancel.slot(), sets_tenant)
+        };
+        if new {
+            pool.start_lane(lane);
+        }
+        loop {
+            match answer.recv().await {
+                Some(LanePiece::Part(bytes)) => {
+                    self.client.wbuf.extend_from_slice(&bytes);
+                    if self.client.wbuf.len() >= HIGH_WATER {
+                        self.client.flush().await?;
+                    }
+                }
+                Some(LanePiece::Done(bytes)) => {
+                    self.client.wbuf.extend_from_slice(&bytes);
+                    break;
+                }
+                Some(LanePiece::Lost { partial, reason }) => {
+                    self.client.wbuf.extend_from_slice(&partial);
+                    self.lane_lost(route, reason);
+                    break;
+                }
+                None => {
+                    self.lane_lost(route, "the connection ended before its answer".into());
+                    break;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The lane's connection failed before the request was answered: as when a
+    /// server of the client's own is lost, an error and ReadyForQuery.
+    fn lane_lost(&mut self, route: &Route, reason: String) {
+        tracing::warn!(shard = route.shard, %reason, "lost a server connection");
+        let err = FrontendError::ServerLost { shard: route.shard, reason };
+        let mut b = BytesMut::new();
+        crate::frontend::error_response::write_error(&mut b, &err);
+        protocol::ready_for_query(&mut b, TxStatus::Idle);
+        self.client.wbuf.extend_from_slice(&b);
+    }
+}
+
+fn write_query(conn: &mut ServerConn, raw: &[u8]) {
+    conn.queue.push(Pending::client(Reply::Query));
+    conn.io.wbuf.extend_from_slice(raw);
+}

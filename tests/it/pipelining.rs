@@ -1,0 +1,179 @@
+//! Pipelined autocommit requests: several clients' requests on one server connection
+//! at once, each client getting exactly its own answers.
+
+use std::time::Duration;
+
+use crate::harness::{self, eventually, shard_admin, start_proxy};
+
+/// A proxy with one server connection per pool, a checkout timeout of 500 ms, and a
+/// pipelining join window of `window_us`.
+async fn proxy_with_one_connection(window_us: u64) -> harness::Proxy {
+    start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.checkout_timeout_ms = 500;
+        c.proxy.pipeline_join_window_us = window_us;
+    })
+    .await
+}
+
+/// Holds an exclusive lock on a table of its own on shard 1 (created if needed) until
+/// dropped with a COMMIT; returns the admin client holding it.
+async fn lock_table(table: &str) -> tokio_postgres::Client {
+    let admin = shard_admin(1, "app").await;
+    admin
+        .batch_execute(&format!("CREATE TABLE IF NOT EXISTS {table} (x int); GRANT SELECT ON {table} TO app"))
+        .await
+        .expect("create the table");
+    admin
+        .batch_execute(&format!("BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+        .await
+        .expect("lock the table");
+    admin
+}
+
+/// Waits until a query naming `table` waits for its lock on shard 1.
+async fn wait_until_blocked(table: &str) {
+    let watcher = shard_admin(1, "app").await;
+    let pattern = format!("%FROM {table}%");
+    let blocked = eventually(Duration::from_secs(10), || {
+        let (watcher, pattern) = (&watcher, &pattern);
+        async move {
+            let row = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                    &[pattern],
+                )
+                .await
+                .unwrap();
+            row.get::<_, i64>(0) > 0
+        }
+    })
+    .await;
+    if blocked.is_none() {
+        let rows = watcher
+            .query("SELECT coalesce(wait_event_type, ''), state, query FROM pg_stat_activity WHERE datname = 'app'", &[])
+            .await
+            .unwrap();
+        let seen: Vec<(String, String, String)> =
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect();
+        panic!("the query on {table} never waited for the lock: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_joins_a_busy_connection_instead_of_waiting_for_a_free_one() {
+    let table = "pipelining_gate_join";
+    let proxy = proxy_with_one_connection(60_000_000).await;
+    let gate = lock_table(table).await;
+    // Tenants 7 and 8 both live on shard 1, whose pool has one connection.
+    let first = proxy.connect(Some(7)).await;
+    let second = proxy.connect(Some(8)).await;
+
+    // A simple query and a one-message-batch extended one (an unnamed statement):
+    // both are autocommit requests that may ride a lane.
+    let sql =
+        format!("SELECT count(*), pg_backend_pid(), current_setting('pgtenant.tenant_id') FROM {table}");
+    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
+    wait_until_blocked(table).await;
+    let behind = tokio::spawn(async move {
+        let sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
+        second.query_typed(sql, &[]).await.map(|rows| (rows[0].get::<_, i32>(0), rows[0].get::<_, String>(1)))
+    });
+    // Past the checkout timeout: a request waiting for a connection of its own would
+    // have failed with 53300 by now.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!behind.is_finished(), "the second request was answered before the first: {:?}", behind.await);
+
+    gate.batch_execute("COMMIT").await.unwrap();
+    let first_row = blocked.await.unwrap().expect("the blocked query");
+    assert_eq!((first_row[0].as_str(), first_row[2].as_str()), ("0", "7"));
+    let (second_pid, second_tenant) = behind.await.unwrap().expect("the pipelined query");
+    assert_eq!(second_pid.to_string(), first_row[1], "both ran on the one server connection");
+    assert_eq!(second_tenant, "8", "the pipelined request carried its own tenant");
+}
+
+/// The values of the first row of a simple query's answer, as text.
+fn first_row(messages: &[tokio_postgres::SimpleQueryMessage]) -> Result<Vec<String>, tokio_postgres::Error> {
+    let row = messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+            _ => None,
+        })
+        .expect("a row");
+    Ok((0..row.len()).map(|i| row.get(i).unwrap_or_default().to_string()).collect())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_does_not_join_behind_one_that_runs_long() {
+    let table = "pipelining_gate_window";
+    // The default window: one millisecond.
+    let proxy = proxy_with_one_connection(1_000).await;
+    let gate = lock_table(table).await;
+    let first = proxy.connect(Some(7)).await;
+    let second = proxy.connect(Some(8)).await;
+
+    let sql = format!("SELECT count(*) FROM {table}");
+    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
+    wait_until_blocked(table).await;
+    // The only connection runs a request older than the window: this one waits for a
+    // connection of its own, and the pool has none to give within its timeout.
+    let err = second.query_typed("SELECT 1", &[]).await.expect_err("no connection is free");
+    assert_eq!(harness::sqlstate(&err), "53300");
+    assert!(!blocked.is_finished());
+
+    gate.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(blocked.await.unwrap().expect("the blocked query"), ["0"]);
+    assert_eq!(second.query_one("SELECT 2", &[]).await.unwrap().get::<_, i32>(0), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_clients_on_few_connections_each_get_their_own_answers() {
+    // Two connections per pool for twelve busy clients, and a window that lets every
+    // request join: most requests ride behind others.
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 2;
+        c.proxy.pipeline_join_window_us = 60_000_000;
+    })
+    .await;
+    // Shard 1: tenants 7, 8, 9; shard 2: tenants 42 (mapped) and 1500, 1600.
+    let tenants = [7i64, 8, 9, 42, 1500, 1600, 7, 8, 9, 42, 1500, 1600];
+    let mut tasks = Vec::new();
+    for (n, tenant) in tenants.into_iter().enumerate() {
+        let client = proxy.connect(Some(tenant)).await;
+        tasks.push(tokio::spawn(async move {
+            let expected_shard = if tenant >= 1000 || tenant == 42 { 2 } else { 1 };
+            for i in 0..150i32 {
+                let value = i * 100 + n as i32;
+                if i % 25 == 24 {
+                    // An error ends only this client's request.
+                    let err = client.query_one("SELECT 1 / $1::int", &[&0i32]).await.expect_err("division by zero");
+                    assert_eq!(harness::sqlstate(&err), "22012");
+                    continue;
+                }
+                let (got, guc, shard): (i32, String, i32) = if i % 2 == 0 {
+                    let row = client
+                        .query_one(
+                            "SELECT $1::int, current_setting('pgtenant.tenant_id'), shard_id FROM pgtenant_shard",
+                            &[&value],
+                        )
+                        .await
+                        .expect("extended query");
+                    (row.get(0), row.get(1), row.get(2))
+                } else {
+                    let sql = format!(
+                        "SELECT {value}, current_setting('pgtenant.tenant_id'), shard_id FROM pgtenant_shard"
+                    );
+                    let row = first_row(&client.simple_query(&sql).await.expect("simple query")).unwrap();
+                    (row[0].parse().unwrap(), row[1].clone(), row[2].parse().unwrap())
+                };
+                assert_eq!(got, value, "client {n} got another request's answer");
+                assert_eq!(guc, tenant.to_string(), "client {n} ran under another tenant");
+                assert_eq!(shard, expected_shard, "client {n} of tenant {tenant} on the wrong shard");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a client's requests");
+    }
+}
