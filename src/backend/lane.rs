@@ -279,9 +279,13 @@ impl LaneInner {
         if self.waiting.is_empty() {
             return Err("the server answered a request nobody sent".into());
         }
+        // Cleared before the answer goes: the client may take a server of its own
+        // right after, and set the slot for that one.
+        if let Some(head) = self.waiting.front() {
+            set_cancel(&head.cancel, None);
+        }
         self.send_head(LanePiece::Done);
         let head = self.waiting.pop_front().expect("checked above");
-        set_cancel(&head.cancel, None);
         let failed = std::mem::take(&mut self.head_failed);
         let conn = self.conn.as_deref_mut().expect("a relaying lane has its connection");
         if let Some(tenant) = head.sets_tenant {
