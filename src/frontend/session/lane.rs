@@ -85,7 +85,7 @@ impl Session {
             }
         };
         // Written and submitted in a block: the lane stays locked only for that.
-        let mut answer = {
+        let submitted = {
             let Some(mut entry) = lane.enter() else { return Ok(false) };
             let tenant_guc =
                 self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
@@ -107,21 +107,31 @@ impl Session {
                         conn.queue.push(Pending::client(Reply::Parse));
                         self.unnamed = Some(analysis.clone());
                     }
-                    if let Err(err) = write_from_bind(conn, &self.client.rbuf, layout, 0, stmt) {
-                        // What went ahead of it was answered by nobody's request: the
-                        // connection is closed once the lane ends.
-                        conn.broken = true;
-                        return Err(err);
+                    match write_from_bind(conn, &self.client.rbuf, layout, 0, stmt) {
+                        Ok(()) => {
+                            self.client.rbuf.advance(layout.total);
+                            Ok(entry.submit(self.cancel.slot(), sets_tenant))
+                        }
+                        Err(err) => {
+                            // What went ahead of it is answered to nobody: the
+                            // connection is closed once the lane ends.
+                            conn.broken = true;
+                            Err(err)
+                        }
                     }
-                    self.client.rbuf.advance(layout.total);
                 }
-                LaneRequest::Query(raw) => write_query(entry.conn(), raw),
+                LaneRequest::Query(raw) => {
+                    write_query(entry.conn(), raw);
+                    Ok(entry.submit(self.cancel.slot(), sets_tenant))
+                }
             }
-            entry.submit(self.cancel.slot(), sets_tenant)
         };
+        // Started even without a request on it: its driver sends what was written
+        // and gives the connection back, or closes it.
         if new {
             pool.start_lane(lane);
         }
+        let mut answer = submitted?;
         loop {
             match answer.recv().await {
                 Some(LanePiece::Part(bytes)) => {
