@@ -1,6 +1,7 @@
 //! Pipelined autocommit requests: several clients' requests on one server connection
 //! at once, each client getting exactly its own answers.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::harness::{self, eventually, shard_admin, start_proxy};
@@ -176,4 +177,52 @@ async fn many_clients_on_few_connections_each_get_their_own_answers() {
     for task in tasks {
         task.await.expect("a client's requests");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_pipelined_connection_fails_every_request_on_it_and_the_sessions_go_on() {
+    let table = "pipelining_gate_lost";
+    let proxy = proxy_with_one_connection(60_000_000).await;
+    let gate = lock_table(table).await;
+    let first = Arc::new(proxy.connect(Some(7)).await);
+    let second = Arc::new(proxy.connect(Some(8)).await);
+
+    let sql = format!("SELECT count(*) FROM {table}");
+    let blocked = {
+        let first = first.clone();
+        tokio::spawn(async move { first.simple_query(&sql).await })
+    };
+    wait_until_blocked(table).await;
+    let behind = {
+        let second = second.clone();
+        tokio::spawn(async move { second.query_typed("SELECT 1", &[]).await })
+    };
+    // Past the checkout timeout: had it not joined the lane, it would fail with 53300.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!behind.is_finished(), "the second request was answered early: {:?}", behind.await);
+
+    let terminated = gate
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE $1",
+            &[&format!("%FROM {table}%")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(terminated.get::<_, i64>(0), 1, "the lane's server connection");
+
+    // The request that ran gets the server's own FATAL or pgtenant's 08006; the one
+    // behind it never ran and gets 08006 naming the shard.
+    let err = blocked.await.unwrap().expect_err("its server was terminated");
+    assert!(["57P01", "08006"].contains(&harness::sqlstate(&err).as_str()), "{err:?}");
+    let err = behind.await.unwrap().expect_err("its server was terminated");
+    assert_eq!(harness::sqlstate(&err), "08006", "{err:?}");
+    assert!(format!("{err:?}").contains("shard 1"), "{err:?}");
+
+    // Both sessions go on, on a new server connection.
+    gate.batch_execute("COMMIT").await.unwrap();
+    let row = first.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0);
+    let row = second.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "8");
 }
