@@ -129,6 +129,44 @@ async fn a_request_does_not_join_behind_one_that_runs_long() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_request_alone_on_its_pool_takes_a_connection_nobody_joins() {
+    let table = "pipelining_gate_alone";
+    // Two connections, and a window that would let any request join a lane.
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 2;
+        c.proxy.pipeline_join_window_us = 60_000_000;
+    })
+    .await;
+    let gate = lock_table(table).await;
+    let first = proxy.connect(Some(7)).await;
+    let second = proxy.connect(Some(8)).await;
+
+    let sql = format!("SELECT count(*), pg_backend_pid() FROM {table}");
+    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
+    wait_until_blocked(table).await;
+    // The first request found its pool idle and took a connection of its own: this
+    // one does not wait behind it, but runs on the pool's other connection.
+    let row = tokio::time::timeout(
+        Duration::from_secs(5),
+        second.query_one("SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')", &[]),
+    )
+    .await
+    .expect("answered while the first request waits for its lock")
+    .expect("the second request");
+    assert_eq!(row.get::<_, String>(1), "8");
+    assert!(!blocked.is_finished());
+
+    gate.batch_execute("COMMIT").await.unwrap();
+    let first_row = blocked.await.unwrap().expect("the blocked query");
+    assert_eq!(first_row[0], "0");
+    assert_ne!(
+        row.get::<_, i32>(0).to_string(),
+        first_row[1],
+        "the two requests ran on different connections"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn many_clients_on_few_connections_each_get_their_own_answers() {
     // Two connections per pool for twelve busy clients, and a window that lets every
     // request join: most requests ride behind others.

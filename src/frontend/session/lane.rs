@@ -76,8 +76,12 @@ impl Session {
                 let guc = self.shared.config.proxy.set_tenant_guc;
                 let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
                 let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
-                if conn.settings.version != version || conn.read_only != read_only {
-                    // It needs SETs first: the usual path sends them.
+                if conn.settings.version != version
+                    || conn.read_only != read_only
+                    || pool.only_checkout_with_room()
+                {
+                    // It needs SETs first, or it is alone on the node: the usual path
+                    // sends them, and serves a lone request for less.
                     self.attach(conn, route);
                     return Ok(false);
                 }
