@@ -186,11 +186,6 @@ impl ServerPool {
         status.available > 0 && status.available + 1 == self.0.size
     }
 
-    /// How many lanes are open on this node.
-    pub fn lanes_open(&self) -> usize {
-        self.0.lock_lanes().len()
-    }
-
     /// Starts `lane`'s driver (after its first request was submitted) and lists it
     /// for others to join until it ends.
     pub fn start_lane(&self, lane: Arc<Lane>) {
