@@ -276,14 +276,12 @@ impl LaneInner {
 
     /// The first waiter's answer is complete.
     fn finish_head(&mut self, status: TxStatus) -> Result<(), String> {
-        if self.waiting.is_empty() {
+        let Some(head) = self.waiting.front() else {
             return Err("the server answered a request nobody sent".into());
-        }
+        };
         // Cleared before the answer goes: the client may take a server of its own
         // right after, and set the slot for that one.
-        if let Some(head) = self.waiting.front() {
-            set_cancel(&head.cancel, None);
-        }
+        set_cancel(&head.cancel, None);
         self.send_head(LanePiece::Done);
         let head = self.waiting.pop_front().expect("checked above");
         let failed = std::mem::take(&mut self.head_failed);

@@ -100,7 +100,7 @@ impl Session {
                 inject_tenant_in_request(entry.conn(), guc, route.tenant.as_ref());
                 sets_tenant = Some(route.tenant.clone());
             }
-            match request {
+            let written = match request {
                 LaneRequest::Extended { layout, statement } => {
                     let stmt = statement.and_then(|name| self.statements.get(name)).map(|s| s.stmt.clone());
                     let conn = entry.conn();
@@ -111,24 +111,22 @@ impl Session {
                         conn.queue.push(Pending::client(Reply::Parse));
                         self.unnamed = Some(analysis.clone());
                     }
-                    match write_from_bind(conn, &self.client.rbuf, layout, 0, stmt) {
-                        Ok(()) => {
-                            self.client.rbuf.advance(layout.total);
-                            Ok(entry.submit(self.cancel.slot(), sets_tenant))
-                        }
-                        Err(err) => {
-                            // What went ahead of it is answered to nobody: the
-                            // connection is closed once the lane ends.
-                            conn.broken = true;
-                            Err(err)
-                        }
+                    let written = write_from_bind(conn, &self.client.rbuf, layout, 0, stmt);
+                    if written.is_ok() {
+                        self.client.rbuf.advance(layout.total);
+                    } else {
+                        // What went ahead of it is answered to nobody: the connection
+                        // is closed once the lane ends.
+                        conn.broken = true;
                     }
+                    written
                 }
                 LaneRequest::Query(raw) => {
                     write_query(entry.conn(), raw);
-                    Ok(entry.submit(self.cancel.slot(), sets_tenant))
+                    Ok(())
                 }
-            }
+            };
+            written.map(|()| entry.submit(self.cancel.slot(), sets_tenant))
         };
         // Started even without a request on it: its driver sends what was written
         // and gives the connection back, or closes it.
