@@ -61,21 +61,35 @@ async fn wait_until_blocked(table: &str) {
     }
 }
 
+/// The first row of a query, as text, once it is answered.
+type FirstRow = tokio::task::JoinHandle<Result<Vec<String>, tokio_postgres::Error>>;
+
+/// Has a client of tenant 7 run `SELECT {columns} FROM {table}` through `proxy` until it
+/// waits for the lock `lock_table` takes on shard 1; returns the lock's holder, that
+/// query's first row to come, and a client of tenant 8 (shard 1 too).
+async fn a_request_waiting_for_a_lock(
+    proxy: &harness::Proxy,
+    table: &str,
+    columns: &str,
+) -> (tokio_postgres::Client, FirstRow, tokio_postgres::Client) {
+    let gate = lock_table(table).await;
+    let first = proxy.connect(Some(7)).await;
+    let second = proxy.connect(Some(8)).await;
+    let sql = format!("SELECT {columns} FROM {table}");
+    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
+    wait_until_blocked(table).await;
+    (gate, blocked, second)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_joins_a_busy_connection_instead_of_waiting_for_a_free_one() {
     let table = "pipelining_gate_join";
     let proxy = proxy_with_one_connection(60_000_000).await;
-    let gate = lock_table(table).await;
-    // Tenants 7 and 8 both live on shard 1, whose pool has one connection.
-    let first = proxy.connect(Some(7)).await;
-    let second = proxy.connect(Some(8)).await;
-
-    // A simple query and a one-message-batch extended one (an unnamed statement):
-    // both are autocommit requests that may ride a lane.
-    let sql =
-        format!("SELECT count(*), pg_backend_pid(), current_setting('pgtenant.tenant_id') FROM {table}");
-    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
-    wait_until_blocked(table).await;
+    // Tenants 7 and 8 both live on shard 1, whose pool has one connection. A simple
+    // query and a one-message-batch extended one (an unnamed statement): both are
+    // autocommit requests that may ride a lane.
+    let columns = "count(*), pg_backend_pid(), current_setting('pgtenant.tenant_id')";
+    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, columns).await;
     let behind = tokio::spawn(async move {
         let sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
         second.query_typed(sql, &[]).await.map(|rows| (rows[0].get::<_, i32>(0), rows[0].get::<_, String>(1)))
@@ -110,13 +124,7 @@ async fn a_request_does_not_join_behind_one_that_runs_long() {
     let table = "pipelining_gate_window";
     // The default window: one millisecond.
     let proxy = proxy_with_one_connection(1_000).await;
-    let gate = lock_table(table).await;
-    let first = proxy.connect(Some(7)).await;
-    let second = proxy.connect(Some(8)).await;
-
-    let sql = format!("SELECT count(*) FROM {table}");
-    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
-    wait_until_blocked(table).await;
+    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, "count(*)").await;
     // The only connection runs a request older than the window: this one waits for a
     // connection of its own, and the pool has none to give within its timeout.
     let err = second.query_typed("SELECT 1", &[]).await.expect_err("no connection is free");
@@ -137,13 +145,8 @@ async fn a_request_alone_on_its_pool_takes_a_connection_nobody_joins() {
         c.proxy.pipeline_join_window_us = 60_000_000;
     })
     .await;
-    let gate = lock_table(table).await;
-    let first = proxy.connect(Some(7)).await;
-    let second = proxy.connect(Some(8)).await;
-
-    let sql = format!("SELECT count(*), pg_backend_pid() FROM {table}");
-    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
-    wait_until_blocked(table).await;
+    let (gate, blocked, second) =
+        a_request_waiting_for_a_lock(&proxy, table, "count(*), pg_backend_pid()").await;
     // The first request found its pool idle and took a connection of its own: this
     // one does not wait behind it, but runs on the pool's other connection.
     let row = tokio::time::timeout(
