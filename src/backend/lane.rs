@@ -53,8 +53,9 @@ pub struct LaneJoin {
 pub enum LanePiece {
     /// Part of the answer; more follows.
     Part(BytesMut),
-    /// The rest of the answer, ReadyForQuery last.
-    Done(BytesMut),
+    /// The rest of the answer, ReadyForQuery last, and how long the server took to
+    /// answer the request once the ones ahead of it were answered.
+    Done { rest: BytesMut, served_in: Duration },
     /// The connection failed before the answer was complete; `Part`s already sent and
     /// this partial answer are all there is.
     Lost { partial: BytesMut, reason: String },
@@ -78,6 +79,9 @@ struct LaneInner {
     out: BytesMut,
     /// An ErrorResponse was part of the first waiter's answer.
     head_failed: bool,
+    /// When the server could start on the first waiter's request: when it was put on
+    /// an empty lane, or when the answer ahead of it was complete.
+    head_since: Instant,
     /// Waiting requests that set the tenant GUC inside themselves.
     tenant_sets: usize,
     waker: Option<Waker>,
@@ -110,6 +114,7 @@ impl Lane {
                 waiting: VecDeque::new(),
                 out: BytesMut::new(),
                 head_failed: false,
+                head_since: Instant::now(),
                 tenant_sets: 0,
                 waker: None,
                 closed: false,
@@ -166,16 +171,13 @@ impl LaneEntry<'_> {
     ) -> mpsc::Receiver<LanePiece> {
         let (tx, rx) = mpsc::channel(2);
         let inner = &mut *self.inner;
+        let now = Instant::now();
         if inner.waiting.is_empty() {
             set_cancel(&cancel, inner.conn.as_ref().map(|c| c.cancel.clone()));
+            inner.head_since = now;
         }
         inner.tenant_sets += usize::from(sets_tenant.is_some());
-        inner.waiting.push_back(Waiter {
-            to: PollSender::new(tx),
-            since: Instant::now(),
-            cancel,
-            sets_tenant,
-        });
+        inner.waiting.push_back(Waiter { to: PollSender::new(tx), since: now, cancel, sets_tenant });
         if let Some(waker) = &inner.waker {
             waker.wake_by_ref();
         }
@@ -282,7 +284,10 @@ impl LaneInner {
         // Cleared before the answer goes: the client may take a server of its own
         // right after, and set the slot for that one.
         set_cancel(&head.cancel, None);
-        self.send_head(LanePiece::Done);
+        let now = Instant::now();
+        let served_in = now.saturating_duration_since(self.head_since);
+        self.send_head(|rest| LanePiece::Done { rest, served_in });
+        self.head_since = now;
         let head = self.waiting.pop_front().expect("checked above");
         let failed = std::mem::take(&mut self.head_failed);
         let conn = self.conn.as_deref_mut().expect("a relaying lane has its connection");

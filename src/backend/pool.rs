@@ -162,13 +162,20 @@ impl ServerPool {
 
     /// The least deep open lane for clients with settings `settings_version` and
     /// read-only mode `read_only` that has fewer than `join.depth` requests on the wire,
-    /// the oldest sent less than `join.window` ago.
+    /// the oldest sent less than `join.window` ago. None while a checkout waits for a
+    /// connection: lanes then take no more riders, so that they drain and give their
+    /// connections to the waiting checkouts in turn (a lane that busy clients keep
+    /// joining would otherwise never end, and a request that may not ride one, such
+    /// as an UPDATE, would wait for ever).
     pub fn lane_with_room(
         &self,
         settings_version: u64,
         read_only: bool,
         join: LaneJoin,
     ) -> Option<Arc<Lane>> {
+        if self.0.permits.status().waiting > 0 {
+            return None;
+        }
         let lanes = self.0.lock_lanes();
         lanes
             .iter()

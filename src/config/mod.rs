@@ -243,6 +243,9 @@ pub struct ProxyConfig {
     /// A request joins such a connection only while the oldest request on it went out
     /// less than this long ago (µs), so that little waits behind a slow statement.
     pub pipeline_join_window_us: u64,
+    /// A statement shape rides a lane only while its recent runs were answered within
+    /// this long (µs); a new shape runs alone until they were (see `router::quick`).
+    pub pipeline_quick_us: u64,
 }
 
 impl Default for ProxyConfig {
@@ -270,11 +273,17 @@ impl Default for ProxyConfig {
             server_idle_timeout_ms: 600_000,
             pipeline_depth: 8,
             pipeline_join_window_us: 1000,
+            pipeline_quick_us: 2000,
         }
     }
 }
 
 impl ProxyConfig {
+    /// See `pipeline_quick_us`.
+    pub fn pipeline_quick(&self) -> Duration {
+        Duration::from_micros(self.pipeline_quick_us)
+    }
+
     pub fn startup_timeout(&self) -> Duration {
         Duration::from_millis(self.startup_timeout_ms)
     }

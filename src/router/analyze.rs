@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use super::facts::{SqlFacts, literal_ranges};
 use super::lexer::{Token, TokenKind, tokenize};
+use super::quick::ShapeTiming;
 use super::snowflake_call::SnowflakeSelect;
 use crate::directory::{TenantId, TenantKey};
 
@@ -172,6 +173,10 @@ pub struct Analysis {
     pub(super) literals: OnceLock<Literals>,
     pub(super) may_write: LazyFlag,
     pub(super) mentions_column: LazyFlag,
+    /// See `effects::cannot_wait`.
+    pub(super) cannot_wait: LazyFlag,
+    /// How long the shape took lately, shared with the texts that differ only in literals.
+    pub(super) shape: Arc<ShapeTiming>,
 }
 
 impl std::fmt::Debug for Analysis {
@@ -207,6 +212,17 @@ impl Analysis {
         self.may_write.get_or_init(|| may_write(&self.sql))
     }
 
+    /// Whether the statement only reads and can wait on no other session (see
+    /// `effects::cannot_wait`).
+    pub fn cannot_wait(&self) -> bool {
+        self.cannot_wait.get_or_init(|| super::effects::cannot_wait(&self.sql))
+    }
+
+    /// The recent timing of the statement's shape.
+    pub fn shape(&self) -> &ShapeTiming {
+        &self.shape
+    }
+
     /// The byte ranges of the text's literals, in text order.
     pub(super) fn literals(&self) -> &[Range<usize>] {
         self.literals.get_or_init(|| literal_ranges(&self.sql).collect())
@@ -214,6 +230,11 @@ impl Analysis {
 
     /// The analysis of a plain DML text (see `is_plain_dml`).
     pub(super) fn plain_dml(sql: Box<str>) -> Self {
+        Self::plain_dml_of_shape(sql, Arc::default())
+    }
+
+    /// The analysis of a plain DML text whose shape is `shape`'s.
+    pub(super) fn plain_dml_of_shape(sql: Box<str>, shape: Arc<ShapeTiming>) -> Self {
         Analysis {
             kind: StatementKind::Other,
             hint: None,
@@ -230,6 +251,8 @@ impl Analysis {
             literals: OnceLock::new(),
             may_write: LazyFlag::default(),
             mentions_column: LazyFlag::default(),
+            cannot_wait: LazyFlag::default(),
+            shape,
         }
     }
 }
@@ -306,6 +329,8 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         literals: OnceLock::new(),
         may_write: LazyFlag::default(),
         mentions_column: LazyFlag::default(),
+        cannot_wait: LazyFlag::default(),
+        shape: Arc::default(),
     }
 }
 
@@ -561,16 +586,16 @@ fn is_tenant_set(kind: &StatementKind) -> bool {
     matches!(kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant)
 }
 
-struct Words<'a> {
-    sql: &'a str,
-    tokens: &'a [Token],
+pub(super) struct Words<'a> {
+    pub(super) sql: &'a str,
+    pub(super) tokens: &'a [Token],
 }
 
 impl Words<'_> {
-    fn text(&self, i: usize) -> &str {
+    pub(super) fn text(&self, i: usize) -> &str {
         self.tokens.get(i).map(|t| &self.sql[t.start..t.end]).unwrap_or("")
     }
-    fn is(&self, i: usize, word: &str) -> bool {
+    pub(super) fn is(&self, i: usize, word: &str) -> bool {
         self.tokens.get(i).is_some_and(|t| t.kind == TokenKind::Word)
             && self.text(i).eq_ignore_ascii_case(word)
     }
@@ -580,7 +605,7 @@ impl Words<'_> {
             _ => "",
         }
     }
-    fn contains_word(&self, word: &str) -> bool {
+    pub(super) fn contains_word(&self, word: &str) -> bool {
         (0..self.tokens.len()).any(|i| self.is(i, word))
     }
 }

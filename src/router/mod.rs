@@ -2,8 +2,10 @@
 //! turns it into a `Route` through the directory. The session carries the route out.
 
 mod analyze;
+mod effects;
 mod facts;
 mod lexer;
+mod quick;
 mod recent;
 mod snowflake_call;
 mod template;
@@ -15,6 +17,7 @@ use std::sync::Arc;
 pub type Named = smallvec::SmallVec<[TenantId; 2]>;
 
 pub use analyze::{Analysis, PinReason, ROUTING_VERSION, SessionChange, StatementKind};
+pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;
 pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};
 

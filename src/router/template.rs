@@ -53,7 +53,8 @@ pub fn rebased(template: &Analysis, sql: &[u8], literals: Literals) -> Option<An
         // Both read words only, and literals are no words.
         may_write: template.may_write.clone(),
         mentions_column: template.mentions_column.clone(),
-        ..Analysis::plain_dml(Box::default())
+        cannot_wait: template.cannot_wait.clone(),
+        ..Analysis::plain_dml_of_shape(Box::default(), template.shape.clone())
     })
 }
 

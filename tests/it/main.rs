@@ -10,6 +10,7 @@ mod failures;
 mod pipelining;
 mod pooling;
 mod routing;
+mod slow_statements;
 mod snowflake;
 mod sql_routing;
 mod startup;

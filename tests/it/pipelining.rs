@@ -17,6 +17,24 @@ async fn proxy_with_one_connection(window_us: u64) -> harness::Proxy {
     .await
 }
 
+/// Runs a statement often enough, through `client`'s simple protocol, that its shape
+/// counts as quick and may ride a lane (a new shape runs alone until it proved quick).
+async fn warm_up_simple(client: &tokio_postgres::Client, sql: &str) {
+    for _ in 0..QUICK_RUNS {
+        client.simple_query(sql).await.expect("a warm-up run");
+    }
+}
+
+/// As `warm_up_simple`, through the extended protocol's unnamed statement.
+async fn warm_up_extended(client: &tokio_postgres::Client, sql: &str) {
+    for _ in 0..QUICK_RUNS {
+        client.query_typed(sql, &[]).await.expect("a warm-up run");
+    }
+}
+
+/// Runs a new statement shape needs, answered quickly, before it may ride a lane.
+const QUICK_RUNS: usize = 3;
+
 /// Holds an exclusive lock on a table of its own on shard 1 (created if needed) until
 /// dropped with a COMMIT; returns the admin client holding it.
 async fn lock_table(table: &str) -> tokio_postgres::Client {
@@ -67,15 +85,22 @@ type FirstRow = tokio::task::JoinHandle<Result<Vec<String>, tokio_postgres::Erro
 /// Has a client of tenant 7 run `SELECT {columns} FROM {table}` through `proxy` until it
 /// waits for the lock `lock_table` takes on shard 1; returns the lock's holder, that
 /// query's first row to come, and a client of tenant 8 (shard 1 too).
+/// Both statements were run before the lock, so that their shapes count as quick: a
+/// read that proved quick and then waits for DDL's lock is what a lane still waits for.
 async fn a_request_waiting_for_a_lock(
     proxy: &harness::Proxy,
     table: &str,
     columns: &str,
+    second_sql: &str,
 ) -> (tokio_postgres::Client, FirstRow, tokio_postgres::Client) {
     let gate = lock_table(table).await;
+    gate.batch_execute("ROLLBACK").await.unwrap();
     let first = proxy.connect(Some(7)).await;
     let second = proxy.connect(Some(8)).await;
     let sql = format!("SELECT {columns} FROM {table}");
+    warm_up_simple(&first, &sql).await;
+    warm_up_extended(&second, second_sql).await;
+    let gate = lock_table(table).await;
     let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
     wait_until_blocked(table).await;
     (gate, blocked, second)
@@ -89,9 +114,9 @@ async fn a_request_joins_a_busy_connection_instead_of_waiting_for_a_free_one() {
     // query and a one-message-batch extended one (an unnamed statement): both are
     // autocommit requests that may ride a lane.
     let columns = "count(*), pg_backend_pid(), current_setting('pgtenant.tenant_id')";
-    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, columns).await;
+    let sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
+    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, columns, sql).await;
     let behind = tokio::spawn(async move {
-        let sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
         second.query_typed(sql, &[]).await.map(|rows| (rows[0].get::<_, i32>(0), rows[0].get::<_, String>(1)))
     });
     // Past the checkout timeout: a request waiting for a connection of its own would
@@ -124,7 +149,7 @@ async fn a_request_does_not_join_behind_one_that_runs_long() {
     let table = "pipelining_gate_window";
     // The default window: one millisecond.
     let proxy = proxy_with_one_connection(1_000).await;
-    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, "count(*)").await;
+    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, "count(*)", "SELECT 1").await;
     // The only connection runs a request older than the window: this one waits for a
     // connection of its own, and the pool has none to give within its timeout.
     let err = second.query_typed("SELECT 1", &[]).await.expect_err("no connection is free");
@@ -145,17 +170,15 @@ async fn a_request_alone_on_its_pool_takes_a_connection_nobody_joins() {
         c.proxy.pipeline_join_window_us = 60_000_000;
     })
     .await;
+    let sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
     let (gate, blocked, second) =
-        a_request_waiting_for_a_lock(&proxy, table, "count(*), pg_backend_pid()").await;
+        a_request_waiting_for_a_lock(&proxy, table, "count(*), pg_backend_pid()", sql).await;
     // The first request found its pool idle and took a connection of its own: this
     // one does not wait behind it, but runs on the pool's other connection.
-    let row = tokio::time::timeout(
-        Duration::from_secs(5),
-        second.query_one("SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')", &[]),
-    )
-    .await
-    .expect("answered while the first request waits for its lock")
-    .expect("the second request");
+    let row = tokio::time::timeout(Duration::from_secs(5), second.query_one(sql, &[]))
+        .await
+        .expect("answered while the first request waits for its lock")
+        .expect("the second request");
     assert_eq!(row.get::<_, String>(1), "8");
     assert!(!blocked.is_finished());
 
@@ -224,11 +247,13 @@ async fn many_clients_on_few_connections_each_get_their_own_answers() {
 async fn a_lost_pipelined_connection_fails_every_request_on_it_and_the_sessions_go_on() {
     let table = "pipelining_gate_lost";
     let proxy = proxy_with_one_connection(60_000_000).await;
-    let gate = lock_table(table).await;
     let first = Arc::new(proxy.connect(Some(7)).await);
     let second = Arc::new(proxy.connect(Some(8)).await);
-
     let sql = format!("SELECT count(*) FROM {table}");
+    lock_table(table).await.batch_execute("ROLLBACK").await.unwrap();
+    warm_up_simple(&first, &sql).await;
+    warm_up_extended(&second, "SELECT 1").await;
+    let gate = lock_table(table).await;
     let blocked = {
         let first = first.clone();
         tokio::spawn(async move { first.simple_query(&sql).await })

@@ -120,11 +120,12 @@ impl Session {
         // allocation for the usual short names).
         let statement = (!b.statement.is_empty()).then(|| SmallVec::<[u8; 32]>::from_slice(b.statement));
 
+        let lane_candidate = self.lane_candidate(&bound);
         let routed = match router
             .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
             .await
         {
-            Ok(route) if self.may_use_lane(&bound) => {
+            Ok(route) if lane_candidate && bound.shape().is_quick() => {
                 let request = LaneRequest::Extended { layout: &layout, statement: statement.as_deref() };
                 match self.request_on_lane(&route, &bound, request).await {
                     Ok(true) => return Ok(true),
@@ -141,6 +142,9 @@ impl Session {
             self.reply_error(&err, false);
             self.skip_until_sync = true;
             return Ok(true);
+        }
+        if lane_candidate {
+            self.time_alone(&bound);
         }
         self.forward_in_place(layout, bound, statement.as_deref())?;
         Ok(true)

@@ -4,7 +4,7 @@
 //! server of its own as usual.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
@@ -38,9 +38,12 @@ fn leaves_no_state(analysis: &Analysis) -> bool {
 }
 
 impl Session {
-    /// Whether this request may ride a lane, given its statement: the session holds no
-    /// server and is outside any transaction.
-    pub(super) fn may_use_lane(&self, analysis: &Analysis) -> bool {
+    /// Whether this request is of the kind that may ride a lane: it leaves no state
+    /// behind and can wait on no other session (`Analysis::cannot_wait`), the session
+    /// holds no server and is outside any transaction. It rides one only once its
+    /// shape has proved quick (`ShapeTiming::is_quick`), so that whoever waits behind it
+    /// waits little; until then it runs alone and is timed.
+    pub(super) fn lane_candidate(&self, analysis: &Analysis) -> bool {
         self.shared.config.proxy.pipeline_depth > 1
             && self.pool_mode == PoolMode::Transaction
             && self.server.is_none()
@@ -48,6 +51,15 @@ impl Session {
             && self.batch.is_empty()
             && !self.skip_until_sync
             && leaves_no_state(analysis)
+            && analysis.cannot_wait()
+    }
+
+    /// Times a candidate request that runs on the attached server: its shape's timing
+    /// is updated when it is answered (see `on_ready`).
+    pub(super) fn time_alone(&mut self, analysis: &Arc<Analysis>) {
+        if let Some(a) = self.server.as_mut() {
+            a.timing = Some((Instant::now(), analysis.clone()));
+        }
     }
 
     /// Sends the request on a lane of `route`'s shard and relays its answer; `false`
@@ -142,8 +154,9 @@ impl Session {
                         self.client.flush().await?;
                     }
                 }
-                Some(LanePiece::Done(bytes)) => {
-                    self.client.wbuf.extend_from_slice(&bytes);
+                Some(LanePiece::Done { rest, served_in }) => {
+                    self.client.wbuf.extend_from_slice(&rest);
+                    analysis.shape().record(served_in, self.shared.config.proxy.pipeline_quick());
                     break;
                 }
                 Some(LanePiece::Lost { partial, reason }) => {

@@ -89,6 +89,8 @@ struct Attached {
     /// What the connection held before pgtenant last sent it the client's settings: it
     /// holds that again if the server refuses them (`Effects::settings_failed`).
     settings_before: Option<Arc<Settings>>,
+    /// A lane candidate's request runs here, written then (see `Session::time_alone`).
+    timing: Option<(std::time::Instant, Arc<Analysis>)>,
 }
 
 pub struct Session {

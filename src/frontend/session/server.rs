@@ -125,6 +125,7 @@ impl Session {
             open_request: false,
             tenant_in_request: false,
             settings_before: None,
+            timing: None,
         });
     }
 
@@ -215,6 +216,9 @@ impl Session {
             return;
         };
         let failed = std::mem::take(&mut a.request_failed);
+        if let Some((since, analysis)) = a.timing.take() {
+            analysis.shape().record(since.elapsed(), self.shared.config.proxy.pipeline_quick());
+        }
         if std::mem::take(&mut a.tenant_in_request) && (failed || status != TxStatus::Idle) {
             // Rolled back with the request, or inside a transaction that may still roll
             // back: the connection's tenant GUC is not known any more.

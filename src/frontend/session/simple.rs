@@ -94,6 +94,7 @@ impl Session {
         }
 
         let named = self.shared.router.named_in_text(&analysis);
+        let lane_candidate = self.lane_candidate(&analysis);
         if self.at_transaction_start() {
             // Deferred until a statement shows where the transaction runs: a tenant SET
             // may still come first.
@@ -116,7 +117,8 @@ impl Session {
                 .map_err(FrontendError::from)
                 .and_then(|route| check_writable_on(&route, &analysis).map(|()| route));
             if let Ok(r) = &route
-                && self.may_use_lane(&analysis)
+                && lane_candidate
+                && analysis.shape().is_quick()
             {
                 match self.request_on_lane(r, &analysis, LaneRequest::Query(&frame.raw)).await {
                     Ok(true) => return Ok(()),
@@ -151,6 +153,9 @@ impl Session {
         a.conn.queue.push(Pending::Client { reply: Reply::Query, statement: None, changes });
         a.conn.io.wbuf.extend_from_slice(&frame.raw);
         self.setting_changes.extend(analysis.session_changes.iter().cloned());
+        if lane_candidate {
+            self.time_alone(&analysis);
+        }
         Ok(())
     }
 
