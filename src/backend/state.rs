@@ -109,6 +109,24 @@ pub struct ResponseQueue {
     skipping_until_sync: bool,
     /// Statements whose Parse went out while the server was skipping: never prepared.
     skipped_prepares: Vec<u64>,
+    /// An extended-protocol COPY FROM STDIN is open on the server.
+    copy_in: CopyIn,
+}
+
+/// The state of an extended-protocol COPY FROM STDIN, for the Syncs the client sent
+/// behind its Execute (libpq sends one at once, and another after CopyDone).
+#[derive(Debug, Default)]
+enum CopyIn {
+    #[default]
+    Closed,
+    /// CopyInResponse came. A server in COPY reads and ignores the Syncs sent behind
+    /// the Execute, so they were taken off the queue; they are kept here in case the
+    /// COPY fails before the server read them.
+    Open {
+        ignored_syncs: Vec<Pending>,
+        /// Copy data (or its end) went to the server since.
+        data_sent: bool,
+    },
 }
 
 impl ResponseQueue {
@@ -135,6 +153,13 @@ impl ResponseQueue {
 
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// Whether the server still owes an answer to something sent to it. When it owes
+    /// none, it is not in COPY FROM STDIN mode: a COPY it refused or failed has been
+    /// answered up to its ReadyForQuery.
+    pub fn awaits_server(&self) -> bool {
+        self.pending.iter().any(|p| !matches!(p, Pending::Synthetic(_) | Pending::CopyEnd))
     }
 
     /// Whether the server skips everything up to the client's next Sync.
@@ -201,14 +226,37 @@ impl ResponseQueue {
     fn on_copy_in(&mut self) {
         let end =
             self.pending.iter().position(|p| matches!(p, Pending::CopyEnd)).unwrap_or(self.pending.len());
+        let mut ignored_syncs = Vec::new();
         let mut i = 1;
         let mut end = end;
         while i < end {
             if matches!(self.pending[i], Pending::Client { reply: Reply::Sync, .. }) {
-                self.pending.remove(i);
+                ignored_syncs.extend(self.pending.remove(i));
                 end -= 1;
             } else {
                 i += 1;
+            }
+        }
+        self.copy_in = CopyIn::Open { ignored_syncs, data_sent: false };
+    }
+
+    /// The client's copy data, CopyDone or CopyFail went to the server.
+    pub fn note_copy_data(&mut self) {
+        if let CopyIn::Open { data_sent, .. } = &mut self.copy_in {
+            *data_sent = true;
+        }
+    }
+
+    /// An extended COPY failed. One that failed before any copy data went out failed as
+    /// it began (COPY FREEZE refused, say), before the server read the Syncs behind its
+    /// Execute: those are answered after all, and go back on the queue. Once data went,
+    /// the server read them in COPY (they precede the data) and ignored them. (Data
+    /// sent just as the server failed is the one case this reads wrong: the server
+    /// and client then see one ReadyForQuery less than each Sync would give.)
+    fn on_copy_error(&mut self) {
+        if let CopyIn::Open { ignored_syncs, data_sent: false } = std::mem::take(&mut self.copy_in) {
+            for (k, sync) in ignored_syncs.into_iter().enumerate() {
+                self.pending.insert((1 + k).min(self.pending.len()), sync);
             }
         }
     }
@@ -228,6 +276,7 @@ impl ResponseQueue {
             }
             b'E' => self.on_error(raw, out, &mut fx),
             b'Z' => {
+                self.copy_in = CopyIn::Closed;
                 let status = raw.get(5).copied().and_then(TxStatus::from_byte);
                 fx.status = status;
                 fx.unprepared.append(&mut self.skipped_prepares);
@@ -263,6 +312,8 @@ impl ResponseQueue {
                 }
                 if tag == b'G' && reply == Reply::Execute {
                     self.on_copy_in();
+                } else if tag == b'C' && reply == Reply::Execute {
+                    self.copy_in = CopyIn::Closed;
                 }
                 self.pop_if_completed(reply, tag);
             }
@@ -312,6 +363,9 @@ impl ResponseQueue {
             stmt.retire();
         }
         let Some((reply, _)) = front else { return };
+        if reply == Reply::Execute {
+            self.on_copy_error();
+        }
         if !reply.is_extended() {
             // Simple query: the entry ends at ReadyForQuery.
             return;

@@ -5,6 +5,7 @@ mod harness;
 mod catalog;
 mod cli;
 mod clients;
+mod copy_errors;
 mod drivers;
 mod failures;
 mod pipelining;

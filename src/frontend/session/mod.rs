@@ -383,9 +383,15 @@ impl Session {
                 b'H' | b'S' => self.on_extended(frame).await?,
                 b'F' => self.on_function_call(frame).await?,
                 b'd' | b'c' | b'f' => {
-                    // Copy data goes to the server in COPY FROM STDIN; outside COPY it is ignored.
-                    if let Some(a) = self.server.as_mut() {
+                    // Copy data goes to the server in COPY FROM STDIN; outside COPY it is
+                    // dropped, as PostgreSQL drops it. A server that owes nothing is not in
+                    // COPY: it refused or failed the COPY and answered up to its
+                    // ReadyForQuery, and the client's data was on its way. Forwarded, the
+                    // data's CopyEnd would wait at the front of the queue for a server
+                    // message that never comes, and hold up the client's next request.
+                    if let Some(a) = self.server.as_mut().filter(|a| a.conn.queue.awaits_server()) {
                         a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                        a.conn.queue.note_copy_data();
                         if frame.tag != b'd' {
                             a.conn.queue.push(Pending::CopyEnd);
                         }
