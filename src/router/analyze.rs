@@ -661,6 +661,9 @@ fn classify(
         if w.is(1, "all") {
             return StatementKind::ResetAll;
         }
+        if w.is(1, "time") && w.is(2, "zone") && w.tokens.len() == 3 {
+            return StatementKind::Reset { name: "TimeZone".into() };
+        }
         let (name, next) = setting_name(w, 1);
         if name.eq_ignore_ascii_case(tenant_param) && next == w.tokens.len() {
             return StatementKind::ResetTenant;
@@ -713,8 +716,14 @@ fn classify_set(
         (name, next + 1)
     };
     let value = w.rest_from(value_at).to_string();
-    if value.is_empty() || !is_plain_setting(&name) {
+    if value.is_empty() || !is_plain_setting(&name) || name.eq_ignore_ascii_case("seed") {
+        // SET SEED starts the session's random() sequence once: set again on another
+        // server connection, it would start it over.
         return StatementKind::UnfollowedSet;
+    }
+    if value.eq_ignore_ascii_case("default") && !name.eq_ignore_ascii_case(tenant_param) {
+        // Back to the session's default, which is its login value: a RESET.
+        return StatementKind::Reset { name };
     }
     if name.eq_ignore_ascii_case(tenant_param) {
         if value.eq_ignore_ascii_case("default") {
@@ -951,7 +960,18 @@ mod tests {
             changes("set session characteristics as transaction read only"),
             [set("default_transaction_read_only", "on")]
         );
-        assert_eq!(kind("SET TIME ZONE LOCAL"), StatementKind::Reset { name: "TimeZone".into() });
+        let reset = |name: &str| StatementKind::Reset { name: name.into() };
+        assert_eq!(kind("SET TIME ZONE LOCAL"), reset("TimeZone"));
+        // The SQL-standard spellings and DEFAULT are the RESETs they stand for.
+        assert_eq!(kind("RESET TIME ZONE"), reset("TimeZone"));
+        assert_eq!(kind("set time zone default"), reset("TimeZone"));
+        assert_eq!(kind("SET statement_timeout TO DEFAULT"), reset("statement_timeout"));
+        assert_eq!(kind("SET SESSION search_path = default"), reset("search_path"));
+        assert_eq!(kind("SET NAMES DEFAULT"), reset("client_encoding"));
+        assert_eq!(
+            kind("SET SCHEMA 'x'"),
+            StatementKind::Set { name: "search_path".into(), value: "'x'".into() }
+        );
         assert_eq!(changes("DISCARD ALL"), [SessionChange::ResetAll]);
         // Several statements: every change, in order, when nothing else decides their fate.
         assert_eq!(
@@ -962,6 +982,8 @@ mod tests {
             "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY, DEFERRABLE",
             "SET XML OPTION DOCUMENT",
             "SET TIME ZONE INTERVAL '+02:00' HOUR TO MINUTE",
+            "SET SEED TO 0.5",
+            "set seed = 0",
             "BEGIN; SET search_path = a; ROLLBACK",
             "SELECT 1; SET XML OPTION CONTENT",
         ] {

@@ -11,6 +11,7 @@ mod failures;
 mod pipelining;
 mod pooling;
 mod routing;
+mod set_family;
 mod slow_statements;
 mod snowflake;
 mod sql_routing;
