@@ -39,3 +39,34 @@ start_dev() {
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
+
+# start_bouncer NAME PORT HOST: a PgBouncer (transaction pooling, pool size 20) in front
+# of shard 1 at HOST (an address, or a socket directory); sets BOUNCER_PID.
+start_bouncer() {
+  local dir="$STATE/$1"
+  mkdir -p "$dir"
+  cat >"$dir/pgbouncer.ini" <<INI
+[databases]
+app = host=$3 port=$SHARD_PORT dbname=app
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $2
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $dir/userlist.txt
+pool_mode = transaction
+default_pool_size = 20
+max_client_conn = 200
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+  echo '"app" "app"' >"$dir/userlist.txt"
+  chmod 644 "$dir"/pgbouncer.ini "$dir"/userlist.txt
+  local run_as=""
+  [ "$(id -u)" = 0 ] && run_as="runuser -u postgres --" && chown postgres "$dir"
+  $run_as pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
+  wait_for_port "$2" || true
+  BOUNCER_PID=$(cat "$dir/pgbouncer.pid" 2>/dev/null || echo 0)
+  stop_on_exit "$BOUNCER_PID" TERM
+  [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer $1 did not start:" >&2; cat "$dir/pgbouncer.log" >&2; exit 1; }
+}
