@@ -17,7 +17,7 @@
 #
 # MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
 #
-#   [WORKERS=1] [PGBOUNCER=0] [UNIX=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+#   [WORKERS=0] [PGBOUNCER=0] [UNIX=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -32,44 +32,14 @@ MODES=${MODES:-simple extended prepared}
 CLIENTS=${CLIENTS:-1 8 32}
 
 source bench/common.sh
-start_dev bench "${WORKERS:-1}"
+# The shipped default (`workers = 0`: one runtime worker per core) unless WORKERS says.
+start_dev bench "${WORKERS:-0}"
 BOUNCER_PID=""
 UNIX_PID=""
 # Tenant 7 lives on shard 1, whose cluster listens on SHARD_PORT.
 pgbench -p "$SHARD_PORT" -i -q -s "$SCALE" >/dev/null 2>&1
 
 TARGETS="direct pgtenant"
-# start_bouncer NAME PORT HOST: a PgBouncer (transaction pooling, pool size 20) in front
-# of shard 1 at HOST (an address, or a socket directory); sets BOUNCER_PID.
-start_bouncer() {
-  local dir="$STATE/$1"
-  mkdir -p "$dir"
-  cat >"$dir/pgbouncer.ini" <<INI
-[databases]
-app = host=$3 port=$SHARD_PORT dbname=app
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $2
-unix_socket_dir =
-auth_type = scram-sha-256
-auth_file = $dir/userlist.txt
-pool_mode = transaction
-default_pool_size = 20
-max_client_conn = 200
-logfile = $dir/pgbouncer.log
-pidfile = $dir/pgbouncer.pid
-INI
-  echo '"app" "app"' >"$dir/userlist.txt"
-  chmod 644 "$dir"/pgbouncer.ini "$dir"/userlist.txt
-  local run_as=""
-  [ "$(id -u)" = 0 ] && run_as="runuser -u postgres --" && chown postgres "$dir"
-  $run_as pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
-  wait_for_port "$2" || true
-  BOUNCER_PID=$(cat "$dir/pgbouncer.pid" 2>/dev/null || echo 0)
-  stop_on_exit "$BOUNCER_PID" TERM
-  [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer $1 did not start:" >&2; cat "$dir/pgbouncer.log" >&2; exit 1; }
-}
-
 HAVE_BOUNCER=0
 if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
   HAVE_BOUNCER=1
@@ -81,7 +51,7 @@ fi
 if [ "${UNIX:-0}" = 1 ]; then
   # The configuration dev wrote, with the demo layout in the file (instead of the
   # catalog) and the shards reached through their socket directories.
-  python3 - "$STATE" "$UNIX_PROXY_PORT" "${WORKERS:-1}" "$SHARD_PORT" <<'PY'
+  python3 - "$STATE" "$UNIX_PROXY_PORT" "${WORKERS:-0}" "$SHARD_PORT" <<'PY'
 import re, sys
 state, port, workers, shard_port = sys.argv[1:]
 text = open(f"{state}/pgtenant.toml").read()
