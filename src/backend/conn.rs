@@ -70,6 +70,10 @@ pub struct ServerConn {
     pub tenant: TenantGuc,
     /// `default_transaction_read_only` was turned on for a tenant that may not write.
     pub read_only: bool,
+    /// SQL that ran here may have changed settings behind pgtenant's back (a DO block,
+    /// a function it does not know): the next transaction pooled onto it starts with
+    /// RESET ALL, and its settings and tenant GUC are sent again.
+    pub settings_unknown: bool,
     pub status: TxStatus,
     pub queue: ResponseQueue,
     /// Left in a state that cannot be trusted; closed instead of reused.
@@ -170,6 +174,7 @@ impl ServerConn {
         self.settings = Settings::empty();
         self.tenant = TenantGuc::Unknown;
         self.read_only = false;
+        self.settings_unknown = false;
         Ok(())
     }
 
@@ -327,6 +332,7 @@ async fn login(
         settings: Settings::empty(),
         tenant: TenantGuc::Unknown,
         read_only: false,
+        settings_unknown: false,
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,

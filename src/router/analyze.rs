@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use smallvec::SmallVec;
 
+use super::effects::SessionRisk;
 use super::facts::{SqlFacts, literal_ranges};
 use super::lexer::{Token, TokenKind, tokenize};
 use super::quick::ShapeTiming;
@@ -175,6 +176,8 @@ pub struct Analysis {
     pub(super) mentions_column: LazyFlag,
     /// See `effects::cannot_wait`.
     pub(super) cannot_wait: LazyFlag,
+    /// See `effects::session_risk`.
+    pub(super) session_risk: OnceLock<SessionRisk>,
     /// How long the shape took lately, shared with the texts that differ only in literals.
     pub(super) shape: Arc<ShapeTiming>,
 }
@@ -218,6 +221,12 @@ impl Analysis {
         self.cannot_wait.get_or_init(|| super::effects::cannot_wait(&self.sql))
     }
 
+    /// What the statement may do to the server session's state behind pgtenant's back
+    /// (see `effects::session_risk`).
+    pub fn session_risk(&self) -> SessionRisk {
+        *self.session_risk.get_or_init(|| super::effects::session_risk(&self.sql))
+    }
+
     /// The recent timing of the statement's shape.
     pub fn shape(&self) -> &ShapeTiming {
         &self.shape
@@ -252,6 +261,7 @@ impl Analysis {
             may_write: LazyFlag::default(),
             mentions_column: LazyFlag::default(),
             cannot_wait: LazyFlag::default(),
+            session_risk: OnceLock::new(),
             shape,
         }
     }
@@ -330,6 +340,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         may_write: LazyFlag::default(),
         mentions_column: LazyFlag::default(),
         cannot_wait: LazyFlag::default(),
+        session_risk: OnceLock::new(),
         shape: Arc::default(),
     }
 }

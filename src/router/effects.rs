@@ -1,7 +1,7 @@
 //! What a statement may do besides reading rows and returning them, worked out from
 //! its tokens. Lanes ask it which requests may wait behind another client's (issue
-//! 21); the same answer is meant for the other questions of that kind (may it change
-//! a setting, may it go to a replica), so that one rule decides them all.
+//! 21), and the session bookkeeping which requests may have changed a setting behind
+//! pgtenant's back (issue 22): one list of known functions decides both.
 //!
 //! Conservative by construction: a statement counts as one that cannot wait only when
 //! every part of it is recognised. Anything else (a call to a function not known here,
@@ -34,6 +34,71 @@ pub(super) fn cannot_wait(sql: &str) -> bool {
         return false;
     }
     (0..statement.len()).all(|i| w.text(i + 1) != "(" || call_cannot_wait(&w, i))
+}
+
+/// What a statement text may do to the server session's state (settings, the tenant
+/// GUC) behind pgtenant's back, beyond the SET/RESET statements it follows itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SessionRisk {
+    /// Nothing: reads of known functions only, and the session and transaction
+    /// statements pgtenant follows or that end with the transaction.
+    Nothing,
+    /// Writes with known functions only: a trigger on the table could still call
+    /// `set_config`.
+    ThroughTriggers,
+    /// Anything: DO, CALL, EXECUTE, a function pgtenant does not know, a statement it
+    /// does not recognise.
+    Anything,
+}
+
+/// The worst that any statement of `sql` may do to the session's state.
+pub(super) fn session_risk(sql: &str) -> SessionRisk {
+    let tokens: Vec<Token> =
+        tokenize(sql.as_bytes()).into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
+    tokens
+        .split(|t| t.kind == TokenKind::Semicolon)
+        .filter(|s| !s.is_empty())
+        .map(|statement| statement_risk(&Words { sql, tokens: statement }))
+        .max()
+        .unwrap_or(SessionRisk::Nothing)
+}
+
+fn statement_risk(w: &Words) -> SessionRisk {
+    let calls_only_known = (0..w.tokens.len()).all(|i| w.text(i + 1) != "(" || call_cannot_wait(w, i));
+    if !calls_only_known {
+        return SessionRisk::Anything;
+    }
+    // Followed by pgtenant (SET, RESET, DISCARD), over with the transaction, or no
+    // more than reading a setting.
+    const SESSION_STATEMENTS: [&str; 13] = [
+        "set",
+        "reset",
+        "show",
+        "discard",
+        "begin",
+        "start",
+        "commit",
+        "end",
+        "rollback",
+        "abort",
+        "savepoint",
+        "release",
+        "deallocate",
+    ];
+    if SESSION_STATEMENTS.iter().any(|k| w.is(0, k)) {
+        return SessionRisk::Nothing;
+    }
+    let reads = ["select", "values", "table", "with"].iter().any(|k| w.is(0, k));
+    let writes = ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
+    match (reads, writes) {
+        (true, false) => SessionRisk::Nothing,
+        _ if ["insert", "update", "delete", "merge", "with"].iter().any(|k| w.is(0, k)) => {
+            SessionRisk::ThroughTriggers
+        }
+        // SELECT with a writable CTE is a WITH; anything else (DO, CALL, EXECUTE, COPY,
+        // utility statements) may run code pgtenant does not see.
+        _ => SessionRisk::Anything,
+    }
 }
 
 /// Token `i` stands before `(`: a keyword or type name that takes parentheses, or a
@@ -368,7 +433,31 @@ const NO_WAIT_FUNCTIONS: &[&str] = &[
 
 #[cfg(test)]
 mod tests {
-    use super::cannot_wait;
+    use super::{SessionRisk, cannot_wait, session_risk};
+
+    #[test]
+    fn what_may_change_the_session_behind_pgtenants_back() {
+        for (sql, risk) in [
+            ("SELECT secret FROM iso WHERE tenant_id = 7", SessionRisk::Nothing),
+            ("SET search_path = a; SHOW search_path; BEGIN; COMMIT", SessionRisk::Nothing),
+            ("select current_setting('pgtenant.tenant_id')", SessionRisk::Nothing),
+            ("UPDATE t SET a = 1 WHERE id = $1", SessionRisk::ThroughTriggers),
+            ("INSERT INTO t VALUES (1, now())", SessionRisk::ThroughTriggers),
+            ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", SessionRisk::ThroughTriggers),
+            (
+                "DO $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); END $$",
+                SessionRisk::Anything,
+            ),
+            ("SELECT my_function()", SessionRisk::Anything),
+            ("SELECT 1; SELECT f(2)", SessionRisk::Anything),
+            ("UPDATE t SET a = f(1)", SessionRisk::Anything),
+            ("CALL p()", SessionRisk::Anything),
+            ("EXECUTE s", SessionRisk::Anything),
+            ("VACUUM t", SessionRisk::Anything),
+        ] {
+            assert_eq!(session_risk(sql), risk, "{sql}");
+        }
+    }
 
     #[test]
     fn reads_of_known_functions_cannot_wait() {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 pub type Named = smallvec::SmallVec<[TenantId; 2]>;
 
 pub use analyze::{Analysis, PinReason, ROUTING_VERSION, SessionChange, StatementKind};
+pub use effects::SessionRisk;
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;
 pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};

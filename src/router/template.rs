@@ -54,6 +54,7 @@ pub fn rebased(template: &Analysis, sql: &[u8], literals: Literals) -> Option<An
         may_write: template.may_write.clone(),
         mentions_column: template.mentions_column.clone(),
         cannot_wait: template.cannot_wait.clone(),
+        session_risk: template.session_risk.clone(),
         ..Analysis::plain_dml_of_shape(Box::default(), template.shape.clone())
     })
 }

@@ -16,3 +16,4 @@ mod slow_statements;
 mod snowflake;
 mod sql_routing;
 mod startup;
+mod tenant_isolation;

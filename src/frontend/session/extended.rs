@@ -15,7 +15,9 @@ use crate::backend::{OnError, Pending, PreparedStatement, Reply, ServerConn, quo
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
-use crate::router::{Analysis, Named, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind};
+use crate::router::{
+    Analysis, Named, PinReason, ROUTING_VERSION, Route, SessionChange, SessionRisk, StatementKind,
+};
 
 impl Session {
     /// Keeps a message of a request that is held (see the module comment) and is not its
@@ -398,6 +400,8 @@ impl Session {
                 if let (Some(pin), Some(a)) = (analysis.as_ref().and_then(|a| a.pin), self.server.as_mut()) {
                     a.pin.get_or_insert(pin);
                 }
+                // A statement pgtenant never saw parsed may do anything.
+                self.note_session_risk(analysis.as_ref().map_or(SessionRisk::Anything, |a| a.session_risk()));
                 self.note_bound_changes(b.portal, analysis, b.rest);
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(no_server)?;

@@ -146,6 +146,7 @@ impl Session {
         if lane_candidate {
             self.time_alone(&bound);
         }
+        self.note_session_risk(bound.session_risk());
         self.forward_in_place(layout, bound, statement.as_deref())?;
         Ok(true)
     }

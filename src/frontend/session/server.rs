@@ -15,7 +15,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_node;
 use crate::protocol::{self, ErrorFields, TxStatus};
-use crate::router::{Analysis, Route, Router, SessionChange};
+use crate::router::{Analysis, Route, Router, SessionChange, SessionRisk};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -58,6 +58,14 @@ impl Session {
         };
         a.route = route.clone();
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
+        if std::mem::take(&mut a.conn.settings_unknown) {
+            // What the last client's SQL may have changed is undone first; what follows
+            // then sends this client's settings and tenant afresh.
+            inject_sql(&mut a.conn, "RESET ALL", OnError::Swallow);
+            a.conn.settings = Settings::empty();
+            a.conn.tenant = TenantGuc::Unknown;
+            a.conn.read_only = false;
+        }
         let settings = settings_sql(&a.conn.settings, &self.settings);
         let read_only = !route.state.allows_writes();
         if dml_only
@@ -111,6 +119,23 @@ impl Session {
             });
         }
         Ok(())
+    }
+
+    /// A statement that may do `risk` goes to the attached server: what it may change behind
+    /// pgtenant's back is not trusted afterwards. The tenant GUC is set again before
+    /// the connection's next transaction (inside its request where it can); settings,
+    /// which a pooled connection carries to other clients, are reset before its next
+    /// transaction in transaction pooling (a session-pooled or pinned connection keeps
+    /// its client's own changes, as PostgreSQL does, and is reset when given back).
+    pub(super) fn note_session_risk(&mut self, risk: SessionRisk) {
+        if risk == SessionRisk::Nothing {
+            return;
+        }
+        let shared = self.pool_mode == PoolMode::Transaction;
+        if let Some(a) = self.server.as_mut() {
+            a.conn.tenant = TenantGuc::Unknown;
+            a.conn.settings_unknown |= risk == SessionRisk::Anything && shared && a.pin.is_none();
+        }
     }
 
     /// Makes `conn` this client's server for a transaction on `route`.

@@ -1,0 +1,124 @@
+//! Tenant isolation against the tenant's own SQL (issue 22): SQL that changes the tenant
+//! GUC behind pgtenant's back (a DO block, a function) must not poison the pooled
+//! server connection for the sessions that get it next.
+
+use pgtenant::config::PoolMode;
+
+use crate::harness::{shard_admin, start_proxy};
+
+/// A table of shard 1 with one row of tenant 7 and one of tenant 8, under the
+/// row-level security policy of `sql/rls.sql`, and a function that sets the tenant GUC.
+async fn isolated_table(table: &str) {
+    let admin = shard_admin(1, "app").await;
+    // Other tests install sql/rls.sql on this shard at the same time: one of two
+    // concurrent CREATE OR REPLACE FUNCTIONs may fail, and a second try then passes.
+    for attempt in 0..5 {
+        match admin.batch_execute(include_str!("../../sql/rls.sql")).await {
+            Ok(()) => break,
+            Err(e) if attempt < 4 => eprintln!("installing sql/rls.sql again: {e}"),
+            Err(e) => panic!("sql/rls.sql: {e}"),
+        }
+    }
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table};
+             CREATE TABLE {table} (tenant_id bigint, secret text);
+             INSERT INTO {table} VALUES (7, 'secret-7'), (8, 'secret-8');
+             GRANT SELECT ON {table} TO app;
+             CALL pgtenant.enable_tenant_isolation('{table}');
+             CREATE OR REPLACE FUNCTION iso_poison() RETURNS void LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); END $$;
+             GRANT EXECUTE ON FUNCTION iso_poison() TO app;"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The secrets a tenant-7 session reads, through the simple or extended protocol.
+async fn secrets(client: &tokio_postgres::Client, table: &str, extended: bool) -> Vec<String> {
+    let sql = format!("SELECT secret FROM {table} ORDER BY secret");
+    if extended {
+        client.query(&sql, &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
+    } else {
+        client
+            .simple_query(&sql)
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+async fn no_poisoning(mode: PoolMode, pipeline_depth: usize, table: &str) {
+    isolated_table(table).await;
+    // One server connection: every session gets the one the poisoner used.
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.pool_mode = mode;
+        c.proxy.pipeline_depth = pipeline_depth;
+    })
+    .await;
+    let label = format!("{mode:?} pooling, pipeline_depth {pipeline_depth}");
+    for poison in
+        ["DO $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); END $$", "SELECT iso_poison()"]
+    {
+        let poisoner = proxy.connect(Some(7)).await;
+        assert_eq!(secrets(&poisoner, table, false).await, ["secret-7"], "{label}");
+        if poison.starts_with("DO") {
+            poisoner.simple_query(poison).await.unwrap();
+        } else {
+            // The extended protocol, as drivers send it.
+            poisoner.query(poison, &[]).await.unwrap();
+        }
+        // Its next transaction runs under the tenant pgtenant sets, not the one its SQL set.
+        assert_eq!(secrets(&poisoner, table, true).await, ["secret-7"], "{label}, after {poison}");
+        drop(poisoner);
+        for n in 0..20 {
+            let client = proxy.connect(Some(7)).await;
+            let seen = secrets(&client, table, n % 2 == 1).await;
+            assert_eq!(seen, ["secret-7"], "{label}: session {n} after {poison}");
+        }
+    }
+    // A session of tenant 8 still sees its own row.
+    let eight = proxy.connect(Some(8)).await;
+    assert_eq!(secrets(&eight, table, false).await, ["secret-8"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sql_that_sets_the_tenant_guc_poisons_no_pooled_connection_in_transaction_pooling() {
+    no_poisoning(PoolMode::Transaction, 8, "iso_tx").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sql_that_sets_the_tenant_guc_poisons_no_pooled_connection_without_pipelining() {
+    no_poisoning(PoolMode::Transaction, 0, "iso_tx_nopipe").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sql_that_sets_the_tenant_guc_poisons_no_pooled_connection_in_session_pooling() {
+    no_poisoning(PoolMode::Session, 8, "iso_session").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_setting_changed_inside_a_do_block_does_not_reach_the_next_client_in_transaction_pooling() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let default_path = {
+        let client = proxy.connect(Some(7)).await;
+        client.query_one("SHOW search_path", &[]).await.unwrap().get::<_, String>(0)
+    };
+    let client = proxy.connect(Some(7)).await;
+    client
+        .simple_query("DO $$ BEGIN PERFORM set_config('search_path', 'pg_catalog', false); END $$")
+        .await
+        .unwrap();
+    drop(client);
+    for n in 0..5 {
+        let next = proxy.connect(Some(7)).await;
+        let path: String = next.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+        assert_eq!(path, default_path, "session {n} got the previous client's search_path");
+    }
+}
