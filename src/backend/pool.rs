@@ -467,6 +467,7 @@ mod tests {
             server_password: None,
             pool_size: 2,
             pool_mode: None,
+            allow_tenant_switch: None,
         };
         let node = |port| NodeConfig {
             host: "127.0.0.1".into(),

@@ -217,7 +217,8 @@ pub struct ProxyConfig {
     /// Statement shapes whose parse results are kept.
     pub parse_cache_size: u64,
     /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
-    /// login; sessions that logged in without one may always set it.
+    /// login; sessions that logged in without one may always set it. Default false: a
+    /// tenant given at login is bound. A user's own `allow_tenant_switch` overrides it.
     pub allow_tenant_switch: bool,
     pub no_tenant_policy: NoTenantPolicy,
     /// Shard for statements that need no tenant; the lowest shard id when unset.
@@ -262,7 +263,7 @@ impl Default for ProxyConfig {
             tenant_column: "tenant_id".into(),
             tenant_key: TenantKey::Bigint,
             parse_cache_size: 10_000,
-            allow_tenant_switch: true,
+            allow_tenant_switch: false,
             no_tenant_policy: NoTenantPolicy::Reject,
             default_shard: None,
             set_tenant_guc: true,
@@ -357,6 +358,9 @@ pub struct UserConfig {
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
     pub pool_mode: Option<PoolMode>,
+    /// Overrides `[proxy].allow_tenant_switch` for this user (a service that serves
+    /// many tenants on one connection, say).
+    pub allow_tenant_switch: Option<bool>,
 }
 
 fn default_pool_size() -> usize {

@@ -40,6 +40,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
             server_password: None,
             pool_size: 20,
             pool_mode: None,
+            allow_tenant_switch: None,
         }],
         shards: vec![
             ShardConfig { id: 1, nodes: vec![node(shard_ports[0])] },
@@ -146,8 +147,17 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
          GRANT SELECT ON pgtenant.snowflake_shard TO {DEMO_USER};
          GRANT USAGE, UPDATE ON SEQUENCE pgtenant.snowflake_clock TO {DEMO_USER};"
     );
-    db.batch_execute(&grants).await.map_err(|e| format!("snowflake functions: {e}"))
+    db.batch_execute(&grants).await.map_err(|e| format!("snowflake functions: {e}"))?;
+    // The second wall: row-level security on the demo table, so that a session sees its
+    // own tenant's rows whatever its SQL says (FORCE: `app` owns the table).
+    db.batch_execute(RLS_SQL).await.map_err(|e| format!("row-level security: {e}"))?;
+    db.batch_execute("CALL pgtenant.enable_tenant_isolation('accounts')")
+        .await
+        .map_err(|e| format!("row-level security: {e}"))
 }
+
+/// The row-level security helpers, as in `sql/rls.sql`.
+pub const RLS_SQL: &str = include_str!("../../sql/rls.sql");
 
 /// The shards' snowflake functions, as in `sql/snowflake.sql`.
 pub const SNOWFLAKE_SQL: &str = include_str!("../../sql/snowflake.sql");

@@ -58,7 +58,7 @@ pub enum FrontendError {
     #[error("{param} is pgtenant's to set: SET LOCAL and set_config() on it are refused; use SET {param}")]
     TenantGucProtected { param: String },
     #[error(
-        "this session is bound to tenant {tenant} at login; {param} cannot be changed (proxy.allow_tenant_switch)"
+        "this session is bound to tenant {tenant} at login; {param} cannot be changed (allow_tenant_switch)"
     )]
     TenantFixed { tenant: TenantId, param: String },
     #[error("tenant {tenant} is {state} on shard {shard}: writes are refused, reads are served")]

@@ -45,6 +45,8 @@ async fn pg_dump_of_a_tenant_table() {
             &proxy.conninfo("options='-c pgtenant.tenant_id=7'"),
             "-t",
             "accounts",
+            // The demo table has row-level security (FORCE): the dump is tenant 7's rows.
+            "--enable-row-security",
         ]),
         "",
     );
@@ -52,6 +54,8 @@ async fn pg_dump_of_a_tenant_table() {
     let dump = stdout(&out);
     assert!(dump.contains("CREATE TABLE public.accounts"), "{dump}");
     assert!(dump.contains("COPY public.accounts"), "{dump}");
+    assert!(dump.contains("account 1 of tenant 7"), "{dump}");
+    assert!(!dump.contains("of tenant 8"), "another tenant's rows in the dump: {dump}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -323,7 +327,12 @@ async fn settings_of(client: &tokio_postgres::Client) -> [String; 4] {
 #[tokio::test(flavor = "multi_thread")]
 async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
     // One server connection per shard, shared by both clients.
-    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        // It switches tenants between transactions.
+        c.proxy.allow_tenant_switch = true;
+    })
+    .await;
     let a = proxy.connect(Some(7)).await;
     let b = proxy.connect(Some(8)).await;
     let mut defaults = settings_of(&b).await;
@@ -368,7 +377,12 @@ async fn settings_changed_any_way_follow_the_client_and_stay_its_own() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn session_state_made_in_less_obvious_ways_pins_too() {
-    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 2;
+        // It switches tenants between transactions.
+        c.proxy.allow_tenant_switch = true;
+    })
+    .await;
     for (sql, reason) in [
         ("SELECT 1 AS a INTO TEMP into_temp", "temporary table"),
         ("CREATE TABLE pg_temp.qualified_temp (a int)", "temporary table"),

@@ -23,7 +23,8 @@ fn available(what: &str, probe: &mut Command) -> bool {
 }
 
 async fn run_check(mut cmd: Command, expected: &str) {
-    let proxy = start_proxy(|_| {}).await;
+    // The driver checks switch tenants on one connection: what a user allows per login.
+    let proxy = start_proxy(|c| c.users[0].allow_tenant_switch = Some(true)).await;
     let port = proxy.addr.port().to_string();
     let out = tokio::task::spawn_blocking(move || cmd.arg(port).output().expect("driver check runs"))
         .await

@@ -27,7 +27,7 @@ async fn tenant_as_a_startup_parameter() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn set_switches_tenant_between_transactions() {
-    let proxy = start_proxy(|_| {}).await;
+    let proxy = start_proxy(|c| c.proxy.allow_tenant_switch = true).await;
     let client = proxy.connect(Some(7)).await;
     assert_eq!(shard_of(&client).await, 1);
     client.batch_execute("SET pgtenant.tenant_id = 42").await.unwrap();
@@ -146,7 +146,7 @@ async fn default_policy_sends_tenantless_work_to_the_default_shard() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn tenant_set_through_the_extended_protocol() {
-    let proxy = start_proxy(|_| {}).await;
+    let proxy = start_proxy(|c| c.proxy.allow_tenant_switch = true).await;
     let client = proxy.connect(Some(7)).await;
     // tokio-postgres sends these as Parse/Describe/Sync, then Bind/Execute/Sync.
     client.execute("SET pgtenant.tenant_id = 42", &[]).await.unwrap();
@@ -209,7 +209,7 @@ async fn tenant_set_inside_a_multi_statement_string_is_refused() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tenant_set_first_in_a_transaction_lasts_if_it_commits() {
-    let proxy = start_proxy(|_| {}).await;
+    let proxy = start_proxy(|c| c.proxy.allow_tenant_switch = true).await;
     let mut client = proxy.connect(Some(7)).await;
     // As psycopg and pgJDBC do outside autocommit: BEGIN, then the SET.
     client.batch_execute("BEGIN").await.unwrap();

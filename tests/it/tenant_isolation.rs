@@ -122,3 +122,24 @@ async fn a_setting_changed_inside_a_do_block_does_not_reach_the_next_client_in_t
         assert_eq!(path, default_path, "session {n} got the previous client's search_path");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_given_at_login_is_bound_unless_the_user_may_switch() {
+    let bound = start_proxy(|_| {}).await;
+    let client = bound.connect(Some(7)).await;
+    let err = client.simple_query("SET pgtenant.tenant_id = 8").await.expect_err("bound by default");
+    assert_eq!(crate::harness::sqlstate(&err), "42501");
+    assert!(format!("{err:?}").contains("bound to tenant 7"), "{err:?}");
+    let tenant: String = client.query_one("SHOW pgtenant.tenant_id", &[]).await.unwrap().get(0);
+    assert_eq!(tenant, "7", "the session goes on, still tenant 7");
+    // A session that logged in without a tenant may choose one.
+    let free = bound.connect(None).await;
+    free.simple_query("SET pgtenant.tenant_id = 8").await.expect("no tenant at login");
+
+    // A user allowed to switch (a service serving many tenants on one connection).
+    let switching = start_proxy(|c| c.users[0].allow_tenant_switch = Some(true)).await;
+    let client = switching.connect(Some(7)).await;
+    client.simple_query("SET pgtenant.tenant_id = 8").await.expect("allowed for this user");
+    let row = client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "8");
+}

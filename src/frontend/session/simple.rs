@@ -202,7 +202,7 @@ impl Session {
         }
         if let Some(fixed) = &self.startup_tenant
             && tenant.as_ref() != Some(fixed)
-            && !self.shared.config.proxy.allow_tenant_switch
+            && !self.user.allow_tenant_switch.unwrap_or(self.shared.config.proxy.allow_tenant_switch)
         {
             return Err(FrontendError::TenantFixed {
                 tenant: fixed.clone(),
