@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::effects::SessionRisk;
 use super::facts::{SqlFacts, literal_ranges};
-use super::lexer::{Token, TokenKind, tokenize};
+use super::lexer::{Token, TokenKind, code_tokens, tokenize};
 use super::quick::ShapeTiming;
 use super::snowflake_call::SnowflakeSelect;
 use crate::directory::{TenantId, TenantKey};
@@ -497,8 +497,7 @@ const READ_ONLY_STARTS: [&str; 21] = [
 /// Whether any statement of `sql` may change data or schema. Conservative: what it
 /// does not recognise as reading counts as writing.
 fn may_write(sql: &str) -> bool {
-    let tokens: Vec<Token> =
-        tokenize(sql.as_bytes()).into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
+    let tokens = code_tokens(sql);
     tokens.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).any(|stmt| {
         let w = Words { sql, tokens: stmt };
         if w.is(0, "with") {

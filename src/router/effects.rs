@@ -14,18 +14,17 @@
 //! DDL or `LOCK TABLE`. Lanes bound those by timing each statement shape (`quick`).
 
 use super::analyze::Words;
-use super::lexer::{Token, TokenKind, tokenize};
+use super::lexer::{TokenKind, code_tokens};
 
 /// Whether `sql` is one statement that only reads and can wait on no other session:
 /// a SELECT, VALUES, TABLE or WITH without a locking clause, `INTO`, a data-modifying
 /// CTE, or a call of a function outside `NO_WAIT_FUNCTIONS`.
 pub(super) fn cannot_wait(sql: &str) -> bool {
-    let tokens: Vec<Token> =
-        tokenize(sql.as_bytes()).into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
+    let tokens = code_tokens(sql);
     let mut statements = tokens.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty());
     let (Some(statement), None) = (statements.next(), statements.next()) else { return false };
     let w = Words { sql, tokens: statement };
-    if !["select", "values", "table", "with"].iter().any(|k| w.is(0, k)) {
+    if !READ_STARTS.iter().any(|k| w.is(0, k)) {
         return false;
     }
     // `FOR UPDATE/SHARE/...` waits for row locks; `INTO` creates a table; the others
@@ -53,8 +52,7 @@ pub enum SessionRisk {
 
 /// The worst that any statement of `sql` may do to the session's state.
 pub(super) fn session_risk(sql: &str) -> SessionRisk {
-    let tokens: Vec<Token> =
-        tokenize(sql.as_bytes()).into_iter().filter(|t| t.kind != TokenKind::BlockComment).collect();
+    let tokens = code_tokens(sql);
     tokens
         .split(|t| t.kind == TokenKind::Semicolon)
         .filter(|s| !s.is_empty())
@@ -88,7 +86,7 @@ fn statement_risk(w: &Words) -> SessionRisk {
     if SESSION_STATEMENTS.iter().any(|k| w.is(0, k)) {
         return SessionRisk::Nothing;
     }
-    let reads = ["select", "values", "table", "with"].iter().any(|k| w.is(0, k));
+    let reads = READ_STARTS.iter().any(|k| w.is(0, k));
     let writes = ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
     match (reads, writes) {
         (true, false) => SessionRisk::Nothing,
@@ -100,6 +98,9 @@ fn statement_risk(w: &Words) -> SessionRisk {
         _ => SessionRisk::Anything,
     }
 }
+
+/// The first words of statements that read (a WITH may also write).
+const READ_STARTS: [&str; 4] = ["select", "values", "table", "with"];
 
 /// Token `i` stands before `(`: a keyword or type name that takes parentheses, or a
 /// call of a function known not to wait (unqualified, or qualified by `pg_catalog`,

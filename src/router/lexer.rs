@@ -30,6 +30,11 @@ pub fn tokenize(sql: &[u8]) -> Vec<Token> {
     Tokens::new(sql).collect()
 }
 
+/// The tokens of `sql` that carry meaning: all but comments.
+pub fn code_tokens(sql: &str) -> Vec<Token> {
+    Tokens::new(sql.as_bytes()).filter(|t| t.kind != TokenKind::BlockComment).collect()
+}
+
 /// The tokens of a text one at a time, for callers that need no list of them.
 pub struct Tokens<'a> {
     sql: &'a [u8],
