@@ -17,13 +17,13 @@ use std::ops::{ControlFlow, Range};
 use std::sync::{Arc, RwLock};
 
 use sqlparser::ast::{
-    AssignmentTarget, BinaryOperator, Expr, ObjectName, SetExpr, Statement, UnaryOperator, Value,
-    visit_expressions, visit_relations, visit_statements,
+    AssignmentTarget, BinaryOperator, Expr, ObjectName, Query, SetExpr, Statement, UnaryOperator, Value,
+    Visit, Visitor, visit_expressions, visit_relations, visit_statements,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::lexer::{TokenKind, Tokens};
+use super::lexer::{Token, TokenKind, Tokens, code_tokens};
 
 /// Placeholders standing for literals are numbered from here, above any real `$n`.
 const LITERAL_BASE: u32 = 100_000;
@@ -86,7 +86,7 @@ impl FactsCache {
                 // text, whose facts then only name parameters and cannot be shared.
                 let facts = match Parser::parse_sql(&PostgreSqlDialect {}, sql) {
                     Ok(statements) => facts_of(&statements, &self.tenant_column),
-                    Err(_) => SqlFacts { touches_tables: true, ..SqlFacts::default() },
+                    Err(_) => unparsed_facts(sql, &self.tenant_column),
                 };
                 return (Arc::new(SqlFacts { per_text: true, ..facts }), literals);
             }
@@ -129,6 +129,72 @@ fn shape_of(sql: &str) -> (String, Vec<Range<usize>>) {
     (shape, literals)
 }
 
+/// What the lexer tells of a text sqlparser cannot parse (valid PostgreSQL it does not
+/// know: `FOR NO KEY UPDATE`, record operators, `pg_catalog.session_user()`): the tenant
+/// column compared by `=` with a literal or `$n`, or listed `IN (...)` (never skipped:
+/// a statement pgtenant cannot parse is checked all the same), and whether it may touch
+/// tables at all.
+fn unparsed_facts(sql: &str, column: &str) -> SqlFacts {
+    let tokens = code_tokens(sql);
+    let text = |i: usize| tokens.get(i).map_or("", |t| &sql[t.start..t.end]);
+    let is_word = |i: usize, word: &str| {
+        tokens.get(i).is_some_and(|t| t.kind == TokenKind::Word) && text(i).eq_ignore_ascii_case(word)
+    };
+    // Literal numbers in text order, as `literal_ranges` counts them.
+    let literal_index = |i: usize| {
+        let is_literal = |t: &Token| match t.kind {
+            TokenKind::Number => true,
+            TokenKind::String => !sql[t.start..].starts_with('$'),
+            _ => false,
+        };
+        is_literal(&tokens[i]).then(|| tokens[..i].iter().filter(|t| is_literal(t)).count())
+    };
+    // The value at token `i`: a literal (after a minus sign), or `$n`.
+    let value_at = |i: usize| -> Option<TenantSource> {
+        let negative = text(i) == "-";
+        let at = if negative { i + 1 } else { i };
+        if tokens.get(at)?.kind == TokenKind::Punct {
+            let n: u16 = text(at).strip_prefix('$')?.parse().ok()?;
+            return (!negative).then_some(TenantSource::Param(n));
+        }
+        Some(TenantSource::Literal { index: literal_index(at)?, negative })
+    };
+    let mut sources = Vec::new();
+    for i in (0..tokens.len()).filter(|&i| is_word(i, column)) {
+        let mut found = Vec::new();
+        // Where the column's name starts: `a.tenant_id` at `a`.
+        let start = if i >= 2 && text(i - 1) == "." { i - 2 } else { i };
+        if text(i + 1) == "=" {
+            found.extend(value_at(i + 2));
+        } else if start >= 2 && text(start - 1) == "=" {
+            let v = start - 2;
+            found.extend(if v >= 1 && text(v - 1) == "-" { value_at(v - 1) } else { value_at(v) });
+        } else if is_word(i + 1, "in") && text(i + 2) == "(" {
+            let mut k = i + 3;
+            while let Some(v) = value_at(k) {
+                found.push(v);
+                k += if text(k) == "-" { 2 } else { 1 };
+                if text(k) != "," {
+                    break;
+                }
+                k += 1;
+            }
+        }
+        for source in found {
+            if !sources.contains(&source) {
+                sources.push(source);
+            }
+        }
+    }
+    // A read that names no relation (no FROM, JOIN, INTO, TABLE) needs no tenant.
+    const READS: [&str; 3] = ["select", "values", "show"];
+    const RELATION_WORDS: [&str; 10] =
+        ["from", "join", "into", "table", "update", "delete", "insert", "merge", "copy", "lock"];
+    let touches_tables = !READS.iter().any(|k| is_word(0, k))
+        || (0..tokens.len()).any(|i| RELATION_WORDS.iter().any(|k| is_word(i, k)));
+    SqlFacts { parsed: false, touches_tables, tenant_sources: sources, per_text: true }
+}
+
 fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
     let mut sources = Vec::new();
     let mut add = |source: Option<TenantSource>| {
@@ -139,22 +205,7 @@ fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
         }
     };
     for statement in statements {
-        let _ = visit_expressions(statement, |expr| {
-            match expr {
-                Expr::BinaryOp { left, op: BinaryOperator::Eq, right } => {
-                    if is_tenant_column(left, column) {
-                        add(value_source(right));
-                    } else if is_tenant_column(right, column) {
-                        add(value_source(left));
-                    }
-                }
-                Expr::InList { expr, list, negated: false } if is_tenant_column(expr, column) => {
-                    list.iter().for_each(|v| add(value_source(v)));
-                }
-                _ => {}
-            }
-            ControlFlow::<()>::Continue(())
-        });
+        let _ = statement.visit(&mut Predicates { column, add: &mut add });
     }
     for statement in statements {
         let _ = visit_statements(statement, |statement| {
@@ -186,6 +237,88 @@ fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
         touches_tables: touches_tables(statements),
         tenant_sources: sources,
         per_text: false,
+    }
+}
+
+/// Finds the tenant values a statement's predicates compare the tenant column with:
+/// WHERE, HAVING and JOIN ... ON of every query in it (subqueries included), WHERE,
+/// FROM and USING of UPDATE and DELETE, and MERGE's ON. A comparison elsewhere (a CASE in the select list, say)
+/// filters no rows and names no tenant: PostgreSQL runs such a statement for anyone.
+struct Predicates<'a, F: FnMut(Option<TenantSource>)> {
+    column: &'a str,
+    add: &'a mut F,
+}
+
+impl<F: FnMut(Option<TenantSource>)> Predicates<'_, F> {
+    /// Every tenant comparison inside `root`.
+    fn collect(&mut self, root: &impl Visit) {
+        let column = self.column;
+        let add = &mut *self.add;
+        let _ = visit_expressions(root, |expr| {
+            match expr {
+                Expr::BinaryOp { left, op: BinaryOperator::Eq, right } => {
+                    if is_tenant_column(left, column) {
+                        add(value_source(right));
+                    } else if is_tenant_column(right, column) {
+                        add(value_source(left));
+                    }
+                }
+                Expr::InList { expr, list, negated: false } if is_tenant_column(expr, column) => {
+                    list.iter().for_each(|v| add(value_source(v)));
+                }
+                _ => {}
+            }
+            ControlFlow::<()>::Continue(())
+        });
+    }
+
+    fn set_expr(&mut self, body: &SetExpr) {
+        match body {
+            SetExpr::Select(select) => {
+                if let Some(selection) = &select.selection {
+                    self.collect(selection);
+                }
+                if let Some(having) = &select.having {
+                    self.collect(having);
+                }
+                // The joins' ON conditions (and whatever else FROM holds).
+                for from in &select.from {
+                    self.collect(from);
+                }
+            }
+            SetExpr::SetOperation { left, right, .. } => {
+                self.set_expr(left);
+                self.set_expr(right);
+            }
+            // Nested queries come to `pre_visit_query` themselves.
+            _ => {}
+        }
+    }
+}
+
+impl<F: FnMut(Option<TenantSource>)> Visitor for Predicates<'_, F> {
+    type Break = ();
+
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<()> {
+        self.set_expr(&query.body);
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<()> {
+        match statement {
+            Statement::Update(update) => {
+                self.collect(&update.table);
+                self.collect(&update.from);
+                self.collect(&update.selection);
+            }
+            Statement::Delete(delete) => {
+                self.collect(&delete.using);
+                self.collect(&delete.selection);
+            }
+            Statement::Merge(merge) => self.collect(&merge.on),
+            _ => {}
+        }
+        ControlFlow::Continue(())
     }
 }
 
@@ -289,6 +422,39 @@ mod tests {
         assert_eq!(sources("delete from a where tenant_id = 1 or tenant_id = 2"), vec![lit(0), lit(1)]);
         assert_eq!(sources("select * from a where tenant_id > 5"), vec![]);
         assert_eq!(sources("select * from a where tenant_id not in (5)"), vec![]);
+    }
+
+    #[test]
+    fn a_comparison_outside_the_predicates_names_no_tenant() {
+        // A CASE in the select list filters nothing: PostgreSQL runs it for anyone.
+        assert_eq!(
+            sources("select case when tenant_id = 8 then 'x' end from a where tenant_id = 7"),
+            vec![lit(2)]
+        );
+        assert_eq!(sources("select tenant_id = 8 as is_eight from a"), vec![]);
+        // Inside a predicate, in any form, it does.
+        assert_eq!(sources("select * from a where x = 1 or tenant_id = 8"), vec![lit(1)]);
+        assert_eq!(sources("select * from a where case when tenant_id = 8 then true end"), vec![lit(0)]);
+        assert_eq!(sources("select count(*) from a group by b having tenant_id = $1"), vec![Param(1)]);
+        assert_eq!(sources("select (select s from b where tenant_id = 8) from a"), vec![lit(0)]);
+        assert_eq!(sources("select 1 union select 2 from a where tenant_id = 9"), vec![lit(2)]);
+        assert_eq!(sources("update a set x = 1 from b where b.tenant_id = 8"), vec![lit(1)]);
+        assert_eq!(sources("delete from a using b where b.tenant_id = 3"), vec![lit(0)]);
+    }
+
+    #[test]
+    fn a_text_sqlparser_cannot_parse_is_read_by_the_lexer() {
+        let facts = |sql: &str| FactsCache::new(100, "tenant_id").facts(sql).0;
+        let f = facts("select * from iso where tenant_id = 500 for no key update");
+        assert!(!f.parsed && f.touches_tables);
+        assert_eq!(f.tenant_sources, vec![lit(0)]);
+        let f = facts("select * from iso where 8 = iso.tenant_id and a *<> b for key share");
+        assert_eq!(f.tenant_sources, vec![lit(0)]);
+        let f = facts("select * from iso where tenant_id in (7, -8, $2) for no key update");
+        assert_eq!(f.tenant_sources, vec![lit(0), Literal { index: 1, negative: true }, Param(2)]);
+        // Naming no relation, it needs no tenant.
+        let f = facts("select pg_catalog.session_user()");
+        assert!(!f.parsed && !f.touches_tables, "{f:?}");
     }
 
     #[test]

@@ -143,3 +143,40 @@ async fn a_tenant_given_at_login_is_bound_unless_the_user_may_switch() {
     let row = client.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), "8");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn statements_sqlparser_cannot_parse_are_checked_and_routed_all_the_same() {
+    let proxy = start_proxy(|_| {}).await;
+    let seven = proxy.connect(Some(7)).await;
+    // sqlparser does not know FOR NO KEY UPDATE: the lexer still reads the tenant it
+    // names, another one's, and pgtenant refuses it (on either protocol).
+    for sql in [
+        "SELECT name FROM accounts WHERE tenant_id = 500 FOR NO KEY UPDATE",
+        "SELECT name FROM accounts a WHERE 500 = a.tenant_id FOR KEY SHARE",
+    ] {
+        let err = seven.simple_query(sql).await.expect_err("names tenant 500");
+        assert_eq!(crate::harness::sqlstate(&err), "42501", "{sql}: {err:?}");
+        let err = seven.query(sql, &[]).await.expect_err("names tenant 500");
+        assert_eq!(crate::harness::sqlstate(&err), "42501", "{sql}: {err:?}");
+    }
+    let err = seven
+        .query("SELECT name FROM accounts WHERE tenant_id = $1 FOR NO KEY UPDATE", &[&500i64])
+        .await
+        .expect_err("a parameter naming tenant 500");
+    assert_eq!(crate::harness::sqlstate(&err), "42501");
+    // Its own tenant, the same way, runs.
+    let rows =
+        seven.query("SELECT name FROM accounts WHERE tenant_id = 7 FOR NO KEY UPDATE", &[]).await.unwrap();
+    assert_eq!(rows.len(), 3);
+    // A comparison in the select list filters nothing and names no tenant: PostgreSQL
+    // runs it, and so does pgtenant (row-level security keeps it to tenant 7's rows).
+    let rows = seven
+        .query("SELECT CASE WHEN tenant_id = 8 THEN 'eight' ELSE 'other' END FROM accounts", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>(), ["other", "other", "other"]);
+    // Without a tenant, an unparsed statement that names no table needs none.
+    let nobody = proxy.connect(None).await;
+    let user: String = nobody.query_one("SELECT pg_catalog.session_user()", &[]).await.unwrap().get(0);
+    assert_eq!(user, "app");
+}
