@@ -142,18 +142,54 @@ pub fn settings_sql(from: &Settings, to: &Settings) -> Option<String> {
     (!sql.is_empty()).then_some(sql)
 }
 
-/// The SQL that sets the tenant GUC (named `tenant_guc`; `None` when it is not set)
-/// from `from` to `to`, or `None` when it already holds it.
-pub fn tenant_sql(from: &TenantGuc, to: Option<&TenantId>, tenant_guc: Option<&str>) -> Option<String> {
-    let guc = tenant_guc?;
+/// The GUC that carries the signature of the tenant GUC's value (see `sql/rls.sql`).
+pub const TENANT_SIGNATURE_GUC: &str = "pgtenant.tenant_sig";
+
+/// How pgtenant tells a server connection whose tenant it serves: the tenant GUC, and
+/// the key it signs the value with (`proxy.tenant_context_key`), so that row-level
+/// security can tell pgtenant's value from one the tenant's own SQL set.
+#[derive(Clone, Copy, Debug)]
+pub struct TenantContext<'a> {
+    pub guc: &'a str,
+    pub key: Option<&'a str>,
+}
+
+impl TenantContext<'_> {
+    /// The signature of tenant value `value` on server backend `pid`: HMAC-SHA-256 under
+    /// the key of `<value>/<pid>`, in hex (what `pgtenant.current_tenant_text()` checks).
+    /// Empty without a key or a value.
+    pub fn signature(&self, value: &str, pid: u32) -> String {
+        use hmac::{Hmac, KeyInit, Mac};
+        let Some(key) = self.key.filter(|_| !value.is_empty()) else { return String::new() };
+        let mut mac =
+            <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key.as_bytes()).expect("any key length");
+        mac.update(value.as_bytes());
+        mac.update(b"/");
+        mac.update(itoa::Buffer::new().format(pid).as_bytes());
+        mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// The SQL that sets the tenant GUC and its signature for server backend `pid` from
+/// `from` to `to`, or `None` when it already holds it (or `context` is `None`: no GUC is set).
+pub fn tenant_sql(
+    from: &TenantGuc,
+    to: Option<&TenantId>,
+    context: Option<TenantContext>,
+    pid: u32,
+) -> Option<String> {
+    let context = context?;
     if from.holds(to) {
         return None;
     }
-    Some(match to {
-        Some(t) => format!("SET {guc} = {};", quote_literal(&t.key_text())),
-        // Empty, not RESET: RESET would restore a default that ALTER ROLE/DATABASE may have set.
-        None => format!("SET {guc} = '';"),
-    })
+    // Empty, not RESET: RESET would restore a default that ALTER ROLE/DATABASE may have set.
+    let value = to.map(|t| t.key_text()).unwrap_or_default();
+    Some(format!(
+        "SET {} = {};SET {TENANT_SIGNATURE_GUC} = '{}';",
+        context.guc,
+        quote_literal(&value),
+        context.signature(&value, pid)
+    ))
 }
 
 #[cfg(test)]
@@ -177,6 +213,9 @@ mod tests {
         assert_ne!(c.version, a.version);
     }
 
+    /// `printf '7/4242' | openssl dgst -sha256 -hmac key`.
+    const HMAC_7_4242: &str = "f42a8cc8995145c7bf8b544f35ff334b773617cca802bca1dd72be520b56fc07";
+
     #[test]
     fn sync_sets_resets_and_switches_tenant() {
         let from = Settings::intern(vec![("search_path".into(), cfg("a")), ("work_mem".into(), cfg("4MB"))]);
@@ -184,17 +223,32 @@ mod tests {
         assert_eq!(settings_sql(&from, &to).unwrap(), r#"RESET "work_mem";SET "search_path" = b, public;"#);
         assert_eq!(settings_sql(&to, &to), None);
         let one = TenantGuc::Known(Some(TenantId::Int(1)));
-        let sql = tenant_sql(&one, Some(&TenantId::Int(2)), Some("pgtenant.tenant_id")).unwrap();
-        assert_eq!(sql, "SET pgtenant.tenant_id = '2';");
-        assert_eq!(tenant_sql(&TenantGuc::Known(None), None, Some("g")), None);
+        let g = |key| Some(TenantContext { guc: "g", key });
+        let sig = "pgtenant.tenant_sig";
+        let sql = tenant_sql(&one, Some(&TenantId::Int(2)), g(None), 1).unwrap();
+        assert_eq!(sql, format!("SET g = '2';SET {sig} = '';"));
+        assert_eq!(tenant_sql(&TenantGuc::Known(None), None, g(None), 1), None);
         let three = TenantGuc::Known(Some(TenantId::Int(3)));
-        assert_eq!(tenant_sql(&three, None, Some("g")).unwrap(), "SET g = '';");
-        assert_eq!(tenant_sql(&three, None, None), None);
+        assert_eq!(tenant_sql(&three, None, g(Some("k")), 1).unwrap(), format!("SET g = '';SET {sig} = '';"));
+        assert_eq!(tenant_sql(&three, None, None, 1), None);
         // A connection whose GUC pgtenant did not set gets it set, even to "none".
-        assert_eq!(tenant_sql(&TenantGuc::Unknown, None, Some("g")).unwrap(), "SET g = '';");
+        assert_eq!(
+            tenant_sql(&TenantGuc::Unknown, None, g(None), 1).unwrap(),
+            format!("SET g = '';SET {sig} = '';")
+        );
         // Text keys are quoted as literals.
         let text = TenantId::Text("o'brien".into());
-        assert_eq!(tenant_sql(&three, Some(&text), Some("g")).unwrap(), "SET g = 'o''brien';");
+        assert!(tenant_sql(&three, Some(&text), g(None), 1).unwrap().starts_with("SET g = 'o''brien';"));
+        // Signed: HMAC-SHA-256 of "7/4242" under "key" (as `openssl dgst -sha256 -hmac key`).
+        let signed = tenant_sql(&one, Some(&TenantId::Int(7)), g(Some("key")), 4242).unwrap();
+        assert_eq!(
+            signed,
+            format!(
+                "SET g = '7';SET {sig} = '{}';",
+                TenantContext { guc: "g", key: Some("key") }.signature("7", 4242)
+            )
+        );
+        assert_eq!(TenantContext { guc: "g", key: Some("key") }.signature("7", 4242), HMAC_7_4242);
         let quoted = settings_sql(
             &Settings::empty(),
             &Settings::intern(vec![("application_name".into(), cfg("it's"))]),

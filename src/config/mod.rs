@@ -225,6 +225,11 @@ pub struct ProxyConfig {
     pub default_shard: Option<u16>,
     /// Set the tenant GUC on every server connection handed to a tenant.
     pub set_tenant_guc: bool,
+    /// The key pgtenant signs the tenant GUC's value with (HMAC-SHA-256, in the GUC
+    /// `pgtenant.tenant_sig`), installed on the shards with
+    /// `SELECT pgtenant.set_context_key('...')` (`sql/rls.sql`): row-level security then
+    /// trusts only the tenant pgtenant set, not one the tenant's SQL set itself.
+    pub tenant_context_key: Option<String>,
     /// Tokio worker threads; 0 means one per core.
     pub workers: usize,
     /// A client idle inside a transaction this long is disconnected (25P03) and its
@@ -267,6 +272,7 @@ impl Default for ProxyConfig {
             no_tenant_policy: NoTenantPolicy::Reject,
             default_shard: None,
             set_tenant_guc: true,
+            tenant_context_key: None,
             workers: 0,
             idle_transaction_timeout_ms: 0,
             max_prepared_statements: 1000,

@@ -1,7 +1,8 @@
 //! The demo layout of `pgtenant dev` (also used by the tests): shards 1 and 2,
 //! tenants 1..=1000 on shard 1, 1001..=2000 on shard 2, tenant 42 mapped to shard 2;
 //! a login `app`/`app`, a database `app`, and on every shard an `accounts` table
-//! with a `tenant_id bigint` column plus a one-row `pgtenant_shard` table.
+//! with a `tenant_id bigint` column under row-level security (signed tenant context,
+//! `sql/rls.sql`) plus a one-row `pgtenant_shard` table.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -28,7 +29,11 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         dbname: None,
     };
     Config {
-        proxy: ProxyConfig { listen, ..ProxyConfig::default() },
+        proxy: ProxyConfig {
+            listen,
+            tenant_context_key: Some(DEMO_CONTEXT_KEY.into()),
+            ..ProxyConfig::default()
+        },
         tls: tls_dir.map(|d| TlsConfig { cert: d.join("server.crt"), key: d.join("server.key") }),
         server_tls: ServerTlsConfig::default(),
         users: vec![UserConfig {
@@ -151,10 +156,16 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
     // The second wall: row-level security on the demo table, so that a session sees its
     // own tenant's rows whatever its SQL says (FORCE: `app` owns the table).
     db.batch_execute(RLS_SQL).await.map_err(|e| format!("row-level security: {e}"))?;
-    db.batch_execute("CALL pgtenant.enable_tenant_isolation('accounts')")
-        .await
-        .map_err(|e| format!("row-level security: {e}"))
+    let isolation = format!(
+        "SELECT pgtenant.set_context_key('{DEMO_CONTEXT_KEY}');
+         CALL pgtenant.enable_tenant_isolation('accounts')"
+    );
+    db.batch_execute(&isolation).await.map_err(|e| format!("row-level security: {e}"))
 }
+
+/// The key the demo proxy signs its tenant GUC with, installed on the demo shards: a
+/// fixed one, fit for a demo only (a deployment chooses its own secret).
+pub const DEMO_CONTEXT_KEY: &str = "pgtenant-dev-context-key";
 
 /// The row-level security helpers, as in `sql/rls.sql`.
 pub const RLS_SQL: &str = include_str!("../../sql/rls.sql");

@@ -204,13 +204,13 @@ async fn apply_login_settings(
     to_check: &Settings,
     tenant: Option<&crate::directory::TenantId>,
 ) -> Result<Vec<(String, String)>, FrontendError> {
-    let config = &shared.config;
-    let guc = config.proxy.set_tenant_guc.then_some(config.proxy.tenant_parameter.as_str());
+    let context = super::tenant_context(&shared.config);
     // One string is fine here: a rejected setting refuses the login, and nothing is recorded.
-    let sql: String = [settings_sql(&conn.settings, settings), tenant_sql(&conn.tenant, tenant, guc)]
-        .into_iter()
-        .flatten()
-        .collect();
+    let sql: String =
+        [settings_sql(&conn.settings, settings), tenant_sql(&conn.tenant, tenant, context, conn.cancel.pid)]
+            .into_iter()
+            .flatten()
+            .collect();
     if !sql.is_empty() {
         let applied = conn.run_sql(&sql).await;
         let refused = applied.map_err(|e| FrontendError::ServerLost { shard, reason: e.to_string() })?;

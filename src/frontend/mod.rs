@@ -23,7 +23,7 @@ pub use listener::run_listener;
 pub use scram::ScramVerifier;
 pub use tls::{ClientTls, client_tls};
 
-use crate::backend::{CheckoutError, Pools, StatementRegistry};
+use crate::backend::{CheckoutError, Pools, StatementRegistry, TenantContext};
 use crate::config::{Config, NodeConfig};
 use crate::directory::{ShardId, Topology};
 use crate::router::Router;
@@ -32,6 +32,15 @@ use crate::snowflake::Minter;
 /// The node that takes a shard's transactions.
 pub(crate) fn primary_node(topology: &Topology, shard: ShardId) -> Result<&NodeConfig, CheckoutError> {
     topology.shard(shard).and_then(|s| s.primary()).ok_or(CheckoutError::UnknownShard { shard })
+}
+
+/// How server connections learn whose tenant they serve: the tenant GUC and the key
+/// its value is signed with; `None` when the GUC is not set at all.
+pub(crate) fn tenant_context(config: &Config) -> Option<TenantContext<'_>> {
+    let proxy = &config.proxy;
+    proxy
+        .set_tenant_guc
+        .then(|| TenantContext { guc: &proxy.tenant_parameter, key: proxy.tenant_context_key.as_deref() })
 }
 
 /// What every session shares.

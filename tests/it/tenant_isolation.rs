@@ -180,3 +180,48 @@ async fn statements_sqlparser_cannot_parse_are_checked_and_routed_all_the_same()
     let user: String = nobody.query_one("SELECT pg_catalog.session_user()", &[]).await.unwrap().get(0);
     assert_eq!(user, "app");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tenants_own_sql_cannot_forge_the_tenant_row_level_security_trusts() {
+    let table = "iso_forge";
+    isolated_table(table).await;
+    let proxy = start_proxy(|_| {}).await;
+    let seven = proxy.connect(Some(7)).await;
+    assert_eq!(secrets(&seven, table, false).await, ["secret-7"]);
+    // The GUC set by the tenant's own SQL, read in the same statement string, in the
+    // same explicit transaction, and through a function: the signature pgtenant set is
+    // for tenant 7 on this backend, so row-level security trusts no tenant at all.
+    let forge = "DO $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); END $$";
+    for attempt in [
+        format!("{forge}; SELECT secret FROM {table}"),
+        format!("BEGIN; {forge}; SELECT secret FROM {table}; COMMIT"),
+        format!("SELECT iso_poison(); SELECT secret FROM {table}"),
+        // Copying the signature it holds (tenant 7's) along does not help.
+        format!(
+            "DO $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); \
+             PERFORM set_config('pgtenant.tenant_sig', current_setting('pgtenant.tenant_sig'), false); END $$; \
+             SELECT secret FROM {table}"
+        ),
+    ] {
+        let rows: Vec<String> = seven
+            .simple_query(&attempt)
+            .await
+            .unwrap()
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            // iso_poison() answers one empty (void) value.
+            .filter(|value| !value.is_empty())
+            .collect();
+        assert!(rows.is_empty(), "{attempt}: {rows:?}");
+    }
+    // The key is out of the tenant's reach.
+    for sql in ["SELECT * FROM pgtenant.context_key", "SELECT pgtenant.set_context_key('mine')"] {
+        let err = seven.simple_query(sql).await.expect_err("permission denied");
+        assert_eq!(crate::harness::sqlstate(&err), "42501", "{sql}");
+    }
+    // And the session's next transaction runs as tenant 7 again.
+    assert_eq!(secrets(&seven, table, true).await, ["secret-7"]);
+}

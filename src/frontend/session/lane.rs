@@ -103,13 +103,11 @@ impl Session {
         // Written and submitted in a block: the lane stays locked only for that.
         let submitted = {
             let Some(mut entry) = lane.enter() else { return Ok(false) };
-            let tenant_guc =
-                self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
             let mut sets_tenant = None;
-            if let Some(guc) = tenant_guc
+            if let Some(context) = crate::frontend::tenant_context(&self.shared.config)
                 && !entry.holds_tenant(route.tenant.as_ref())
             {
-                inject_tenant_in_request(entry.conn(), guc, route.tenant.as_ref());
+                inject_tenant_in_request(entry.conn(), context, route.tenant.as_ref());
                 sets_tenant = Some(route.tenant.clone());
             }
             let written = match request {

@@ -8,7 +8,8 @@ use bytes::BytesMut;
 use super::{Attached, ClientTx, Session};
 use crate::backend::{
     OnError, Pending, PooledConn, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID, ServerConn,
-    ServerPool, SettingValue, Settings, TenantGuc, Wanted, settings_sql, tenant_sql,
+    ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted, settings_sql,
+    tenant_sql,
 };
 use crate::config::PoolMode;
 use crate::directory::{ShardId, TenantId};
@@ -52,7 +53,7 @@ impl Session {
             let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
             self.attach(conn, &route);
         }
-        let tenant_guc = self.shared.config.proxy.set_tenant_guc.then(|| self.shared.router.tenant_param());
+        let context = crate::frontend::tenant_context(&self.shared.config);
         let Some(a) = self.server.as_mut() else {
             return Ok(());
         };
@@ -73,14 +74,14 @@ impl Session {
             && settings.is_none()
             && a.conn.read_only == read_only
             && matches!(self.tx, ClientTx::Idle)
-            && let Some(guc) = tenant_guc
+            && let Some(context) = context
         {
             // The common switch of tenant: set the GUC inside the client's own request (no
             // Sync in between, before a Query too), which saves the server a transaction and
             // the proxy a wakeup. It is undone with that request if it fails or rolls back:
             // `on_ready` then forgets what the connection holds. If the SET itself fails,
             // the server skips the request (the queue sends a Sync after a simple query).
-            inject_tenant_in_request(&mut a.conn, guc, route.tenant.as_ref());
+            inject_tenant_in_request(&mut a.conn, context, route.tenant.as_ref());
             a.conn.tenant = TenantGuc::Known(route.tenant.clone());
             a.tenant_in_request = true;
             return Ok(());
@@ -91,7 +92,8 @@ impl Session {
         }
         // The tenant GUC and read-only mode go in a query of their own: a client setting the
         // server rejects rolls back its whole query, and must not take the tenant with it.
-        let mut guard = tenant_sql(&a.conn.tenant, route.tenant.as_ref(), tenant_guc).unwrap_or_default();
+        let mut guard =
+            tenant_sql(&a.conn.tenant, route.tenant.as_ref(), context, a.conn.cancel.pid).unwrap_or_default();
         if a.conn.read_only != read_only {
             // The server's own wall behind pgtenant's check of each statement: it also
             // stops writes that hide in functions.
@@ -443,14 +445,20 @@ const SET_TENANT_STATEMENT: &[u8] = b"pgtenant_set_tenant";
 /// Sets the tenant GUC ahead of the client's extended messages, without a Sync: it runs
 /// in the client's implicit transaction. Its answers are swallowed; an error (none is
 /// expected) reaches the client, and the server then skips the request as it should.
-pub(super) fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant: Option<&TenantId>) {
+pub(super) fn inject_tenant_in_request(
+    conn: &mut ServerConn,
+    context: TenantContext,
+    tenant: Option<&TenantId>,
+) {
     if !conn.prepared.touch(SET_TENANT_STATEMENT_ID) {
         conn.prepared.record(SET_TENANT_STATEMENT_ID);
-        // No row comes back (set_config never returns NULL): one message less to swallow.
+        // No row comes back (concat never returns NULL): one message less to swallow.
+        // concat takes both set_configs, where AND or OR might stop after the first.
         protocol::parse(
             &mut conn.io.wbuf,
             SET_TENANT_STATEMENT,
-            b"SELECT WHERE pg_catalog.set_config($1, $2, false) IS NULL",
+            b"SELECT WHERE pg_catalog.concat(pg_catalog.set_config($1, $2, false), \
+              pg_catalog.set_config($3, $4, false)) IS NULL",
             b"\0\0",
         );
         conn.queue.push(Pending::Injected {
@@ -460,8 +468,13 @@ pub(super) fn inject_tenant_in_request(conn: &mut ServerConn, guc: &str, tenant:
         });
     }
     let value = tenant.map(|t| t.key_text()).unwrap_or_default();
+    let signature = context.signature(&value, conn.cancel.pid);
     // The unnamed portal: the client's own Bind, which follows, replaces it.
-    protocol::bind_text(&mut conn.io.wbuf, SET_TENANT_STATEMENT, &[guc.as_bytes(), value.as_bytes()]);
+    protocol::bind_text(
+        &mut conn.io.wbuf,
+        SET_TENANT_STATEMENT,
+        &[context.guc.as_bytes(), value.as_bytes(), TENANT_SIGNATURE_GUC.as_bytes(), signature.as_bytes()],
+    );
     conn.queue.push(Pending::Injected { reply: Reply::Bind, on_error: OnError::Forward, statement: None });
     protocol::execute(&mut conn.io.wbuf);
     conn.queue.push(Pending::Injected { reply: Reply::Execute, on_error: OnError::Forward, statement: None });
