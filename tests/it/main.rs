@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod adversarial;
 mod catalog;
 mod cli;
 mod clients;
