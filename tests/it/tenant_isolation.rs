@@ -40,17 +40,22 @@ async fn secrets(client: &tokio_postgres::Client, table: &str, extended: bool) -
     if extended {
         client.query(&sql, &[]).await.unwrap().iter().map(|r| r.get(0)).collect()
     } else {
-        client
-            .simple_query(&sql)
-            .await
-            .unwrap()
-            .iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                _ => None,
-            })
-            .collect()
+        first_values(client, &sql).await
     }
+}
+
+/// The first value of every row a simple query (of any number of statements) returns.
+async fn first_values(client: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    client
+        .simple_query(sql)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect()
 }
 
 async fn no_poisoning(mode: PoolMode, pipeline_depth: usize, table: &str) {
@@ -203,18 +208,9 @@ async fn the_tenants_own_sql_cannot_forge_the_tenant_row_level_security_trusts()
              SELECT secret FROM {table}"
         ),
     ] {
-        let rows: Vec<String> = seven
-            .simple_query(&attempt)
-            .await
-            .unwrap()
-            .iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                _ => None,
-            })
-            // iso_poison() answers one empty (void) value.
-            .filter(|value| !value.is_empty())
-            .collect();
+        let mut rows = first_values(&seven, &attempt).await;
+        // iso_poison() answers one empty (void) value.
+        rows.retain(|value| !value.is_empty());
         assert!(rows.is_empty(), "{attempt}: {rows:?}");
     }
     // The key is out of the tenant's reach.
