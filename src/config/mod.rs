@@ -188,6 +188,20 @@ impl TenantKey {
     }
 }
 
+/// How far pgtenant goes to keep a bound session to its tenant.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationMode {
+    /// Statements that name another tenant are refused; row-level security does the rest.
+    #[default]
+    Standard,
+    /// Also refused: a statement of a session with a tenant that touches a table with
+    /// the tenant column and no forced row-level security, unless it is confined to
+    /// the session's tenant (one table, its tenant column compared with the session's
+    /// tenant in a top-level AND of its WHERE, or INSERT ... VALUES of that tenant).
+    Strict,
+}
+
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum NoTenantPolicy {
@@ -221,6 +235,8 @@ pub struct ProxyConfig {
     /// tenant given at login is bound. A user's own `allow_tenant_switch` overrides it.
     pub allow_tenant_switch: bool,
     pub no_tenant_policy: NoTenantPolicy,
+    /// `standard` (default) or `strict` (see `IsolationMode`).
+    pub isolation: IsolationMode,
     /// Shard for statements that need no tenant; the lowest shard id when unset.
     pub default_shard: Option<u16>,
     /// Set the tenant GUC on every server connection handed to a tenant.
@@ -270,6 +286,7 @@ impl Default for ProxyConfig {
             parse_cache_size: 10_000,
             allow_tenant_switch: false,
             no_tenant_policy: NoTenantPolicy::Reject,
+            isolation: IsolationMode::Standard,
             default_shard: None,
             set_tenant_guc: true,
             tenant_context_key: None,

@@ -61,6 +61,12 @@ pub enum FrontendError {
         "this session is bound to tenant {tenant} at login; {param} cannot be changed (allow_tenant_switch)"
     )]
     TenantFixed { tenant: TenantId, param: String },
+    #[error(
+        "strict isolation: {table} on shard {shard} has no forced row-level security, and the statement is not confined to tenant {tenant} (one table, its tenant column = {tenant} in a top-level AND of its WHERE)"
+    )]
+    StrictIsolation { tenant: TenantId, shard: ShardId, table: String },
+    #[error("strict isolation: cannot read which tables of shard {shard} hold tenants: {reason}")]
+    StrictCatalog { shard: ShardId, reason: String },
     #[error("tenant {tenant} is {state} on shard {shard}: writes are refused, reads are served")]
     TenantReadOnly { tenant: TenantId, shard: ShardId, state: &'static str },
     #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]

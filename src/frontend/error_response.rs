@@ -37,7 +37,10 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         }
         E::Route(RouteError::NoDefaultShard) => sqlstate::UNDEFINED_OBJECT,
         E::Route(RouteError::CrossShard { .. }) => sqlstate::FEATURE_NOT_SUPPORTED,
-        E::TenantGucProtected { .. } | E::TenantFixed { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
+        E::TenantGucProtected { .. }
+        | E::TenantFixed { .. }
+        | E::StrictIsolation { .. }
+        | E::StrictCatalog { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::TenantReadOnly { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,

@@ -11,6 +11,7 @@ mod params;
 mod scram;
 mod session;
 mod startup;
+mod strict;
 mod tls;
 
 use std::collections::HashMap;
@@ -56,6 +57,8 @@ pub struct Shared {
     auth: HashMap<String, auth::UserAuth>,
     /// The topology whose departed nodes' pools were last closed (its address).
     pruned_for: AtomicUsize,
+    /// Strict isolation's view of the shards' tenant tables.
+    strict: strict::StrictCatalog,
 }
 
 impl Shared {
@@ -77,6 +80,7 @@ impl Shared {
             minter,
             auth,
             pruned_for: AtomicUsize::new(0),
+            strict: strict::StrictCatalog::default(),
         }
     }
 

@@ -51,6 +51,14 @@ pub struct SqlFacts {
     /// Parsed from the text itself rather than its shape: the sources may hold that
     /// text's values (`TenantSource::Constant`), so no other text may share them.
     pub per_text: bool,
+    /// The tables and views it names outside the system catalogs, lowercased as
+    /// written (`accounts`, `public.accounts`); empty when not parsed.
+    pub relations: Vec<Box<str>>,
+    /// Where the tenant values come from that confine it as a whole: the tenant column
+    /// compared by `=` in a top-level AND of the WHERE of a one-table SELECT, UPDATE or
+    /// DELETE, or every row of an INSERT ... VALUES. With one relation, rows outside
+    /// those tenants are out of its reach (strict isolation's proof).
+    pub confining: Vec<TenantSource>,
 }
 
 pub struct FactsCache {
@@ -192,7 +200,14 @@ fn unparsed_facts(sql: &str, column: &str) -> SqlFacts {
         ["from", "join", "into", "table", "update", "delete", "insert", "merge", "copy", "lock"];
     let touches_tables = !READS.iter().any(|k| is_word(0, k))
         || (0..tokens.len()).any(|i| RELATION_WORDS.iter().any(|k| is_word(i, k)));
-    SqlFacts { parsed: false, touches_tables, tenant_sources: sources, per_text: true }
+    SqlFacts {
+        parsed: false,
+        touches_tables,
+        tenant_sources: sources,
+        per_text: true,
+        relations: Vec::new(),
+        confining: Vec::new(),
+    }
 }
 
 fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
@@ -232,11 +247,80 @@ fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
             ControlFlow::<()>::Continue(())
         });
     }
+    let relations = relations_of(statements);
     SqlFacts {
         parsed: true,
-        touches_tables: touches_tables(statements),
+        touches_tables: !relations.is_empty(),
         tenant_sources: sources,
         per_text: false,
+        relations,
+        confining: confining_sources(statements, column),
+    }
+}
+
+/// See `SqlFacts::confining`.
+fn confining_sources(statements: &[Statement], column: &str) -> Vec<TenantSource> {
+    let [statement] = statements else { return Vec::new() };
+    let mut sources = Vec::new();
+    match statement {
+        Statement::Query(query) => {
+            if let SetExpr::Select(select) = query.body.as_ref()
+                && let [from] = select.from.as_slice()
+                && from.joins.is_empty()
+                && let Some(selection) = &select.selection
+            {
+                conjunct_sources(selection, column, &mut sources);
+            }
+        }
+        Statement::Update(update) if update.table.joins.is_empty() && update.from.is_none() => {
+            if let Some(selection) = &update.selection {
+                conjunct_sources(selection, column, &mut sources);
+            }
+        }
+        Statement::Delete(delete) if delete.using.is_none() => {
+            if let Some(selection) = &delete.selection {
+                conjunct_sources(selection, column, &mut sources);
+            }
+        }
+        Statement::Insert(insert) => {
+            let position = insert.columns.iter().position(|c| names_column(c, column));
+            if let (Some(i), Some(source)) = (position, &insert.source)
+                && let SetExpr::Values(values) = source.body.as_ref()
+            {
+                for row in &values.rows {
+                    // A row without a readable tenant confines nothing.
+                    match row.get(i).and_then(value_source) {
+                        Some(s) => sources.push(s),
+                        None => return Vec::new(),
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    sources
+}
+
+/// The tenant values `tenant column = value` conjuncts of `expr` (through AND and
+/// parentheses only) compare with.
+fn conjunct_sources(expr: &Expr, column: &str, sources: &mut Vec<TenantSource>) {
+    match expr {
+        Expr::BinaryOp { left, op: BinaryOperator::And, right } => {
+            conjunct_sources(left, column, sources);
+            conjunct_sources(right, column, sources);
+        }
+        Expr::Nested(inner) => conjunct_sources(inner, column, sources),
+        Expr::BinaryOp { left, op: BinaryOperator::Eq, right } => {
+            let value = if is_tenant_column(left, column) {
+                value_source(right)
+            } else if is_tenant_column(right, column) {
+                value_source(left)
+            } else {
+                None
+            };
+            sources.extend(value);
+        }
+        _ => {}
     }
 }
 
@@ -364,8 +448,9 @@ fn placeholder_source(value: &Value, negative: bool) -> Option<TenantSource> {
     }
 }
 
-fn touches_tables(statements: &[Statement]) -> bool {
-    let mut touches = false;
+/// The relations `statements` name outside the system catalogs (`SqlFacts::relations`).
+fn relations_of(statements: &[Statement]) -> Vec<Box<str>> {
+    let mut relations: Vec<Box<str>> = Vec::new();
     for statement in statements {
         let _ = visit_relations(statement, |name| {
             let parts: Vec<String> =
@@ -375,11 +460,14 @@ fn touches_tables(statements: &[Statement]) -> bool {
                 [table] => table.starts_with("pg_"),
                 _ => false,
             };
-            touches |= !system;
+            let joined: Box<str> = parts.join(".").into();
+            if !system && !relations.contains(&joined) {
+                relations.push(joined);
+            }
             ControlFlow::<()>::Continue(())
         });
     }
-    touches
+    relations
 }
 
 #[cfg(test)]

@@ -16,6 +16,15 @@ use std::sync::Arc;
 /// so no allocation for it).
 pub type Named = smallvec::SmallVec<[TenantId; 2]>;
 
+/// A statement's relations and the tenants confining it (see `Router::confinement`).
+#[derive(Debug)]
+pub struct Confinement {
+    /// `None` when sqlparser could not tell.
+    pub relations: Option<Vec<Box<str>>>,
+    /// One per confining source; `None` for a source that gives no tenant.
+    pub tenants: Vec<Option<TenantId>>,
+}
+
 pub use analyze::{Analysis, PinReason, ROUTING_VERSION, SessionChange, StatementKind};
 pub use effects::SessionRisk;
 pub use quick::ShapeTiming;
@@ -224,29 +233,49 @@ impl Router {
         if !analysis.mentions(self.facts.tenant_column()) {
             return named;
         }
-        let key = self.tenant_key;
         let facts = self.facts_of(analysis);
         for source in &facts.tenant_sources {
-            let value = match source {
-                TenantSource::Constant(text) => TenantId::parse(text, key),
-                TenantSource::Literal { index, negative } => analysis
-                    .literals()
-                    .get(*index)
-                    .and_then(|r| analysis.sql.get(r.clone()))
-                    .and_then(|text| TenantId::parse(text, key))
-                    .map(|t| match t {
-                        TenantId::Int(n) if *negative => TenantId::Int(-n),
-                        other => other,
-                    }),
-                TenantSource::Param(n) => bind_rest.and_then(|rest| param_value(rest, *n, key)),
-            };
-            if let Some(t) = value
+            if let Some(t) = self.resolve(source, analysis, bind_rest)
                 && !named.contains(&t)
             {
                 named.push(t);
             }
         }
         named
+    }
+
+    /// The tenant a source of `analysis`'s text (and Bind) gives, when it gives one.
+    fn resolve(
+        &self,
+        source: &TenantSource,
+        analysis: &Analysis,
+        bind_rest: Option<&[u8]>,
+    ) -> Option<TenantId> {
+        let key = self.tenant_key;
+        match source {
+            TenantSource::Constant(text) => TenantId::parse(text, key),
+            TenantSource::Literal { index, negative } => analysis
+                .literals()
+                .get(*index)
+                .and_then(|r| analysis.sql.get(r.clone()))
+                .and_then(|text| TenantId::parse(text, key))
+                .map(|t| match t {
+                    TenantId::Int(n) if *negative => TenantId::Int(-n),
+                    other => other,
+                }),
+            TenantSource::Param(n) => bind_rest.and_then(|rest| param_value(rest, *n, key)),
+        }
+    }
+
+    /// What strict isolation needs of a statement: the relations it names (`None` when
+    /// sqlparser could not tell), and the tenants that confine it as a whole, each
+    /// source resolved (`None` for a source that gives no tenant).
+    pub fn confinement(&self, analysis: &Analysis, bind_rest: Option<&[u8]>) -> Confinement {
+        let facts = self.facts_of(analysis);
+        Confinement {
+            relations: facts.parsed.then(|| facts.relations.clone()),
+            tenants: facts.confining.iter().map(|s| self.resolve(s, analysis, bind_rest)).collect(),
+        }
     }
 
     fn facts_of<'a>(&self, analysis: &'a Analysis) -> &'a SqlFacts {

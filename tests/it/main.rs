@@ -17,4 +17,5 @@ mod slow_statements;
 mod snowflake;
 mod sql_routing;
 mod startup;
+mod strict;
 mod tenant_isolation;

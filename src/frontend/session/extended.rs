@@ -86,7 +86,7 @@ impl Session {
                 if self.answer_locally(&statements).await? {
                     return Ok(());
                 }
-                self.route_batch(&statements.executed, &statements.named).await
+                self.route_batch(&statements).await
             }
             Err(err) => Err(err),
         };
@@ -281,6 +281,7 @@ impl Session {
         let mut analyses = SmallVec::new();
         let mut parsed = SmallVec::new();
         let mut named = SmallVec::new();
+        let mut binds = SmallVec::new();
         let mut parsed_here: SmallVec<[(&[u8], Arc<Analysis>); 2]> = SmallVec::new();
         let router = &self.shared.router;
         for frame in &self.batch {
@@ -307,6 +308,7 @@ impl Session {
                         continue;
                     };
                     let tenants = router.named_in_bind(&analysis, b.rest);
+                    binds.push(frame.body_bytes());
                     (analysis, tenants)
                 }
                 _ => continue,
@@ -317,17 +319,21 @@ impl Session {
             add_new(&mut named, tenants);
             analyses.push(analysis);
         }
-        Ok(BatchStatements { executed: analyses, parsed, named })
+        Ok(BatchStatements { executed: analyses, binds, parsed, named })
     }
 
     /// Routes a held request by its statements and attaches a server for it.
-    async fn route_batch(
-        &mut self,
-        analyses: &[Arc<Analysis>],
-        named: &[TenantId],
-    ) -> Result<(), FrontendError> {
-        let route: Route =
-            self.shared.router.route(self.tenant.as_ref(), named, analyses, &mut self.placement).await?;
+    async fn route_batch(&mut self, statements: &BatchStatements) -> Result<(), FrontendError> {
+        let analyses = &statements.executed;
+        let route: Route = self
+            .shared
+            .router
+            .route(self.tenant.as_ref(), &statements.named, analyses, &mut self.placement)
+            .await?;
+        for (analysis, bind) in analyses.iter().zip(&statements.binds) {
+            let rest = protocol::bind_view(bind).map(|b| b.rest);
+            self.check_strict(route.shard, analysis, rest).await?;
+        }
         self.begin_on(route, analyses.iter().all(|a| a.single_dml)).await
     }
 
@@ -342,7 +348,11 @@ impl Session {
             });
         }
         let named = self.shared.router.named_in_bind(&analysis, b.rest);
-        self.check_fits_transaction(&named).await
+        self.check_fits_transaction(&named).await?;
+        match self.server.as_ref().map(|a| a.route.shard) {
+            Some(shard) => self.check_strict(shard, &analysis, Some(b.rest)).await,
+            None => Ok(()),
+        }
     }
 
     /// The analysis of the statement a Bind names (`""` is the last unnamed Parse).
@@ -627,6 +637,8 @@ pub(super) fn prepare_on(conn: &mut ServerConn, stmt: &Arc<PreparedStatement>) {
 struct BatchStatements {
     /// Those its Bind messages execute.
     executed: SmallVec<[Arc<Analysis>; 2]>,
+    /// The bodies of those Bind messages, in the same order (their parameters).
+    binds: SmallVec<[Bytes; 2]>,
     /// Those its Parse messages prepare.
     parsed: SmallVec<[Arc<Analysis>; 2]>,
     /// The tenants they name, Bind parameters included.

@@ -121,10 +121,14 @@ impl Session {
         let statement = (!b.statement.is_empty()).then(|| SmallVec::<[u8; 32]>::from_slice(b.statement));
 
         let lane_candidate = self.lane_candidate(&bound);
-        let routed = match router
+        let route = router
             .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
-            .await
-        {
+            .await;
+        let route = match route {
+            Ok(route) => self.check_strict(route.shard, &bound, Some(b.rest)).await.map(|()| route),
+            Err(err) => Err(err.into()),
+        };
+        let routed = match route {
             Ok(route) if lane_candidate && bound.shape().is_quick() => {
                 let request = LaneRequest::Extended { layout: &layout, statement: statement.as_deref() };
                 match self.request_on_lane(&route, &bound, request).await {
@@ -134,7 +138,7 @@ impl Session {
                 }
             }
             Ok(route) => self.begin_on(route, bound.single_dml).await,
-            Err(err) => Err(err.into()),
+            Err(err) => Err(err),
         };
         if let Err(err) = routed {
             // As the general path does: the error, then its messages are skipped up to

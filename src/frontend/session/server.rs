@@ -11,7 +11,7 @@ use crate::backend::{
     ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted, settings_sql,
     tenant_sql,
 };
-use crate::config::PoolMode;
+use crate::config::{IsolationMode, PoolMode};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_node;
@@ -138,6 +138,37 @@ impl Session {
             a.conn.tenant = TenantGuc::Unknown;
             a.conn.settings_unknown |= risk == SessionRisk::Anything && shared && a.pin.is_none();
         }
+    }
+
+    /// Strict isolation (`proxy.isolation = "strict"`): a session with a tenant may not
+    /// run `analysis` on `shard` if it touches a table holding tenants without forced
+    /// row-level security and is not confined to the session's tenant (see
+    /// `frontend::strict`). `bind_rest`: the Bind's parameters, for `$n` values.
+    pub(super) async fn check_strict(
+        &self,
+        shard: ShardId,
+        analysis: &Analysis,
+        bind_rest: Option<&[u8]>,
+    ) -> Result<(), FrontendError> {
+        let config = &self.shared.config;
+        let Some(tenant) = &self.tenant else { return Ok(()) };
+        if config.proxy.isolation != IsolationMode::Strict || !self.shared.router.needs_tenant(analysis) {
+            return Ok(());
+        }
+        let node = primary_node(&self.pools.topology, shard)?;
+        let check = crate::frontend::strict::StrictCheck {
+            config,
+            catalog: &self.shared.strict,
+            shard,
+            node,
+            user: &self.user,
+            database: &self.database,
+            tenant,
+        };
+        let ddl = ["create", "alter", "drop"]
+            .iter()
+            .any(|w| analysis.text().trim_start().get(..w.len()).is_some_and(|s| s.eq_ignore_ascii_case(w)));
+        check.check(self.shared.router.confinement(analysis, bind_rest), ddl).await
     }
 
     /// Makes `conn` this client's server for a transaction on `route`.

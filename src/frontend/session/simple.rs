@@ -116,6 +116,10 @@ impl Session {
                 .await
                 .map_err(FrontendError::from)
                 .and_then(|route| check_writable_on(&route, &analysis).map(|()| route));
+            let route = match route {
+                Ok(route) => self.check_strict(route.shard, &analysis, None).await.map(|()| route),
+                Err(err) => Err(err),
+            };
             if let Ok(r) = &route
                 && lane_candidate
                 && analysis.shape().is_quick()
@@ -132,11 +136,17 @@ impl Session {
             if !self.begin_or_reply(route, analysis.single_dml).await {
                 return Ok(());
             }
-        } else if let Err(err) =
-            self.check_fits_transaction(&named).await.and_then(|()| self.check_writable(&analysis))
-        {
-            self.reply_error(&err, true);
-            return Ok(());
+        } else {
+            let shard = self.server.as_ref().map(|a| a.route.shard);
+            let mut checked =
+                self.check_fits_transaction(&named).await.and_then(|()| self.check_writable(&analysis));
+            if let (Ok(()), Some(shard)) = (&checked, shard) {
+                checked = self.check_strict(shard, &analysis, None).await;
+            }
+            if let Err(err) = checked {
+                self.reply_error(&err, true);
+                return Ok(());
+            }
         }
 
         let Some(a) = self.server.as_mut() else {

@@ -1,0 +1,157 @@
+//! Strict isolation (`proxy.isolation = "strict"`): which tables of a shard hold
+//! tenants without forced row-level security, read from the shard's catalog and cached,
+//! and the check that a session's statement touching one is confined to its tenant.
+//!
+//! The list is read over a control-plane connection (tokio-postgres, the user's server
+//! credentials, no TLS), kept for `REFRESH` and forgotten when this proxy forwards DDL,
+//! so that a table whose policy changes is seen within that time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Config, NodeConfig, UserConfig};
+use crate::directory::{ShardId, TenantId};
+use crate::router::Confinement;
+
+use super::error::FrontendError;
+
+/// How long a shard's list of tenant tables is trusted.
+const REFRESH: Duration = Duration::from_secs(10);
+
+/// Tables and views with the tenant column, by name (`name` and `schema.name`,
+/// lowercased): whether row-level security binds everyone there (enabled and forced).
+#[derive(Debug, Default)]
+pub struct TenantTables(foldhash::HashMap<Box<str>, bool>);
+
+impl TenantTables {
+    /// Whether `relation` (as a statement names it) holds tenants without forced RLS.
+    fn unforced(&self, relation: &str) -> bool {
+        self.0.get(relation).is_some_and(|forced| !forced)
+    }
+
+    /// Whether any table of the shard holds tenants without forced RLS.
+    fn any_unforced(&self) -> bool {
+        self.0.values().any(|forced| !forced)
+    }
+}
+
+/// The tenant tables of each (shard, database), read on first need.
+pub struct StrictCatalog {
+    tables: moka::sync::Cache<(ShardId, String), Arc<TenantTables>>,
+}
+
+impl Default for StrictCatalog {
+    fn default() -> Self {
+        Self { tables: moka::sync::Cache::builder().max_capacity(4096).time_to_live(REFRESH).build() }
+    }
+}
+
+impl StrictCatalog {
+    /// The tenant tables of `database` on `node` of `shard`.
+    async fn tables(
+        &self,
+        config: &Config,
+        shard: ShardId,
+        node: &NodeConfig,
+        user: &UserConfig,
+        database: &str,
+    ) -> Result<Arc<TenantTables>, FrontendError> {
+        let dbname = node.dbname.as_deref().unwrap_or(database);
+        let key = (shard, dbname.to_string());
+        if let Some(tables) = self.tables.get(&key) {
+            return Ok(tables);
+        }
+        let tables = Arc::new(
+            read_tenant_tables(config, node, user, dbname)
+                .await
+                .map_err(|e| FrontendError::StrictCatalog { shard, reason: e.to_string() })?,
+        );
+        self.tables.insert(key, tables.clone());
+        Ok(tables)
+    }
+
+    /// DDL went to `database` on `shard`: its list is read again on next need.
+    fn forget(&self, shard: ShardId, node: &NodeConfig, database: &str) {
+        self.tables.invalidate(&(shard, node.dbname.as_deref().unwrap_or(database).to_string()));
+    }
+}
+
+async fn read_tenant_tables(
+    config: &Config,
+    node: &NodeConfig,
+    user: &UserConfig,
+    dbname: &str,
+) -> Result<TenantTables, tokio_postgres::Error> {
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(&node.host).port(node.port).user(user.server_user()).dbname(dbname);
+    pg.connect_timeout(Duration::from_secs(5)).application_name("pgtenant strict isolation");
+    if let Some(password) = user.server_password() {
+        pg.password(password);
+    }
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let rows = client
+        .query(
+            "SELECT lower(n.nspname), lower(c.relname), c.relrowsecurity AND c.relforcerowsecurity
+             FROM pg_catalog.pg_attribute a
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE a.attname = $1 AND a.attnum > 0 AND NOT a.attisdropped
+               AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+               AND n.nspname NOT IN ('pg_catalog', 'information_schema')",
+            &[&config.proxy.tenant_column],
+        )
+        .await?;
+    let mut tables = TenantTables::default();
+    for row in rows {
+        let (schema, name, forced): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
+        // A name in several schemas counts as forced only if it is forced in all.
+        for key in [format!("{schema}.{name}"), name] {
+            let entry = tables.0.entry(key.into()).or_insert(true);
+            *entry &= forced;
+        }
+    }
+    Ok(tables)
+}
+
+/// What the strict check needs of the session.
+pub(crate) struct StrictCheck<'a> {
+    pub config: &'a Config,
+    pub catalog: &'a StrictCatalog,
+    pub shard: ShardId,
+    pub node: &'a NodeConfig,
+    pub user: &'a UserConfig,
+    pub database: &'a str,
+    /// The session's tenant.
+    pub tenant: &'a TenantId,
+}
+
+impl StrictCheck<'_> {
+    /// Refuses a statement that touches a table holding tenants without forced RLS,
+    /// unless `confinement` shows it confined to the session's tenant. `ddl`: the
+    /// statement may change tables, and the shard's list is read again afterwards.
+    pub async fn check(&self, confinement: Confinement, ddl: bool) -> Result<(), FrontendError> {
+        let tables =
+            self.catalog.tables(self.config, self.shard, self.node, self.user, self.database).await?;
+        if ddl {
+            self.catalog.forget(self.shard, self.node, self.database);
+        }
+        let refuse = |table: &str| FrontendError::StrictIsolation {
+            tenant: self.tenant.clone(),
+            shard: self.shard,
+            table: table.to_string(),
+        };
+        let Some(relations) = confinement.relations else {
+            // pgtenant cannot tell which tables it touches.
+            return match tables.any_unforced() {
+                true => Err(refuse("a table the statement may touch")),
+                false => Ok(()),
+            };
+        };
+        let Some(unforced) = relations.iter().find(|r| tables.unforced(r)) else { return Ok(()) };
+        let confined = relations.len() == 1
+            && !confinement.tenants.is_empty()
+            && confinement.tenants.iter().all(|t| t.as_ref() == Some(self.tenant));
+        if confined { Ok(()) } else { Err(refuse(unforced)) }
+    }
+}
