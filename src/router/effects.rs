@@ -13,6 +13,8 @@
 //! a schema before `pg_catalog`, and a read that waits for the ACCESS EXCLUSIVE lock of
 //! DDL or `LOCK TABLE`. Lanes bound those by timing each statement shape (`quick`).
 
+use std::sync::LazyLock;
+
 use super::analyze::Words;
 use super::lexer::{TokenKind, code_tokens};
 
@@ -116,10 +118,25 @@ fn call_cannot_wait(w: &Words, i: usize) -> bool {
     let name = w.text(i).to_ascii_lowercase();
     let qualified = i >= 2 && w.text(i - 1) == ".";
     if qualified {
-        return w.is(i - 2, "pg_catalog") && NO_WAIT_FUNCTIONS.contains(&name.as_str());
+        return w.is(i - 2, "pg_catalog") && KNOWN.get(name.as_str()) == Some(&Known::Function);
     }
-    PAREN_KEYWORDS.contains(&name.as_str()) || NO_WAIT_FUNCTIONS.contains(&name.as_str())
+    KNOWN.contains_key(name.as_str())
 }
+
+/// What a word before `(` is, when it is one pgtenant knows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Known {
+    Keyword,
+    Function,
+}
+
+/// `PAREN_KEYWORDS` and `NO_WAIT_FUNCTIONS` in one map: a statement may hold many calls,
+/// and each is looked up once.
+static KNOWN: LazyLock<foldhash::HashMap<&'static str, Known>> = LazyLock::new(|| {
+    let keywords = PAREN_KEYWORDS.iter().map(|k| (*k, Known::Keyword));
+    // A function of the same name as a keyword stays a function (`left`, `right`).
+    keywords.chain(NO_WAIT_FUNCTIONS.iter().map(|f| (*f, Known::Function))).collect()
+});
 
 /// Keywords and type names that a `(` may follow in a read without a function call.
 const PAREN_KEYWORDS: &[&str] = &[

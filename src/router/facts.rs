@@ -23,7 +23,7 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::lexer::{Token, TokenKind, Tokens, code_tokens};
+use super::lexer::{TokenKind, Tokens, code_tokens};
 
 /// Placeholders standing for literals are numbered from here, above any real `$n`.
 const LITERAL_BASE: u32 = 100_000;
@@ -148,15 +148,20 @@ fn unparsed_facts(sql: &str, column: &str) -> SqlFacts {
     let is_word = |i: usize, word: &str| {
         tokens.get(i).is_some_and(|t| t.kind == TokenKind::Word) && text(i).eq_ignore_ascii_case(word)
     };
-    // Literal numbers in text order, as `literal_ranges` counts them.
-    let literal_index = |i: usize| {
-        let is_literal = |t: &Token| match t.kind {
+    // Each token's number among the literals, in text order as `literal_ranges` counts
+    // them: worked out in one pass, so a long text costs no more than its length.
+    let mut literal_numbers = Vec::with_capacity(tokens.len());
+    let mut literals_seen = 0;
+    for t in &tokens {
+        let is_literal = match t.kind {
             TokenKind::Number => true,
             TokenKind::String => !sql[t.start..].starts_with('$'),
             _ => false,
         };
-        is_literal(&tokens[i]).then(|| tokens[..i].iter().filter(|t| is_literal(t)).count())
-    };
+        literal_numbers.push(is_literal.then_some(literals_seen));
+        literals_seen += usize::from(is_literal);
+    }
+    let literal_index = |i: usize| literal_numbers.get(i).copied().flatten();
     // The value at token `i`: a literal (after a minus sign), or `$n`.
     let value_at = |i: usize| -> Option<TenantSource> {
         let negative = text(i) == "-";
