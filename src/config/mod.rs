@@ -230,6 +230,9 @@ pub struct ProxyConfig {
     pub tenant_key: TenantKey,
     /// Statement shapes whose parse results are kept.
     pub parse_cache_size: u64,
+    /// Bytes of statement text those shapes may hold (default 64 MiB); a shape longer
+    /// than a 64th of it is parsed every time instead of kept.
+    pub parse_cache_bytes: usize,
     /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
     /// login; sessions that logged in without one may always set it. Default false: a
     /// tenant given at login is bound. A user's own `allow_tenant_switch` overrides it.
@@ -284,6 +287,7 @@ impl Default for ProxyConfig {
             tenant_column: "tenant_id".into(),
             tenant_key: TenantKey::Bigint,
             parse_cache_size: 10_000,
+            parse_cache_bytes: 64 << 20,
             allow_tenant_switch: false,
             no_tenant_policy: NoTenantPolicy::Reject,
             isolation: IsolationMode::Standard,

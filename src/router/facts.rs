@@ -61,19 +61,47 @@ pub struct SqlFacts {
     pub confining: Vec<TenantSource>,
 }
 
+/// The parse results of statement shapes, bounded by entries and by the bytes of the
+/// shapes' texts (`parse_cache_size`, `parse_cache_bytes`): full, it starts over.
 pub struct FactsCache {
-    shapes: RwLock<foldhash::HashMap<Box<str>, Arc<SqlFacts>>>,
+    shapes: RwLock<Shapes>,
     capacity: usize,
+    byte_budget: usize,
     tenant_column: String,
 }
 
+#[derive(Default)]
+struct Shapes {
+    facts: foldhash::HashMap<Box<str>, Arc<SqlFacts>>,
+    /// The bytes of the keys of `facts`.
+    bytes: usize,
+}
+
+/// A shape longer than this share of the byte budget is parsed every time, not kept:
+/// a few huge statements must not push out every common one.
+const LARGEST_SHARE: usize = 64;
+
 impl FactsCache {
+    /// A cache bounded by entries only.
+    #[cfg(test)]
     pub fn new(capacity: u64, tenant_column: &str) -> Self {
+        Self::with_budget(capacity, usize::MAX, tenant_column)
+    }
+
+    /// A cache of at most `capacity` shapes and `byte_budget` bytes of their texts.
+    pub fn with_budget(capacity: u64, byte_budget: usize, tenant_column: &str) -> Self {
         Self {
-            shapes: RwLock::new(foldhash::HashMap::default()),
+            shapes: RwLock::new(Shapes::default()),
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX).max(1),
+            byte_budget: byte_budget.max(1),
             tenant_column: tenant_column.to_ascii_lowercase(),
         }
+    }
+
+    /// The bytes of shape text the cache holds.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.shapes.read().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
     pub fn tenant_column(&self) -> &str {
@@ -84,7 +112,7 @@ impl FactsCache {
     /// byte ranges of its literals (what `TenantSource::Literal` indexes).
     pub fn facts(&self, sql: &str) -> (Arc<SqlFacts>, Vec<Range<usize>>) {
         let (shape, literals) = shape_of(sql);
-        if let Some(facts) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).get(shape.as_str()) {
+        if let Some(facts) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).facts.get(shape.as_str()) {
             return (facts.clone(), literals);
         }
         let facts = match Parser::parse_sql(&PostgreSqlDialect {}, &shape) {
@@ -99,11 +127,18 @@ impl FactsCache {
                 return (Arc::new(SqlFacts { per_text: true, ..facts }), literals);
             }
         };
-        let mut shapes = self.shapes.write().unwrap_or_else(|e| e.into_inner());
-        if shapes.len() >= self.capacity {
-            shapes.clear();
+        if shape.len() > self.byte_budget / LARGEST_SHARE {
+            return (facts, literals);
         }
-        shapes.insert(shape.into(), facts.clone());
+        let mut shapes = self.shapes.write().unwrap_or_else(|e| e.into_inner());
+        if shapes.facts.len() >= self.capacity || shapes.bytes + shape.len() > self.byte_budget {
+            *shapes = Shapes::default();
+        }
+        // Another thread may have parsed the same shape meanwhile: counted once.
+        if !shapes.facts.contains_key(shape.as_str()) {
+            shapes.bytes += shape.len();
+            shapes.facts.insert(shape.into(), facts.clone());
+        }
         (facts, literals)
     }
 }
@@ -548,6 +583,24 @@ mod tests {
         // Naming no relation, it needs no tenant.
         let f = facts("select pg_catalog.session_user()");
         assert!(!f.parsed && !f.touches_tables, "{f:?}");
+    }
+
+    #[test]
+    fn the_cache_holds_at_most_its_byte_budget_and_no_huge_shape() {
+        let cache = FactsCache::with_budget(1_000_000, 64 * 200, "tenant_id");
+        // Longer than a 64th of the budget: analysed all the same, not kept.
+        // (Literals do not count: the shape holds placeholders for them.)
+        let columns: Vec<String> = (0..60).map(|i| format!("c{i}")).collect();
+        let huge = format!("select {} from a where tenant_id = 7", columns.join(", "));
+        let (facts, _) = cache.facts(&huge);
+        assert_eq!(facts.tenant_sources, vec![lit(0)]);
+        assert_eq!(cache.bytes(), 0);
+        for n in 0..2000 {
+            let sql = format!("select * from t{n} where tenant_id = $1 and c{n} = 1");
+            assert_eq!(cache.facts(&sql).0.tenant_sources, vec![Param(1)]);
+            assert!(cache.bytes() <= 64 * 200, "{} bytes after {n} shapes", cache.bytes());
+        }
+        assert!(cache.bytes() > 0);
     }
 
     #[test]

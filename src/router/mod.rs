@@ -108,7 +108,11 @@ impl Router {
             default_shard: config.default_shard(),
             no_tenant_policy: config.proxy.no_tenant_policy,
             tenant_key: config.proxy.tenant_key,
-            facts: FactsCache::new(config.proxy.parse_cache_size, &config.proxy.tenant_column),
+            facts: FactsCache::with_budget(
+                config.proxy.parse_cache_size,
+                config.proxy.parse_cache_bytes,
+                &config.proxy.tenant_column,
+            ),
         }
     }
 
