@@ -34,7 +34,7 @@ pub(super) fn cannot_wait(sql: &str) -> bool {
     if ["for", "into", "insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k)) {
         return false;
     }
-    (0..statement.len()).all(|i| w.text(i + 1) != "(" || call_cannot_wait(&w, i))
+    calls_only_known(&w)
 }
 
 /// What a statement text may do to the server session's state (settings, the tenant
@@ -64,8 +64,7 @@ pub(super) fn session_risk(sql: &str) -> SessionRisk {
 }
 
 fn statement_risk(w: &Words) -> SessionRisk {
-    let calls_only_known = (0..w.tokens.len()).all(|i| w.text(i + 1) != "(" || call_cannot_wait(w, i));
-    if !calls_only_known {
+    if !calls_only_known(w) {
         return SessionRisk::Anything;
     }
     // Followed by pgtenant (SET, RESET, DISCARD), over with the transaction, or no
@@ -103,6 +102,12 @@ fn statement_risk(w: &Words) -> SessionRisk {
 
 /// The first words of statements that read (a WITH may also write).
 const READ_STARTS: [&str; 4] = ["select", "values", "table", "with"];
+
+/// Whether every `(` of the statement follows a keyword, a type name or a function
+/// known not to wait (`call_cannot_wait`), or no word at all.
+fn calls_only_known(w: &Words) -> bool {
+    (0..w.tokens.len()).all(|i| w.text(i + 1) != "(" || call_cannot_wait(w, i))
+}
 
 /// Token `i` stands before `(`: a keyword or type name that takes parentheses, or a
 /// call of a function known not to wait (unqualified, or qualified by `pg_catalog`,
