@@ -91,6 +91,19 @@ CREATE TABLE IF NOT EXISTS tenant_shard_map_text (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- A tenant's share of each pool's server connections, for the tenants that need
+-- other than the default (weight 1, no cap, no minimum). tenant_key is the key's text
+-- (decimal for bigint keys). Proxies follow changes through the NOTIFY below.
+CREATE TABLE IF NOT EXISTS tenant_limits (
+    tenant_key      text    PRIMARY KEY,
+    -- Against the other tenants with work for the same pool.
+    weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 10000),
+    -- At most this many connections of one pool at once; NULL: no cap of its own.
+    max_connections integer CHECK (max_connections >= 1),
+    -- While it has work, this many connections of a pool are kept for it.
+    min_connections integer NOT NULL DEFAULT 0 CHECK (min_connections >= 0)
+);
+
 CREATE TABLE IF NOT EXISTS hash_group (
     group_id integer  PRIMARY KEY CHECK (group_id >= 0),
     shard_id smallint NOT NULL REFERENCES shard_config (shard_id)
@@ -182,7 +195,7 @@ DO $$
 DECLARE
     t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['shard_config', 'shard_node', 'tenant_shard_map', 'tenant_shard_map_text', 'hash_group'] LOOP
+    FOREACH t IN ARRAY ARRAY['shard_config', 'shard_node', 'tenant_shard_map', 'tenant_shard_map_text', 'hash_group', 'tenant_limits'] LOOP
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify', t);
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_insert', t);
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON pgtenant.%I', t || '_notify_update', t);

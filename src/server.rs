@@ -74,8 +74,8 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         Some(catalog) => Arc::new(CatalogDirectory::connect(catalog, config.proxy.tenant_key).await?),
         None => Arc::new(StaticDirectory::from_config(&config).map_err(|e| StartError::Invalid(vec![e]))?),
     };
+    let pools = Pools::new(config.clone(), server_tls, directory.clone());
     let router = Router::new(&config, directory);
-    let pools = Pools::new(config.clone(), server_tls);
     let listener = TcpListener::bind(config.proxy.listen)
         .await
         .map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;

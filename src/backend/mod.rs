@@ -11,6 +11,7 @@ mod prepared;
 mod prepared_on_server;
 mod relay;
 mod settings;
+mod share;
 mod state;
 mod tls;
 

@@ -1,7 +1,7 @@
 //! One pool per (shard node, user, database): at most `pool_size` server connections.
-//! deadpool (unmanaged) hands out the permits, one per place in the pool, so that
-//! waiting in turn, the checkout timeout and closing are its business; the idle
-//! connections wait on a shelf beside it, in the order they came back.
+//! Its `ShareGate` hands out the places, one per connection, shared fairly among the
+//! tenants that wait (see `share`); the idle connections wait on a shelf beside it, in
+//! the order they came back.
 //!
 //! Checkouts are tenant-aware. A server connection remembers the tenant its GUC holds
 //! and the client settings it carries, and switching either costs the server a
@@ -22,16 +22,15 @@ use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
-use deadpool::unmanaged::{self, Object, PoolConfig, PoolError};
-
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
 use super::lane::{Lane, LaneJoin};
 use super::settings::Settings;
+use super::share::{GateError, LimitSource, ShareGate, ShareKey, SharePermit};
 use super::tls::ServerTls;
 use crate::config::{Config, NodeConfig, UserConfig};
-use crate::directory::{ShardId, TenantId};
+use crate::directory::{Directory, ShardId, TenantId, TenantLimit, TenantLimits};
 
 /// What a checkout would like its connection to hold already; nothing (the default)
 /// takes the newest idle connection.
@@ -65,9 +64,9 @@ type Shelf = Vec<Box<ServerConn>>;
 pub struct ServerPool(Arc<NodePool>);
 
 struct NodePool {
-    permits: unmanaged::Pool<()>,
-    /// The connections not checked out, oldest first. A checkout holds a permit, and
-    /// a connection goes on the shelf before its permit is given back, so there is
+    gate: Arc<ShareGate>,
+    /// The connections not checked out, oldest first. A checkout holds a place, and
+    /// a connection goes on the shelf before its place is given back, so there is
     /// room for a new connection whenever the shelf is empty.
     shelf: Mutex<Shelf>,
     size: usize,
@@ -117,15 +116,15 @@ fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
 }
 
 impl ServerPool {
-    fn new(size: usize, target: ConnectTarget, tls: Option<Arc<ServerTls>>, lifetime_ms: u64) -> Self {
-        let config = PoolConfig { max_size: size, timeout: None, runtime: Some(deadpool::Runtime::Tokio1) };
-        let permits = unmanaged::Pool::from_config(&config);
-        for _ in 0..size {
-            // Cannot fail: the pool is new, open, and holds fewer than `size` permits.
-            let _ = permits.try_add(());
-        }
+    fn new(
+        gate: Arc<ShareGate>,
+        target: ConnectTarget,
+        tls: Option<Arc<ServerTls>>,
+        lifetime_ms: u64,
+    ) -> Self {
+        let size = gate.size();
         Self(Arc::new(NodePool {
-            permits,
+            gate,
             shelf: Mutex::new(Vec::with_capacity(size)),
             size,
             target,
@@ -138,7 +137,7 @@ impl ServerPool {
     }
 
     pub fn is_closed(&self) -> bool {
-        self.0.permits.is_closed()
+        self.0.gate.is_closed()
     }
 
     /// The node's own parameters, as its first connection reported them at login.
@@ -173,7 +172,7 @@ impl ServerPool {
         read_only: bool,
         join: LaneJoin,
     ) -> Option<Arc<Lane>> {
-        if self.0.permits.status().waiting > 0 {
+        if self.0.gate.waiting() > 0 {
             return None;
         }
         let lanes = self.0.lock_lanes();
@@ -189,8 +188,8 @@ impl ServerPool {
     /// still free: a lone request then runs on a server of its own, cheaper than a lane
     /// (no driver task, no channel), and one that comes while it runs opens a lane.
     pub fn only_checkout_with_room(&self) -> bool {
-        let status = self.0.permits.status();
-        status.available > 0 && status.available + 1 == self.0.size
+        let free = self.0.gate.free();
+        free > 0 && free + 1 == self.0.size
     }
 
     /// Starts `lane`'s driver (after its first request was submitted) and lists it
@@ -207,7 +206,7 @@ impl ServerPool {
     /// Closes the pool: waiting checkouts fail, idle connections close now, busy ones
     /// when they come back.
     fn close(&self) {
-        self.0.permits.close();
+        self.0.gate.close();
         let idle = std::mem::take(&mut *self.0.lock_shelf());
         drop(idle);
     }
@@ -218,7 +217,7 @@ pub struct PooledConn {
     conn: Option<Box<ServerConn>>,
     pool: Arc<NodePool>,
     /// Given back after the connection is on the shelf (fields drop after `drop`).
-    _permit: Object<()>,
+    _permit: SharePermit,
 }
 
 impl PooledConn {
@@ -260,9 +259,9 @@ impl Drop for PooledConn {
                 return;
             }
             conn.idle_since_ms = now;
-            // Checked under the lock: `close` closes the permits before it empties the shelf.
+            // Checked under the lock: `close` closes the gate before it empties the shelf.
             let mut shelf = self.pool.lock_shelf();
-            if !self.pool.permits.is_closed() {
+            if !self.pool.gate.is_closed() {
                 shelf.push(conn);
             }
         }
@@ -296,7 +295,7 @@ impl NodePool {
     /// new one.
     async fn take(
         self: &Arc<Self>,
-        permit: Object<()>,
+        permit: SharePermit,
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, BackendError> {
         let idle = pick(&mut self.lock_shelf(), wanted);
@@ -328,11 +327,30 @@ pub struct Pools {
     config: Arc<Config>,
     tls: Option<Arc<ServerTls>>,
     pools: RwLock<HashMap<PoolKey, ServerPool>>,
+    limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
+}
+
+/// The tenant limits in force: the catalog's where it names the tenant, else the file's.
+struct LimitsInForce {
+    file: Arc<TenantLimits>,
+    catalog: Arc<TenantLimits>,
+}
+
+impl LimitSource for LimitsInForce {
+    fn limit(&self, tenant: Option<&TenantId>) -> TenantLimit {
+        self.catalog.named(tenant).or_else(|| self.file.named(tenant)).unwrap_or_default()
+    }
 }
 
 impl Pools {
-    pub fn new(config: Arc<Config>, tls: Option<ServerTls>) -> Self {
-        Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()) }
+    /// Pools whose tenant limits are the file's and those of `directory`'s topology.
+    pub fn new(config: Arc<Config>, tls: Option<ServerTls>, directory: Arc<dyn Directory>) -> Self {
+        let file = Arc::new(TenantLimits::from_config(&config.tenant_limits, config.proxy.tenant_key));
+        let limits = Arc::new(move || {
+            let catalog = directory.topology().limits().clone();
+            Arc::new(LimitsInForce { file: file.clone(), catalog }) as Arc<dyn LimitSource>
+        });
+        Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()), limits }
     }
 
     /// Closes the idle connections that have sat in their pools past
@@ -356,24 +374,25 @@ impl Pools {
         }
     }
 
-    /// Checks out a connection from a pool handle kept by the caller (see `pool`).
+    /// Checks out a connection for `tenant`'s work from a pool handle kept by the
+    /// caller (see `pool`), waiting in the tenant's line when the pool is busy.
     pub async fn checkout_from(
         &self,
         pool: &ServerPool,
         shard: ShardId,
+        tenant: &ShareKey,
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = &pool.0;
         let waited_ms = self.config.proxy.checkout_timeout_ms;
-        let taken = match pool.permits.try_get() {
-            Err(PoolError::Timeout) => {
-                pool.permits.timeout_get(Some(self.config.proxy.checkout_timeout())).await
-            }
-            other => other,
+        let taken = match pool.gate.try_acquire(tenant) {
+            Ok(Some(permit)) => Ok(permit),
+            Ok(None) => pool.gate.acquire(tenant, self.config.proxy.checkout_timeout()).await,
+            Err(e) => Err(e),
         };
         let permit = taken.map_err(|e| match e {
-            PoolError::Timeout => CheckoutError::Exhausted { shard, size: pool.size, waited_ms },
-            PoolError::Closed | PoolError::NoRuntimeSpecified => CheckoutError::Closed { shard },
+            GateError::Timeout => CheckoutError::Exhausted { shard, size: pool.size, waited_ms },
+            GateError::Closed => CheckoutError::Closed { shard },
         })?;
         pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })
     }
@@ -384,15 +403,14 @@ impl Pools {
         &self,
         pool: &ServerPool,
         shard: ShardId,
+        tenant: &ShareKey,
         wanted: Wanted<'_>,
     ) -> Result<Option<PooledConn>, CheckoutError> {
         let pool = &pool.0;
-        let permit = match pool.permits.try_get() {
-            Ok(permit) => permit,
-            Err(PoolError::Timeout) => return Ok(None),
-            Err(PoolError::Closed | PoolError::NoRuntimeSpecified) => {
-                return Err(CheckoutError::Closed { shard });
-            }
+        let permit = match pool.gate.try_acquire(tenant) {
+            Ok(Some(permit)) => permit,
+            Ok(None) => return Ok(None),
+            Err(_) => return Err(CheckoutError::Closed { shard }),
         };
         let conn =
             pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
@@ -422,8 +440,8 @@ impl Pools {
             connect_timeout: self.config.proxy.connect_timeout(),
             max_prepared: self.config.proxy.max_prepared_statements,
         };
-        let pool =
-            ServerPool::new(user.pool_size, target, self.tls.clone(), self.config.proxy.server_lifetime_ms);
+        let gate = ShareGate::new(user.pool_size, self.config.proxy.fair_share, self.limits.clone());
+        let pool = ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
     }
@@ -457,7 +475,8 @@ mod tests {
     #[tokio::test]
     async fn pools_of_departed_nodes_are_closed() {
         let config = Arc::new(crate::config::test_layout());
-        let pools = Pools::new(config.clone(), None);
+        let directory = Arc::new(crate::directory::StaticDirectory::from_config(&config).unwrap());
+        let pools = Pools::new(config.clone(), None, directory);
         let user = UserConfig {
             name: "app".into(),
             password: Some("app".into()),

@@ -34,6 +34,10 @@ pub struct Config {
     /// Explicit tenant placements; they win over ranges.
     #[serde(default)]
     pub tenant_map: Vec<TenantMapping>,
+    /// Per-tenant shares of each pool's server connections (weight, cap, minimum);
+    /// a catalog's `tenant_limits` table adds to them.
+    #[serde(default)]
+    pub tenant_limits: Vec<TenantLimitConfig>,
     /// A catalog database that holds shards and placements instead of this file.
     #[serde(default)]
     pub catalog: Option<CatalogConfig>,
@@ -233,6 +237,10 @@ pub struct ProxyConfig {
     /// Bytes of statement text those shapes may hold (default 64 MiB); a shape longer
     /// than a 64th of it is parsed every time instead of kept.
     pub parse_cache_bytes: usize,
+    /// Whether a contended pool shares its connections fairly among the tenants that
+    /// have work (default true): each gets up to its weighted share, what one leaves
+    /// unused goes to the others, and a tenant alone may use the whole pool.
+    pub fair_share: bool,
     /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
     /// login; sessions that logged in without one may always set it. Default false: a
     /// tenant given at login is bound. A user's own `allow_tenant_switch` overrides it.
@@ -288,6 +296,7 @@ impl Default for ProxyConfig {
             tenant_key: TenantKey::Bigint,
             parse_cache_size: 10_000,
             parse_cache_bytes: 64 << 20,
+            fair_share: true,
             allow_tenant_switch: false,
             no_tenant_policy: NoTenantPolicy::Reject,
             isolation: IsolationMode::Standard,
@@ -451,6 +460,26 @@ pub struct RangeConfig {
 pub struct TenantMapping {
     pub tenant: MappedKey,
     pub shard: u16,
+}
+
+/// One tenant's share of each pool it uses (see `proxy.fair_share`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantLimitConfig {
+    pub tenant: MappedKey,
+    /// Its weight against the other tenants waiting for the same pool (default 1).
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// At most this many of a pool's connections at once; unset: no cap of its own.
+    #[serde(default)]
+    pub max_connections: Option<u32>,
+    /// While it has work, at least this many of a pool's connections are kept for it.
+    #[serde(default)]
+    pub min_connections: u32,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 /// A tenant key in the file: a number, or a string for text keys.

@@ -28,6 +28,20 @@ pub fn validate(config: &Config) -> Vec<String> {
     } else if config.shards.is_empty() {
         problems.push("no shards are configured".to_string());
     }
+    for limit in &config.tenant_limits {
+        if !(1..=10_000).contains(&limit.weight) {
+            problems.push(format!(
+                "[[tenant_limits]] tenant {:?}: weight {} must be 1..10000",
+                limit.tenant, limit.weight
+            ));
+        }
+        if limit.max_connections.is_some_and(|cap| cap < limit.min_connections.max(1)) {
+            problems.push(format!(
+                "[[tenant_limits]] tenant {:?}: max_connections must be at least 1 and at least min_connections",
+                limit.tenant
+            ));
+        }
+    }
     let sf = &config.snowflake;
     if !(1..=11).contains(&sf.instance_bits) {
         problems.push(format!("[snowflake] instance_bits is {}; it must be 1..11", sf.instance_bits));

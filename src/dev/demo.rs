@@ -56,6 +56,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
             RangeConfig { min: 1001, max: 2000, shard: 2 },
         ],
         tenant_map: vec![TenantMapping { tenant: MappedKey::Int(42), shard: 2 }],
+        tenant_limits: Vec::new(),
         catalog: None,
         snowflake: SnowflakeConfig::default(),
     }

@@ -5,6 +5,7 @@
 //! NOTIFY messages keep exact.
 
 mod catalog;
+mod limits;
 mod static_dir;
 mod topology;
 
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 pub use crate::config::TenantKey;
 pub use catalog::{CatalogDirectory, CatalogError};
+pub use limits::{MAX_WEIGHT, TenantLimit, TenantLimits};
 pub use static_dir::StaticDirectory;
 pub use topology::{Shard, ShardStatus, Topology, hash_group};
 

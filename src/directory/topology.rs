@@ -3,8 +3,9 @@
 //! in memory and swapped as one value when the source changes.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use super::{DirectoryError, ShardId, TenantId};
+use super::{DirectoryError, ShardId, TenantId, TenantLimits};
 use crate::config::{Config, NodeConfig, NodeRole};
 
 /// Whether a shard takes traffic.
@@ -50,6 +51,9 @@ pub struct Topology {
     ranges: Vec<(i64, i64, ShardId)>,
     /// Shard of each hash group; `None` for an unassigned group. Empty: no hashing.
     hash_groups: Vec<Option<ShardId>>,
+    /// The catalog's `tenant_limits` (empty for a configuration file, whose limits
+    /// the pools hold themselves).
+    limits: Arc<TenantLimits>,
 }
 
 impl Topology {
@@ -85,7 +89,7 @@ impl Topology {
                 return Err(format!("a placement rule names shard {shard}, which does not exist"));
             }
         }
-        Ok(Self { shards: by_id, ranges, hash_groups })
+        Ok(Self { shards: by_id, ranges, hash_groups, limits: Arc::default() })
     }
 
     /// The topology of a configuration file (validated before).
@@ -97,6 +101,16 @@ impl Topology {
             .collect();
         let ranges = config.ranges.iter().map(|r| (r.min, r.max, r.shard)).collect();
         Self::new(shards, ranges, Vec::new())
+    }
+
+    /// With the catalog's tenant limits.
+    pub fn with_limits(mut self, limits: TenantLimits) -> Self {
+        self.limits = Arc::new(limits);
+        self
+    }
+
+    pub fn limits(&self) -> &Arc<TenantLimits> {
+        &self.limits
     }
 
     pub fn shard(&self, id: ShardId) -> Option<&Shard> {

@@ -133,10 +133,13 @@ async fn login(
         Some(known) if pool.accepts(&to_check) => Err(known),
         // New settings are tried on a connection that is free now. A login does not wait
         // for a busy pool for that: the settings are then tried at the first checkout.
-        Some(known) => {
-            shared.pools.checkout_if_free(&pool, shard, wanted).await.map_err(checkout_error)?.ok_or(known)
-        }
-        None => Ok(shared.pools.checkout_from(&pool, shard, wanted).await.map_err(checkout_error)?),
+        Some(known) => shared
+            .pools
+            .checkout_if_free(&pool, shard, &None, wanted)
+            .await
+            .map_err(checkout_error)?
+            .ok_or(known),
+        None => Ok(shared.pools.checkout_from(&pool, shard, &None, wanted).await.map_err(checkout_error)?),
     };
     let reported = match server {
         Ok(conn) => {

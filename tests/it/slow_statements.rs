@@ -62,10 +62,11 @@ fn first_value(messages: &[tokio_postgres::SimpleQueryMessage]) -> String {
         .expect("a row")
 }
 
-/// A proxy whose shard pools have six connections: the slow statements below take four,
-/// and eight fast clients share what is left, on lanes.
+/// A proxy whose shard pools have eight connections: the slow statements below take
+/// four (tenant 8's fair share beside tenant 7), and eight fast clients of tenant 7
+/// share what is left, on lanes.
 async fn busy_proxy() -> harness::Proxy {
-    start_proxy(|c| c.users[0].pool_size = 6).await
+    start_proxy(|c| c.users[0].pool_size = 8).await
 }
 
 /// Starts four clients of tenant 8 (shard 1) that each send `sql` once, while eight fast

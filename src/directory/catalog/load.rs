@@ -4,7 +4,9 @@
 use tokio_postgres::Client;
 
 use crate::config::{NodeConfig, NodeRole};
-use crate::directory::{Placement, Shard, ShardStatus, TenantId, TenantState, Topology};
+use crate::directory::{
+    Placement, Shard, ShardStatus, TenantId, TenantKey, TenantLimit, TenantLimits, TenantState, Topology,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -30,16 +32,17 @@ pub struct Snapshot {
     pub version: i64,
 }
 
-/// Reads shards, nodes, ranges, hash groups and the version in one snapshot.
-pub async fn snapshot(client: &Client) -> Result<Snapshot, LoadError> {
+/// Reads shards, nodes, ranges, hash groups, tenant limits and the version in one
+/// snapshot; `kind` reads the limits' tenant keys.
+pub async fn snapshot(client: &Client, kind: TenantKey) -> Result<Snapshot, LoadError> {
     // One REPEATABLE READ transaction: every table as of the same moment.
     client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
-    let result = read_snapshot(client).await;
+    let result = read_snapshot(client, kind).await;
     let _ = client.batch_execute("COMMIT").await;
     result
 }
 
-async fn read_snapshot(client: &Client) -> Result<Snapshot, LoadError> {
+async fn read_snapshot(client: &Client, kind: TenantKey) -> Result<Snapshot, LoadError> {
     let state = client.query_one("SELECT version, hash_group_count FROM pgtenant.routing_state", &[]).await?;
     let version: i64 = state.get(0);
     let group_count: i32 = state.get(1);
@@ -99,7 +102,39 @@ async fn read_snapshot(client: &Client) -> Result<Snapshot, LoadError> {
     }
 
     let topology = Topology::new(shards, ranges, hash_groups).map_err(LoadError::Invalid)?;
-    Ok(Snapshot { topology, version })
+    let limits = tenant_limits(client, kind).await?;
+    Ok(Snapshot { topology: topology.with_limits(limits), version })
+}
+
+/// The `tenant_limits` table; none when the catalog predates it (sql/catalog.sql
+/// creates it when run again).
+async fn tenant_limits(client: &Client, kind: TenantKey) -> Result<TenantLimits, LoadError> {
+    let mut limits = TenantLimits::default();
+    let exists = client.query_one("SELECT to_regclass('pgtenant.tenant_limits') IS NOT NULL", &[]).await?;
+    if !exists.get::<_, bool>(0) {
+        return Ok(limits);
+    }
+    let rows = client
+        .query("SELECT tenant_key, weight, max_connections, min_connections FROM pgtenant.tenant_limits", &[])
+        .await?;
+    for row in rows {
+        let key: String = row.get(0);
+        let Some(tenant) = TenantId::from_text_bytes(key.as_bytes(), kind) else {
+            return Err(LoadError::Invalid(format!(
+                "tenant_limits holds a key {key:?} that is not a tenant"
+            )));
+        };
+        let count = |v: Option<i32>| v.map(|n| n.max(0) as u32);
+        limits.set(
+            tenant,
+            TenantLimit {
+                weight: row.get::<_, i32>(1).max(1) as u32,
+                max_connections: count(row.get(2)),
+                min_connections: count(row.get(3)).unwrap_or(0),
+            },
+        );
+    }
+    Ok(limits)
 }
 
 const LOOKUP_SQL: &str = "SELECT shard_id, state FROM pgtenant.tenant_shard_map WHERE tenant_id = $1";

@@ -63,7 +63,7 @@ impl CatalogDirectory {
             .get()
             .await
             .map_err(|e| CatalogError::Connect { addr: addr.clone(), reason: describe_pool_error(&e) })?;
-        let snapshot = load::snapshot(&client)
+        let snapshot = load::snapshot(&client, kind)
             .await
             .map_err(|source| CatalogError::Load { addr: addr.clone(), source })?;
         drop(client);

@@ -98,7 +98,7 @@ async fn listen(inner: &Weak<Inner>, pg: &tokio_postgres::Config) -> Result<Ende
 
 /// Reloads the topology; when the version is not the one served, empties the cache too.
 async fn resync(inner: &Inner, client: &Client) -> Result<(), LoadError> {
-    let snapshot = load::snapshot(client).await?;
+    let snapshot = load::snapshot(client, inner.kind).await?;
     let served = inner.version.load(Ordering::Acquire);
     if snapshot.version != served {
         tracing::info!(from = served, to = snapshot.version, "routing resynchronised from the catalog");
@@ -136,7 +136,7 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
             inner.version.store(change.version, Ordering::Release);
         }
         _ => {
-            let snapshot = load::snapshot(client).await?;
+            let snapshot = load::snapshot(client, inner.kind).await?;
             inner.replace_topology(snapshot.topology);
             // Not the snapshot's version: later tenant changes still need their invalidations.
             inner.version.store(change.version, Ordering::Release);

@@ -87,7 +87,7 @@ impl Session {
             None => {
                 let guc = self.shared.config.proxy.set_tenant_guc;
                 let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
-                let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
+                let conn = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await?;
                 if conn.settings.version != version
                     || conn.read_only != read_only
                     || pool.only_checkout_with_room()

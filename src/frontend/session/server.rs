@@ -50,7 +50,7 @@ impl Session {
                 tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
                 settings: Some(self.settings.version),
             };
-            let conn = self.shared.pools.checkout_from(&pool, route.shard, wanted).await?;
+            let conn = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await?;
             self.attach(conn, &route);
         }
         let context = crate::frontend::tenant_context(&self.shared.config);

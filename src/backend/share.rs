@@ -1,0 +1,484 @@
+//! Who may take one of a pool's server connections: a gate of `size` permits shared
+//! fairly among tenants.
+//!
+//! PgBouncer-style pools queue every checkout in one line, so a tenant with many slow
+//! clients holds every connection and the shard's other tenants wait behind it. Here
+//! each tenant (sessions without one count as one more) has its own line, first come
+//! first served within it, and the gate decides between lines:
+//!
+//! - A tenant's *reserve* is what it has recently needed at once (its peak of held plus
+//!   waiting checkouts over the last one or two `EPOCH_MS`), at most its weighted share
+//!   of the pool among the tenants active now, at least its configured minimum, at
+//!   most its cap. Reserves are recomputed every `PLAN_MS`.
+//! - A tenant below its reserve takes any free connection. Above it, it takes one only
+//!   while more are free than the other tenants' reserves still lack. So a quiet
+//!   tenant's few connections stay within reach while a noisy one uses all the rest,
+//!   and a tenant alone (the only active one) may use the whole pool.
+//! - A connection given back goes to the waiting tenant that holds the fewest for its
+//!   weight (max-min fairness), and it never goes past a tenant's cap.
+//!
+//! With `fair_share = false` reserves are zero and one line is served in arrival
+//! order, as PgBouncer does; caps still hold.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::coarse_clock;
+use crate::directory::{TenantId, TenantLimit, TenantLimits};
+
+/// A tenant's line; `None`: sessions without a tenant.
+pub type ShareKey = Option<TenantId>;
+
+/// How often reserves are recomputed from the tenants' recent demand.
+const PLAN_MS: u64 = 100;
+/// A demand peak counts for this long, and up to twice it.
+const EPOCH_MS: u64 = 500;
+/// How often a waiting checkout looks whether a reserve it waits behind has lapsed.
+const WAITER_TICK: Duration = Duration::from_millis(PLAN_MS * 2);
+
+/// Where the gate reads tenants' limits: the file's, overlaid by the catalog's.
+pub trait LimitSource: Send + Sync {
+    fn limit(&self, tenant: Option<&TenantId>) -> TenantLimit;
+}
+
+impl LimitSource for TenantLimits {
+    fn limit(&self, tenant: Option<&TenantId>) -> TenantLimit {
+        self.get(tenant)
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum GateError {
+    Timeout,
+    Closed,
+}
+
+pub struct ShareGate {
+    size: usize,
+    fair: bool,
+    limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
+    state: Mutex<GateState>,
+    /// Mirrors of `GateState`'s counts, read without the lock.
+    free_now: AtomicUsize,
+    waiting_now: AtomicUsize,
+}
+
+struct GateState {
+    free: usize,
+    closed: bool,
+    waiting: usize,
+    tenants: HashMap<ShareKey, TenantLine>,
+    /// What the tenants' reserves lack: the sum of `reserve - held` where positive.
+    unmet: usize,
+    next_plan_ms: u64,
+    next_ticket: u64,
+    limits: Arc<dyn LimitSource>,
+}
+
+struct TenantLine {
+    held: usize,
+    queue: VecDeque<Waiter>,
+    /// Peak demand (held + waiting) in epoch `epoch`, and in the one before it.
+    peak_now: usize,
+    peak_before: usize,
+    epoch: u64,
+    reserve: usize,
+    limit: TenantLimit,
+}
+
+struct Waiter {
+    ticket: u64,
+    grant: oneshot::Sender<SharePermit>,
+}
+
+/// One of the gate's places, held by a checked-out connection; dropping it gives the
+/// place back (to the next waiting tenant, if any).
+pub struct SharePermit {
+    gate: Arc<ShareGate>,
+    key: ShareKey,
+}
+
+impl Drop for SharePermit {
+    fn drop(&mut self) {
+        self.gate.release(&self.key);
+    }
+}
+
+impl TenantLine {
+    fn new(limit: TenantLimit) -> Self {
+        Self { held: 0, queue: VecDeque::new(), peak_now: 0, peak_before: 0, epoch: 0, reserve: 0, limit }
+    }
+
+    fn cap(&self) -> usize {
+        self.limit.max_connections.map_or(usize::MAX, |c| c as usize)
+    }
+
+    fn unmet(&self) -> usize {
+        self.reserve.saturating_sub(self.held)
+    }
+
+    /// Moves the demand peaks on to `epoch`.
+    fn roll(&mut self, epoch: u64) {
+        if epoch != self.epoch {
+            self.peak_before = if epoch == self.epoch + 1 { self.peak_now } else { 0 };
+            self.peak_now = self.held + self.queue.len();
+            self.epoch = epoch;
+        }
+    }
+
+    fn demand(&self) -> usize {
+        self.peak_now.max(self.peak_before).max(self.held + self.queue.len())
+    }
+}
+
+impl GateState {
+    /// Whether `line` may take a free connection now.
+    fn admits(&self, line: &TenantLine) -> bool {
+        self.free > 0 && line.held < line.cap() && (line.held < line.reserve || self.free > self.unmet)
+    }
+
+    /// Counts a connection taken by (or given back from) `key`'s line.
+    fn adjust_held(&mut self, key: &ShareKey, taken: bool) {
+        let Some(line) = self.tenants.get_mut(key) else { return };
+        let before = line.unmet();
+        if taken {
+            line.held += 1;
+            self.free -= 1;
+        } else {
+            line.held = line.held.saturating_sub(1);
+            self.free += 1;
+        }
+        self.unmet = self.unmet.saturating_sub(before) + line.unmet();
+    }
+}
+
+impl ShareGate {
+    pub fn new(
+        size: usize,
+        fair: bool,
+        limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
+    ) -> Arc<Self> {
+        let current = limits();
+        Arc::new(Self {
+            size,
+            fair,
+            limits,
+            state: Mutex::new(GateState {
+                free: size,
+                closed: false,
+                waiting: 0,
+                tenants: HashMap::new(),
+                unmet: 0,
+                next_plan_ms: 0,
+                next_ticket: 0,
+                limits: current,
+            }),
+            free_now: AtomicUsize::new(size),
+            waiting_now: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Places free now (without the lock; a hint).
+    pub fn free(&self) -> usize {
+        self.free_now.load(Ordering::Relaxed)
+    }
+
+    /// Checkouts waiting now (without the lock; a hint).
+    pub fn waiting(&self) -> usize {
+        self.waiting_now.load(Ordering::Relaxed)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Fails every waiting checkout and every later one; held places are given back
+    /// as usual.
+    pub fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        for line in state.tenants.values_mut() {
+            line.queue.clear();
+        }
+        state.waiting = 0;
+        self.publish(&state);
+    }
+
+    /// A place for `key` if one may be had without waiting.
+    pub fn try_acquire(self: &Arc<Self>, key: &ShareKey) -> Result<Option<SharePermit>, GateError> {
+        let mut state = self.lock();
+        if state.closed {
+            return Err(GateError::Closed);
+        }
+        let now = coarse_clock::now_ms();
+        self.plan_if_due(&mut state, now);
+        let granted = self.admit_arrival(&mut state, key, now);
+        self.publish(&state);
+        Ok(granted.then(|| SharePermit { gate: self.clone(), key: key.clone() }))
+    }
+
+    /// A place for `key`, waiting in its tenant's line up to `timeout`.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        key: &ShareKey,
+        timeout: Duration,
+    ) -> Result<SharePermit, GateError> {
+        let (ticket, mut granted) = {
+            let mut state = self.lock();
+            if state.closed {
+                return Err(GateError::Closed);
+            }
+            let now = coarse_clock::now_ms();
+            self.plan_if_due(&mut state, now);
+            if self.admit_arrival(&mut state, key, now) {
+                self.publish(&state);
+                return Ok(SharePermit { gate: self.clone(), key: key.clone() });
+            }
+            let (grant, granted) = oneshot::channel();
+            let ticket = state.next_ticket;
+            state.next_ticket += 1;
+            state.waiting += 1;
+            if let Some(line) = state.tenants.get_mut(key) {
+                line.queue.push_back(Waiter { ticket, grant });
+            }
+            self.publish(&state);
+            (ticket, granted)
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let wait = WAITER_TICK.min(deadline.saturating_duration_since(Instant::now()));
+            match tokio::time::timeout(wait, &mut granted).await {
+                Ok(Ok(permit)) => return Ok(permit),
+                Ok(Err(_closed)) => return Err(GateError::Closed),
+                Err(_tick) if Instant::now() < deadline => {
+                    // A reserve this checkout waits behind may have lapsed with nobody
+                    // giving a connection back to notice.
+                    let grants = {
+                        let mut state = self.lock();
+                        self.plan_if_due(&mut state, coarse_clock::now_ms());
+                        let grants = self.dispatch(&mut state);
+                        self.publish(&state);
+                        grants
+                    };
+                    Self::send(grants);
+                }
+                Err(_deadline) => {
+                    let mut state = self.lock();
+                    let removed = state.tenants.get_mut(key).and_then(|line| {
+                        let at = line.queue.iter().position(|w| w.ticket == ticket)?;
+                        line.queue.remove(at)
+                    });
+                    if removed.is_some() {
+                        state.waiting -= 1;
+                        self.publish(&state);
+                        return Err(GateError::Timeout);
+                    }
+                    drop(state);
+                    // Granted just now (or closed): the answer is in the channel.
+                    return granted.try_recv().map_err(|_| GateError::Closed);
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        // Each change of the state is whole before the lock is let go.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, state: &GateState) {
+        self.free_now.store(state.free, Ordering::Relaxed);
+        self.waiting_now.store(state.waiting, Ordering::Relaxed);
+    }
+
+    /// Notes `key`'s new request in its demand and takes a place for it if it may
+    /// have one now: nobody of its own line waits ahead of it and the rules admit it.
+    fn admit_arrival(&self, state: &mut GateState, key: &ShareKey, now: u64) -> bool {
+        if !state.tenants.contains_key(key) {
+            let line = TenantLine::new(state.limits.limit(key.as_ref()));
+            state.tenants.insert(key.clone(), line);
+        }
+        let Some(line) = state.tenants.get_mut(key) else { return false };
+        line.roll(now / EPOCH_MS);
+        line.peak_now = line.peak_now.max(line.held + line.queue.len() + 1);
+        let line = &state.tenants[key];
+        let admitted = line.queue.is_empty() && state.admits(line);
+        if admitted {
+            state.adjust_held(key, true);
+        }
+        admitted
+    }
+
+    fn release(self: &Arc<Self>, key: &ShareKey) {
+        let grants = {
+            let mut state = self.lock();
+            state.adjust_held(key, false);
+            let grants = if state.waiting > 0 { self.dispatch(&mut state) } else { Vec::new() };
+            self.publish(&state);
+            grants
+        };
+        Self::send(grants);
+    }
+
+    /// Gives free places to waiting checkouts: each to the line that holds the fewest
+    /// for its weight among those the rules admit (in arrival order without fair
+    /// shares). Sent once the lock is let go.
+    fn dispatch(self: &Arc<Self>, state: &mut GateState) -> Vec<(oneshot::Sender<SharePermit>, SharePermit)> {
+        let mut grants = Vec::new();
+        while state.free > 0 && state.waiting > 0 {
+            let next = state
+                .tenants
+                .iter()
+                .filter(|(_, line)| !line.queue.is_empty() && state.admits(line))
+                .min_by_key(|(_, line)| {
+                    let front = line.queue.front().map_or(u64::MAX, |w| w.ticket);
+                    // held / weight, compared without division.
+                    let rank = if self.fair {
+                        (line.held as u64 * 1_000_000) / u64::from(line.limit.weight)
+                    } else {
+                        0
+                    };
+                    (rank, front)
+                })
+                .map(|(key, _)| key.clone());
+            let Some(key) = next else { break };
+            let Some(waiter) = state.tenants.get_mut(&key).and_then(|line| line.queue.pop_front()) else {
+                break;
+            };
+            state.waiting -= 1;
+            state.adjust_held(&key, true);
+            grants.push((waiter.grant, SharePermit { gate: self.clone(), key }));
+        }
+        grants
+    }
+
+    /// Hands out grants; one whose checkout has gone (timed out meanwhile) is given
+    /// back at once by the permit's drop.
+    fn send(grants: Vec<(oneshot::Sender<SharePermit>, SharePermit)>) {
+        for (grant, permit) in grants {
+            let _ = grant.send(permit);
+        }
+    }
+
+    /// Recomputes reserves from recent demand, every `PLAN_MS`, and forgets tenants
+    /// that have had no work for two epochs.
+    fn plan_if_due(&self, state: &mut GateState, now: u64) {
+        if now < state.next_plan_ms {
+            return;
+        }
+        state.next_plan_ms = now + PLAN_MS;
+        state.limits = (self.limits)();
+        let epoch = now / EPOCH_MS;
+        let limits = state.limits.clone();
+        state.tenants.retain(|key, line| {
+            line.roll(epoch);
+            line.limit = limits.limit(key.as_ref());
+            line.held > 0 || line.demand() > 0
+        });
+        let total_weight: u64 = state.tenants.values().map(|l| u64::from(l.limit.weight)).sum();
+        let mut unmet = 0;
+        for line in state.tenants.values_mut() {
+            line.reserve = if self.fair && total_weight > 0 {
+                let share = (self.size as u64 * u64::from(line.limit.weight) / total_weight) as usize;
+                let minimum = (line.limit.min_connections as usize).min(self.size);
+                line.demand().min(share).max(minimum).min(line.cap())
+            } else {
+                0
+            };
+            unmet += line.unmet();
+        }
+        state.unmet = unmet;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(size: usize, fair: bool) -> Arc<ShareGate> {
+        ShareGate::new(size, fair, Arc::new(|| Arc::new(TenantLimits::default()) as Arc<dyn LimitSource>))
+    }
+
+    fn tenant(n: i64) -> ShareKey {
+        Some(TenantId::Int(n))
+    }
+
+    fn replan(gate: &ShareGate) {
+        let mut state = gate.lock();
+        state.next_plan_ms = 0;
+        gate.plan_if_due(&mut state, coarse_clock::now_ms());
+    }
+
+    #[tokio::test]
+    async fn a_busy_tenant_leaves_a_quiet_one_its_reserve_and_alone_takes_all() {
+        let gate = gate(4, true);
+        // Tenant 7 alone takes the whole pool.
+        let mut held: Vec<SharePermit> =
+            (0..4).map(|_| gate.try_acquire(&tenant(7)).unwrap().unwrap()).collect();
+        assert!(gate.try_acquire(&tenant(7)).unwrap().is_none());
+        // Tenant 8 arrives and waits: the next place given back goes to it, not to
+        // tenant 7's earlier waiter.
+        let g = gate.clone();
+        let seven =
+            tokio::spawn(async move { g.acquire(&tenant(7), Duration::from_secs(5)).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        let g = gate.clone();
+        let eight = tokio::spawn(async move { g.acquire(&tenant(8), Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        held.pop();
+        let eights = eight.await.unwrap().unwrap();
+        assert!(!seven.is_finished(), "tenant 7 holds 3 of 4 and still waits");
+        // With reserves planned, tenant 8's place stays within its reach while tenant
+        // 7 waits: given back, it is not taken by tenant 7.
+        replan(&gate);
+        drop(eights);
+        tokio::task::yield_now().await;
+        assert!(!seven.is_finished(), "tenant 8's reserve is kept for it");
+        assert!(gate.try_acquire(&tenant(8)).unwrap().is_some(), "tenant 8 gets its place at once");
+        drop(held);
+        seven.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_fair_shares_the_line_is_one_and_in_order() {
+        let gate = gate(1, false);
+        let first = gate.try_acquire(&tenant(7)).unwrap().unwrap();
+        let g = gate.clone();
+        let seven = tokio::spawn(async move { g.acquire(&tenant(7), Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        let g = gate.clone();
+        let eight = tokio::spawn(async move { g.acquire(&tenant(8), Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        drop(first);
+        let second = seven.await.unwrap().unwrap();
+        assert!(!eight.is_finished());
+        drop(second);
+        eight.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn caps_hold_timeouts_leave_the_line_and_close_fails_waiters() {
+        let mut limits = TenantLimits::default();
+        limits.set(TenantId::Int(7), TenantLimit { weight: 1, max_connections: Some(1), min_connections: 0 });
+        let limits: Arc<dyn LimitSource> = Arc::new(limits);
+        let gate = ShareGate::new(3, true, Arc::new(move || limits.clone()));
+        let _one = gate.try_acquire(&tenant(7)).unwrap().unwrap();
+        assert!(gate.try_acquire(&tenant(7)).unwrap().is_none(), "capped at 1 with 2 free");
+        assert_eq!(gate.acquire(&tenant(7), Duration::from_millis(50)).await.err(), Some(GateError::Timeout));
+        assert_eq!(gate.waiting(), 0);
+        let g = gate.clone();
+        let waiter = tokio::spawn(async move { g.acquire(&tenant(7), Duration::from_secs(5)).await.err() });
+        tokio::task::yield_now().await;
+        gate.close();
+        assert_eq!(waiter.await.unwrap(), Some(GateError::Closed));
+        assert_eq!(gate.try_acquire(&tenant(8)).err(), Some(GateError::Closed));
+    }
+}
