@@ -8,6 +8,7 @@ mod cli;
 mod clients;
 mod copy_errors;
 mod drivers;
+mod fair_share;
 mod failures;
 mod pipelining;
 mod pooling;
