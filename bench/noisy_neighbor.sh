@@ -56,9 +56,13 @@ port_of() {
   esac
 }
 
+# tenant_of TARGET TENANT: the PGOPTIONS that give a session its tenant (PgBouncer
+# refuses the options parameter, and has no tenants).
+tenant_of() { [ "$1" = pgbouncer ] || echo "-c pgtenant.tenant_id=$2"; }
+
 # quiet TARGET PHASE ROUND: tenant 8's clients for SECONDS_PER_RUN, logged.
 quiet() {
-  (cd "$LOGS" && PGOPTIONS="-c pgtenant.tenant_id=8" pgbench -p "$(port_of "$1")" -n -c "$QUIET" -j 1 \
+  (cd "$LOGS" && PGOPTIONS="$(tenant_of "$1" 8)" pgbench -p "$(port_of "$1")" -n -c "$QUIET" -j 1 \
     -T "$SECONDS_PER_RUN" -f "$STATE/quiet.sql" --log --log-prefix="$1.$2.$3" >/dev/null 2>&1) || true
 }
 
@@ -66,7 +70,7 @@ for round in $(seq "$ROUNDS"); do
   order=$(echo $TARGETS | tr ' ' '\n' | awk -v r="$round" '{a[NR]=$0} END {for (i = 0; i < NR; i++) print a[(i + r) % NR + 1]}')
   for target in $order; do
     quiet "$target" alone "$round"
-    PGOPTIONS="-c pgtenant.tenant_id=7" pgbench -p "$(port_of "$target")" -n -c "$NOISY" -j 1 \
+    PGOPTIONS="$(tenant_of "$target" 7)" pgbench -p "$(port_of "$target")" -n -c "$NOISY" -j 1 \
       -T "$((SECONDS_PER_RUN + 3))" -f "$STATE/noisy.sql" >"$LOGS/noisy.$target.$round.out" 2>&1 &
     noisy=$!
     sleep 1.5

@@ -48,20 +48,30 @@ pub fn server_name(id: u64) -> String {
     format!("pgt_{id}")
 }
 
-/// Interns statements; bounded so that clients inventing endless statements cannot grow it without limit.
+/// Interns statements; bounded by entries and by bytes of text, so that clients
+/// inventing endless (or huge) statements cannot grow it without limit. Past either,
+/// a new statement is still prepared, for its client alone.
 pub struct StatementRegistry {
-    by_text: Mutex<foldhash::HashMap<(Bytes, Bytes), Arc<PreparedStatement>>>,
+    by_text: Mutex<Interned>,
     next_id: AtomicU64,
     capacity: usize,
+    byte_budget: usize,
+}
+
+#[derive(Default)]
+struct Interned {
+    map: foldhash::HashMap<(Bytes, Bytes), Arc<PreparedStatement>>,
+    bytes: usize,
 }
 
 impl StatementRegistry {
-    pub fn new(capacity: usize) -> Self {
-        Self { by_text: Mutex::new(foldhash::HashMap::default()), next_id: AtomicU64::new(1), capacity }
+    pub fn new(capacity: usize, byte_budget: usize) -> Self {
+        Self { by_text: Mutex::default(), next_id: AtomicU64::new(1), capacity, byte_budget }
     }
 
     pub fn intern(&self, query: &[u8], param_types: &[u8]) -> Arc<PreparedStatement> {
-        let mut map = self.by_text.lock().unwrap_or_else(|e| e.into_inner());
+        let mut interned = self.by_text.lock().unwrap_or_else(|e| e.into_inner());
+        let Interned { map, bytes } = &mut *interned;
         // Look up with borrowed slices would need a custom key type; statements are
         // short and this runs once per client Parse, not per execution.
         let key = (Bytes::copy_from_slice(query), Bytes::copy_from_slice(param_types));
@@ -77,7 +87,11 @@ impl StatementRegistry {
             validated: AtomicBool::new(false),
             retired: AtomicBool::new(false),
         });
-        if map.len() < self.capacity || map.contains_key(&key) {
+        let cost = key.0.len() + key.1.len();
+        if map.contains_key(&key) {
+            map.insert(key, stmt.clone());
+        } else if map.len() < self.capacity && *bytes + cost <= self.byte_budget {
+            *bytes += cost;
             map.insert(key, stmt.clone());
         }
         stmt
@@ -90,7 +104,7 @@ mod tests {
 
     #[test]
     fn same_text_and_types_share_an_id() {
-        let r = StatementRegistry::new(10);
+        let r = StatementRegistry::new(10, 1 << 20);
         let a = r.intern(b"SELECT $1", b"\0\0");
         let b = r.intern(b"SELECT $1", b"\0\0");
         let c = r.intern(b"SELECT $1", b"\0\x01\0\0\0\x17");
@@ -101,11 +115,19 @@ mod tests {
 
     #[test]
     fn a_retired_statement_gives_way_to_a_new_one() {
-        let r = StatementRegistry::new(1);
+        let r = StatementRegistry::new(1, 1 << 20);
         let old = r.intern(b"SELECT * FROM t", b"\0\0");
         old.retire();
         let new = r.intern(b"SELECT * FROM t", b"\0\0");
         assert_ne!(old.id, new.id);
         assert_eq!(r.intern(b"SELECT * FROM t", b"\0\0").id, new.id, "replaced, even at capacity");
+    }
+
+    #[test]
+    fn statements_past_the_byte_budget_are_not_shared() {
+        let r = StatementRegistry::new(100, 64);
+        let long = vec![b'x'; 100];
+        assert_ne!(r.intern(&long, b"").id, r.intern(&long, b"").id, "too long to keep");
+        assert_eq!(r.intern(b"SELECT 1", b"").id, r.intern(b"SELECT 1", b"").id);
     }
 }

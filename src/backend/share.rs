@@ -20,7 +20,7 @@
 //! With `fair_share = false` reserves are zero and one line is served in arrival
 //! order, as PgBouncer does; caps still hold.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -71,7 +71,8 @@ struct GateState {
     free: usize,
     closed: bool,
     waiting: usize,
-    tenants: HashMap<ShareKey, TenantLine>,
+    /// Seeded per process: tenant keys come from clients.
+    tenants: foldhash::HashMap<ShareKey, TenantLine>,
     /// What the tenants' reserves lack: the sum of `reserve - held` where positive.
     unmet: usize,
     next_plan_ms: u64,
@@ -138,22 +139,34 @@ impl TenantLine {
 impl GateState {
     /// Whether `line` may take a free connection now.
     fn admits(&self, line: &TenantLine) -> bool {
-        self.free > 0 && line.held < line.cap() && (line.held < line.reserve || self.free > self.unmet)
+        admits(self.free, self.unmet, line)
     }
 
     /// Counts a connection taken by (or given back from) `key`'s line.
     fn adjust_held(&mut self, key: &ShareKey, taken: bool) {
-        let Some(line) = self.tenants.get_mut(key) else { return };
-        let before = line.unmet();
-        if taken {
-            line.held += 1;
-            self.free -= 1;
-        } else {
-            line.held = line.held.saturating_sub(1);
-            self.free += 1;
+        if let Some(line) = self.tenants.get_mut(key) {
+            let (free, unmet) = adjust_held(line, self.free, self.unmet, taken);
+            (self.free, self.unmet) = (free, unmet);
         }
-        self.unmet = self.unmet.saturating_sub(before) + line.unmet();
     }
+}
+
+/// Whether `line` may take one of `free` connections while the reserves lack `unmet`.
+fn admits(free: usize, unmet: usize, line: &TenantLine) -> bool {
+    free > 0 && line.held < line.cap() && (line.held < line.reserve || free > unmet)
+}
+
+/// `line` takes (or gives back) a connection: the new free and unmet counts.
+fn adjust_held(line: &mut TenantLine, free: usize, unmet: usize, taken: bool) -> (usize, usize) {
+    let before = line.unmet();
+    let free = if taken {
+        line.held += 1;
+        free - 1
+    } else {
+        line.held = line.held.saturating_sub(1);
+        free + 1
+    };
+    (free, unmet.saturating_sub(before) + line.unmet())
 }
 
 impl ShareGate {
@@ -171,7 +184,7 @@ impl ShareGate {
                 free: size,
                 closed: false,
                 waiting: 0,
-                tenants: HashMap::new(),
+                tenants: foldhash::HashMap::default(),
                 unmet: 0,
                 next_plan_ms: 0,
                 next_ticket: 0,
@@ -302,17 +315,16 @@ impl ShareGate {
     /// Notes `key`'s new request in its demand and takes a place for it if it may
     /// have one now: nobody of its own line waits ahead of it and the rules admit it.
     fn admit_arrival(&self, state: &mut GateState, key: &ShareKey, now: u64) -> bool {
-        if !state.tenants.contains_key(key) {
-            let line = TenantLine::new(state.limits.limit(key.as_ref()));
-            state.tenants.insert(key.clone(), line);
-        }
-        let Some(line) = state.tenants.get_mut(key) else { return false };
+        let GateState { tenants, free, unmet, limits, .. } = state;
+        let line = match tenants.get_mut(key) {
+            Some(line) => line,
+            None => tenants.entry(key.clone()).or_insert_with(|| TenantLine::new(limits.limit(key.as_ref()))),
+        };
         line.roll(now / EPOCH_MS);
         line.peak_now = line.peak_now.max(line.held + line.queue.len() + 1);
-        let line = &state.tenants[key];
-        let admitted = line.queue.is_empty() && state.admits(line);
+        let admitted = line.queue.is_empty() && admits(*free, *unmet, line);
         if admitted {
-            state.adjust_held(key, true);
+            (*free, *unmet) = adjust_held(line, *free, *unmet, true);
         }
         admitted
     }

@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn plain_answers_to_the_clients_own_messages_pass_as_on_server_message_would_pass_them() {
-        let registry = crate::backend::prepared::StatementRegistry::new(10);
+        let registry = crate::backend::prepared::StatementRegistry::new(10, 1 << 20);
         let stmt = registry.intern(b"select 1", b"\0\0");
         let mut q = ResponseQueue::default();
         q.push(Pending::Client { reply: Reply::Parse, statement: Some(stmt.clone()), changes: 0 });
@@ -514,7 +514,7 @@ mod tests {
 
     #[test]
     fn a_bind_refused_for_a_stale_plan_retires_its_statement_and_keeps_it_prepared() {
-        let registry = crate::backend::StatementRegistry::new(10);
+        let registry = crate::backend::StatementRegistry::new(10, 1 << 20);
         let stale = b"SERROR\0C0A000\0Mcached plan must not change result type\0RRevalidateCachedQuery\0\0";
         let translated = b"SERROR\0C0A000\0Mle plan en cache ne doit pas changer\0RRevalidateCachedQuery\0\0";
         let other = b"SERROR\0C22P02\0Minvalid input syntax\0RRevalidateCachedQuery\0\0";
@@ -541,7 +541,7 @@ mod tests {
     fn error_skips_to_sync_and_forgets_failed_prepares() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
+        let stmt = crate::backend::StatementRegistry::new(1, 1 << 20).intern(b"SELECT", b"\0\0");
         q.push(Pending::Client { reply: Reply::Parse, statement: Some(stmt.clone()), changes: 0 });
         q.push(client(Reply::Bind));
         q.push(synthetic(protocol::close_complete));
@@ -589,7 +589,7 @@ mod tests {
     fn a_successful_parse_validates_its_statement() {
         let mut q = ResponseQueue::default();
         let mut out = BytesMut::new();
-        let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT", b"\0\0");
+        let stmt = crate::backend::StatementRegistry::new(1, 1 << 20).intern(b"SELECT", b"\0\0");
         q.push(Pending::Injected {
             reply: Reply::Parse,
             on_error: OnError::Forward,
@@ -643,7 +643,7 @@ mod tests {
         let fx = q.on(msg(b'E', b"SERROR\0C22012\0Mdivision by zero\0\0"), &mut out);
         assert!(fx.client_error && q.is_empty());
         // The client sends on (a pipeline): the server skips all of it but the Sync.
-        let stmt = crate::backend::StatementRegistry::new(1).intern(b"SELECT 2", b"\0\0");
+        let stmt = crate::backend::StatementRegistry::new(1, 1 << 20).intern(b"SELECT 2", b"\0\0");
         q.push(Pending::Client { reply: Reply::Parse, statement: Some(stmt.clone()), changes: 0 });
         q.push(synthetic(protocol::parse_complete));
         for reply in [Reply::Bind, Reply::Describe, Reply::Execute, Reply::Sync] {

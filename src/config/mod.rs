@@ -241,6 +241,10 @@ pub struct ProxyConfig {
     /// have work (default true): each gets up to its weighted share, what one leaves
     /// unused goes to the others, and a tenant alone may use the whole pool.
     pub fair_share: bool,
+    /// Bytes of named prepared statements (texts and a fixed cost each) one client may
+    /// hold (default 16 MiB; 0 = no limit): a Parse past it gets 53200 and the session
+    /// goes on. With `max_clients` it bounds what clients' statements take of the proxy.
+    pub max_client_statement_bytes: usize,
     /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
     /// login; sessions that logged in without one may always set it. Default false: a
     /// tenant given at login is bound. A user's own `allow_tenant_switch` overrides it.
@@ -297,6 +301,7 @@ impl Default for ProxyConfig {
             parse_cache_size: 10_000,
             parse_cache_bytes: 64 << 20,
             fair_share: true,
+            max_client_statement_bytes: 16 << 20,
             allow_tenant_switch: false,
             no_tenant_policy: NoTenantPolicy::Reject,
             isolation: IsolationMode::Standard,

@@ -45,6 +45,10 @@ pub enum FrontendError {
     InFailedTransaction,
     #[error("prepared statement \"{name}\" does not exist")]
     StatementNotFound { name: String },
+    #[error(
+        "out of memory for prepared statements: this session's hold {held} bytes, and the next would pass its limit of {budget} (max_client_statement_bytes); close some (Close, DEALLOCATE) first"
+    )]
+    StatementBudget { held: usize, budget: usize },
     #[error("at most {max} portals of DEALLOCATE statements may be open at once")]
     TooManyDeallocatePortals { max: usize },
     #[error("cannot change {param} inside a transaction block")]

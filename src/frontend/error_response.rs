@@ -51,6 +51,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::InFailedTransaction => sqlstate::IN_FAILED_SQL_TRANSACTION,
         E::StatementNotFound { .. } => sqlstate::INVALID_SQL_STATEMENT_NAME,
         E::TooManyDeallocatePortals { .. } => sqlstate::PROGRAM_LIMIT_EXCEEDED,
+        E::StatementBudget { .. } => sqlstate::OUT_OF_MEMORY,
         E::TenantChangeInTransaction { .. } => sqlstate::ACTIVE_SQL_TRANSACTION,
         E::Snowflake(
             SnowflakeError::ShardOutOfRange { .. }

@@ -70,11 +70,13 @@ impl Shared {
         minter: Arc<Minter>,
     ) -> Self {
         let auth = config.users.iter().map(|u| (u.name.clone(), auth::UserAuth::from_config(u))).collect();
+        // Statement texts shared by clients get the parse cache's byte budget.
+        let statements = StatementRegistry::new(100_000, config.proxy.parse_cache_bytes);
         Self {
             config,
             router,
             pools,
-            statements: StatementRegistry::new(100_000),
+            statements,
             cancels: Arc::new(CancelRegistry::default()),
             tls,
             minter,

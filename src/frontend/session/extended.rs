@@ -131,7 +131,9 @@ impl Session {
             match frame.tag {
                 b'P' => {
                     let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
-                    if p.name.is_empty() {
+                    if p.name.is_empty()
+                        || self.statements.check_room(p.name, p.query, p.param_types).is_err()
+                    {
                         return Ok(false);
                     }
                     let stmt = self.shared.statements.intern(p.query, p.param_types);
@@ -217,6 +219,10 @@ impl Session {
                     let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
                     if p.name.is_empty() {
                         unnamed = Some(self.recent.get_or_analyze(&self.shared.router, p.query));
+                    } else if let Err(err) = self.statement_room(p.name, p.query, p.param_types) {
+                        crate::frontend::error_response::write_error(&mut reply, &err);
+                        failed = true;
+                        continue;
                     } else {
                         self.register_statement(p.name, p.query, p.param_types);
                     }
@@ -362,6 +368,13 @@ impl Session {
         } else {
             self.statements.get(name).map(|s| s.analysis.clone())
         }
+    }
+
+    /// Whether the client may define statement `name` within its byte budget.
+    fn statement_room(&self, name: &[u8], query: &[u8], param_types: &[u8]) -> Result<(), FrontendError> {
+        self.statements
+            .check_room(name, query, param_types)
+            .map_err(|over| FrontendError::StatementBudget { held: over.held, budget: over.budget })
     }
 
     /// Remembers a client's named statement under its shared server-side identity.
@@ -532,6 +545,13 @@ impl Session {
             let a = self.server.as_mut().ok_or_else(no_server)?;
             a.conn.io.wbuf.extend_from_slice(&frame.raw);
             a.conn.queue.push(Pending::client(Reply::Parse));
+            return Ok(());
+        }
+        if let Err(err) = self.statement_room(p.name, p.query, p.param_types) {
+            // As a server that runs out of memory: this Parse fails, the rest of the
+            // request is skipped, the session goes on.
+            self.reply_error(&err, false);
+            self.skip_until_sync = true;
             return Ok(());
         }
         let (stmt, analysis) = self.register_statement(p.name, p.query, p.param_types);

@@ -13,6 +13,7 @@ mod deallocate;
 mod extended;
 mod in_place;
 mod lane;
+mod named;
 mod server;
 mod simple;
 mod snowflake;
@@ -38,6 +39,7 @@ use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange};
+use named::NamedStatements;
 
 /// Maps keyed by what a client names (statements, portals): looked up on every Bind,
 /// so a fast hasher (seeded per process) instead of SipHash.
@@ -106,7 +108,7 @@ pub struct Session {
     tenant_before_tx: Option<Option<TenantId>>,
     startup_settings: Arc<Settings>,
     settings: Arc<Settings>,
-    statements: FastMap<Bytes, ClientStatement>,
+    statements: NamedStatements,
     /// Analyses of the statement texts this session sent last.
     recent: RecentAnalyses,
     /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
@@ -190,6 +192,7 @@ enum Event {
 
 impl Session {
     pub fn new(shared: Arc<Shared>, client: Duplex, start: SessionStart) -> Self {
+        let statement_budget = shared.config.proxy.max_client_statement_bytes;
         let pool_mode = start.user.pool_mode.unwrap_or(shared.config.proxy.pool_mode);
         let max_message = shared.config.proxy.max_message_size;
         let topology = shared.router.topology();
@@ -205,7 +208,7 @@ impl Session {
             tenant_before_tx: None,
             startup_settings: start.settings.clone(),
             settings: start.settings,
-            statements: FastMap::default(),
+            statements: NamedStatements::new(statement_budget),
             recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
