@@ -245,6 +245,12 @@ pub struct ProxyConfig {
     /// hold (default 16 MiB; 0 = no limit): a Parse past it gets 53200 and the session
     /// goes on. With `max_clients` it bounds what clients' statements take of the proxy.
     pub max_client_statement_bytes: usize,
+    /// Statement shapes (text with literals replaced) longer than this are not given to
+    /// the SQL parser, whose cost grows with the text (about 1 s for 2 MB); the lexer
+    /// reads their tenant comparisons, as for statements the parser cannot read
+    /// (default 1 MiB). Statements over 8 KiB are parsed on a thread of their own either
+    /// way, so that other clients never wait for them.
+    pub max_parsed_statement_bytes: usize,
     /// Whether `SET <tenant_parameter>` may rebind a session whose tenant was given at
     /// login; sessions that logged in without one may always set it. Default false: a
     /// tenant given at login is bound. A user's own `allow_tenant_switch` overrides it.
@@ -302,6 +308,7 @@ impl Default for ProxyConfig {
             parse_cache_bytes: 64 << 20,
             fair_share: true,
             max_client_statement_bytes: 16 << 20,
+            max_parsed_statement_bytes: 1 << 20,
             allow_tenant_switch: false,
             no_tenant_policy: NoTenantPolicy::Reject,
             isolation: IsolationMode::Standard,

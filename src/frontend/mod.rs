@@ -59,6 +59,9 @@ pub struct Shared {
     pruned_for: AtomicUsize,
     /// Strict isolation's view of the shards' tenant tables.
     strict: strict::StrictCatalog,
+    /// Blocking threads that may parse long statements at once: half the cores, so
+    /// that the runtime's workers keep the rest.
+    pub parse_threads: tokio::sync::Semaphore,
 }
 
 impl Shared {
@@ -83,6 +86,9 @@ impl Shared {
             auth,
             pruned_for: AtomicUsize::new(0),
             strict: strict::StrictCatalog::default(),
+            parse_threads: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+            ),
         }
     }
 

@@ -67,6 +67,9 @@ pub struct FactsCache {
     shapes: RwLock<Shapes>,
     capacity: usize,
     byte_budget: usize,
+    /// Longer shapes are read by the lexer alone (`unparsed_facts`), as a statement
+    /// sqlparser cannot parse is: parsing costs about a microsecond per byte.
+    parse_limit: usize,
     tenant_column: String,
 }
 
@@ -94,8 +97,15 @@ impl FactsCache {
             shapes: RwLock::new(Shapes::default()),
             capacity: usize::try_from(capacity).unwrap_or(usize::MAX).max(1),
             byte_budget: byte_budget.max(1),
+            parse_limit: usize::MAX,
             tenant_column: tenant_column.to_ascii_lowercase(),
         }
+    }
+
+    /// Shapes longer than `parse_limit` bytes are not given to sqlparser.
+    pub fn with_parse_limit(mut self, parse_limit: usize) -> Self {
+        self.parse_limit = parse_limit;
+        self
     }
 
     /// The bytes of shape text the cache holds.
@@ -114,6 +124,10 @@ impl FactsCache {
         let (shape, literals) = shape_of(sql);
         if let Some(facts) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).facts.get(shape.as_str()) {
             return (facts.clone(), literals);
+        }
+        if shape.len() > self.parse_limit {
+            let facts = unparsed_facts(sql, &self.tenant_column);
+            return (Arc::new(SqlFacts { per_text: true, ..facts }), literals);
         }
         let facts = match Parser::parse_sql(&PostgreSqlDialect {}, &shape) {
             Ok(statements) => Arc::new(facts_of(&statements, &self.tenant_column)),
@@ -601,6 +615,20 @@ mod tests {
             assert!(cache.bytes() <= 64 * 200, "{} bytes after {n} shapes", cache.bytes());
         }
         assert!(cache.bytes() > 0);
+    }
+
+    #[test]
+    fn shapes_past_the_parse_limit_are_read_by_the_lexer() {
+        let cache = FactsCache::new(100, "tenant_id").with_parse_limit(200);
+        let ids: Vec<String> = (0..100).map(|i| i.to_string()).collect();
+        let long = format!("select * from a where tenant_id = 8 and id in ({})", ids.join(", "));
+        let (facts, literals) = cache.facts(&long);
+        assert!(!facts.parsed && facts.per_text && facts.touches_tables);
+        assert_eq!(&long[literals[0].clone()], "8");
+        assert_eq!(facts.tenant_sources.len(), 1, "the tenant comparison is still seen");
+        assert_eq!(cache.bytes(), 0);
+        let (short, _) = cache.facts("select * from a where tenant_id = 8");
+        assert!(short.parsed);
     }
 
     #[test]

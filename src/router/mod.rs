@@ -112,7 +112,8 @@ impl Router {
                 config.proxy.parse_cache_size,
                 config.proxy.parse_cache_bytes,
                 &config.proxy.tenant_column,
-            ),
+            )
+            .with_parse_limit(config.proxy.max_parsed_statement_bytes),
         }
     }
 
@@ -135,6 +136,15 @@ impl Router {
     /// The analysis of a query string.
     pub fn analyze(&self, sql: &[u8]) -> Arc<Analysis> {
         Arc::new(analyze::analyze(sql, &self.tenant_param, self.tenant_key))
+    }
+
+    /// The analysis of a query string with everything routing asks of it worked out
+    /// now (the parse above all), for a thread that may take its time.
+    pub fn analyze_fully(&self, sql: &[u8]) -> Arc<Analysis> {
+        let analysis = self.analyze(sql);
+        self.facts_of(&analysis);
+        let _ = (analysis.may_write(), analysis.cannot_wait(), analysis.session_risk());
+        analysis
     }
 
     /// Routes a transaction whose first request names `named` (hints, SQL literals,

@@ -18,9 +18,23 @@ pub struct RecentAnalyses {
     /// text that was not valid UTF-8 differs from its copy and is analyzed again).
     entries: Vec<Arc<Analysis>>,
     next: usize,
+    /// The analysis of a long text, worked out off the runtime's threads before its
+    /// message was handled (`prime`); kept until the next one.
+    primed: Option<Arc<Analysis>>,
 }
 
 impl RecentAnalyses {
+    /// Whether `sql`'s analysis is at hand without analyzing it.
+    pub fn holds(&self, sql: &[u8]) -> bool {
+        self.primed.as_ref().is_some_and(|a| a.sql.as_bytes() == sql)
+            || self.entries.iter().any(|a| a.sql.as_bytes() == sql)
+    }
+
+    /// Keeps the analysis of a long text for the next lookup of that text.
+    pub fn prime(&mut self, analysis: Arc<Analysis>) {
+        self.primed = Some(analysis);
+    }
+
     pub fn get_or_analyze(&mut self, router: &Router, sql: &[u8]) -> Arc<Analysis> {
         // Most recent first: a request's Parse is looked up again when it is forwarded,
         // and a script's statements come round in the same order.
@@ -32,6 +46,9 @@ impl RecentAnalyses {
             return hit.clone();
         }
         if sql.len() > MAX_TEXT {
+            if let Some(primed) = self.primed.as_ref().filter(|a| a.sql.as_bytes() == sql) {
+                return primed.clone();
+            }
             return router.analyze(sql);
         }
         let mut rebased = None;

@@ -98,6 +98,10 @@ impl Session {
                 if !p.name.is_empty() || !b.statement.is_empty() {
                     return Ok(false);
                 }
+                if p.query.len() >= super::long_statement::OFF_RUNTIME_BYTES && !self.recent.holds(p.query) {
+                    // Analyzed off the workers on the general path first.
+                    return Ok(false);
+                }
                 let analysis = self.recent.get_or_analyze(router, p.query);
                 add_new(&mut named, router.named_in_text(&analysis));
                 analysis

@@ -13,6 +13,7 @@ mod deallocate;
 mod extended;
 mod in_place;
 mod lane;
+mod long_statement;
 mod named;
 mod server;
 mod simple;
@@ -373,6 +374,9 @@ impl Session {
                 // A request pipelined behind one the server has not answered yet: wait for
                 // that answer, so that this one is routed (and its tenant GUC set) afresh.
                 self.settle().await;
+            }
+            if matches!(frame.tag, b'Q' | b'P') && frame.body().len() >= long_statement::OFF_RUNTIME_BYTES {
+                self.analyze_long_statement(&frame).await;
             }
             match frame.tag {
                 b'Q' => self.on_query(frame).await?,
