@@ -138,11 +138,16 @@ impl Router {
         Arc::new(analyze::analyze(sql, &self.tenant_param, self.tenant_key))
     }
 
-    /// The analysis of a query string with everything routing asks of it worked out
-    /// now (the parse above all), for a thread that may take its time.
-    pub fn analyze_fully(&self, sql: &[u8]) -> Arc<Analysis> {
+    /// The analysis of a query string with what routing will ask of it worked out now
+    /// (the parse above all), for a thread that may take its time. Routing parses a
+    /// text that names the tenant column; `always_parse` when it may parse others too
+    /// (a session without a tenant asks whether it touches tables; strict isolation
+    /// asks which).
+    pub fn analyze_fully(&self, sql: &[u8], always_parse: bool) -> Arc<Analysis> {
         let analysis = self.analyze(sql);
-        self.facts_of(&analysis);
+        if always_parse || analysis.mentions(self.tenant_column()) {
+            self.facts_of(&analysis);
+        }
         let _ = (analysis.may_write(), analysis.cannot_wait(), analysis.session_risk());
         analysis
     }

@@ -8,6 +8,7 @@
 use bytes::Bytes;
 
 use super::Session;
+use crate::config::IsolationMode;
 use crate::protocol::{self, Frame};
 
 /// Texts at least this long are analyzed off the workers; shorter ones cost less than
@@ -37,7 +38,8 @@ impl Session {
         // statements wait here.
         let Ok(_thread) = self.shared.parse_threads.acquire().await else { return };
         let shared = self.shared.clone();
-        match tokio::task::spawn_blocking(move || shared.router.analyze_fully(&sql)).await {
+        let always_parse = self.tenant.is_none() || shared.config.proxy.isolation == IsolationMode::Strict;
+        match tokio::task::spawn_blocking(move || shared.router.analyze_fully(&sql, always_parse)).await {
             Ok(analysis) => self.recent.prime(analysis),
             // A parse that panicked: the handler analyzes again, and answers its error.
             Err(e) => tracing::warn!(error = %e, "analysis of a long statement failed"),
