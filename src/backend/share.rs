@@ -460,6 +460,63 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn weights_and_minimums_set_the_shares_of_tenants_that_both_wait() {
+        let mut limits = TenantLimits::default();
+        limits.set(TenantId::Int(7), TenantLimit { weight: 3, max_connections: None, min_connections: 0 });
+        limits.set(TenantId::Int(9), TenantLimit { weight: 1, max_connections: None, min_connections: 2 });
+        let limits: Arc<dyn LimitSource> = Arc::new(limits);
+        let gate = ShareGate::new(4, true, Arc::new(move || limits.clone()));
+        let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+        let wait_many = |tenant_id: i64, n: usize| {
+            for _ in 0..n {
+                let (g, tx) = (gate.clone(), granted_tx.clone());
+                tokio::spawn(async move {
+                    // Those still waiting at the end fail when the gate closes.
+                    if let Ok(permit) = g.acquire(&tenant(tenant_id), Duration::from_secs(10)).await {
+                        let _ = tx.send((tenant_id, permit));
+                    }
+                });
+            }
+        };
+        // Tenant 7 holds the whole pool; then tenants 7 and 8 both wait.
+        wait_many(7, 4);
+        let mut held: Vec<(i64, SharePermit)> = Vec::new();
+        for _ in 0..4 {
+            held.push(granted.recv().await.unwrap());
+        }
+        // Enough waiting that neither line runs dry below.
+        wait_many(7, 40);
+        wait_many(8, 40);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        replan(&gate);
+        // Each connection given back goes where the weights say: 3 for tenant 7, 1 for 8.
+        for _ in 0..12 {
+            held.remove(0);
+            held.push(granted.recv().await.unwrap());
+            replan(&gate);
+        }
+        let sevens = held.iter().filter(|(t, _)| *t == 7).count();
+        assert_eq!((sevens, held.len() - sevens), (3, 1), "weight 3 against 1");
+        // A minimum of 2 for tenant 9, once it has work, beats an even share of 1 of 4.
+        wait_many(9, 40);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        replan(&gate);
+        for _ in 0..8 {
+            held.remove(0);
+            held.push(granted.recv().await.unwrap());
+            replan(&gate);
+        }
+        let nines = held.iter().filter(|(t, _)| *t == 9).count();
+        assert_eq!(
+            nines,
+            2,
+            "tenant 9 holds its minimum: {:?}",
+            held.iter().map(|h| h.0).collect::<Vec<_>>()
+        );
+        gate.close();
+    }
+
+    #[tokio::test]
     async fn without_fair_shares_the_line_is_one_and_in_order() {
         let gate = gate(1, false);
         let first = gate.try_acquire(&tenant(7)).unwrap().unwrap();
