@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
 SECONDS_PER_RUN=${2:-5}
-: "${OLD:?OLD must name the other build's binary}"
+: "${OLD:?OLD must name the binary of the other build}"
 PROXY_PORT=${PROXY_PORT:-7132}
 SHARD_PORT=${SHARD_PORT:-7142}
 OLD_PORT=${OLD_PORT:-7152}
@@ -21,7 +21,7 @@ pgbench -p "$SHARD_PORT" -i -q -s 10 >/dev/null 2>&1
 cp "$STATE/pgtenant.toml" "$STATE/old.toml"
 # Drops the settings the old build refuses, one by one, until it accepts the file.
 for _ in $(seq 20); do
-  unknown=$("$OLD" check-config "$STATE/old.toml" 2>&1 | sed -n 's/.*unknown field `\([a-z_]*\)`.*/\1/p' | head -1)
+  unknown=$({ "$OLD" check-config "$STATE/old.toml" 2>&1 || true; } | sed -n 's/.*unknown field .\([a-z_]*\).*/\1/p' | head -1)
   [ -z "$unknown" ] && break
   sed -i "/^$unknown *=/d" "$STATE/old.toml"
 done
