@@ -93,6 +93,17 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         None => None,
     };
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls, minter));
+    let (for_topology, for_down) = (Arc::downgrade(&shared), Arc::downgrade(&shared));
+    crate::backend::health::spawn(
+        shared.health.clone(),
+        &config,
+        move || for_topology.upgrade().map(|s| s.router.topology()),
+        move |node| {
+            if let Some(shared) = for_down.upgrade() {
+                shared.pools.close_idle_of_node(&node.host, node.port);
+            }
+        },
+    );
     let expiries = config.proxy.server_idle_timeout().into_iter().chain(config.proxy.server_lifetime());
     if let Some(shortest) = expiries.min() {
         tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));

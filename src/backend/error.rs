@@ -25,6 +25,23 @@ pub enum BackendError {
     Io { addr: String, source: std::io::Error },
 }
 
+impl BackendError {
+    /// Whether the server is gone rather than unwilling: nothing listens, the
+    /// connection broke, or it is shutting down or not yet up. A failover is then
+    /// likely under way.
+    pub fn server_is_gone(&self) -> bool {
+        match self {
+            BackendError::Connect { .. } | BackendError::ConnectTimeout { .. } | BackendError::Io { .. } => {
+                true
+            }
+            BackendError::Refused { fields, .. } => {
+                matches!(fields.code.as_str(), "57P01" | "57P02" | "57P03")
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Why no server connection could be checked out.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckoutError {
@@ -36,4 +53,6 @@ pub enum CheckoutError {
     UnknownShard { shard: ShardId },
     #[error("the pool of shard {shard} is closed")]
     Closed { shard: ShardId },
+    #[error("shard {shard} has no primary to serve this: {reason} (waited {waited_ms} ms)")]
+    NoPrimary { shard: ShardId, reason: String, waited_ms: u64 },
 }

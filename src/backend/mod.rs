@@ -5,6 +5,7 @@
 mod coarse_clock;
 mod conn;
 mod error;
+pub mod health;
 mod lane;
 mod pool;
 mod prepared;

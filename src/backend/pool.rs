@@ -140,6 +140,11 @@ impl ServerPool {
         self.0.gate.is_closed()
     }
 
+    /// The server this pool connects to.
+    pub fn host_port(&self) -> (&str, u16) {
+        (&self.0.target.host, self.0.target.port)
+    }
+
     /// The node's own parameters, as its first connection reported them at login.
     pub fn server_params(&self) -> Option<Arc<Vec<(String, String)>>> {
         self.0.startup_params.get().cloned()
@@ -458,6 +463,23 @@ impl Pools {
             }
             kept
         });
+    }
+
+    /// Closes the idle connections to the node at `host:port` (it went down); busy ones
+    /// fail on their own.
+    pub fn close_idle_of_node(&self, host: &str, port: u16) {
+        let pools: Vec<ServerPool> = self
+            .pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(key, _)| key.host == host && key.port == port)
+            .map(|(_, pool)| pool.clone())
+            .collect();
+        for pool in pools {
+            let idle = std::mem::take(&mut *pool.0.lock_shelf());
+            drop(idle);
+        }
     }
 
     /// Closes every pool (shutdown).

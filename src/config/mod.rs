@@ -43,6 +43,46 @@ pub struct Config {
     pub catalog: Option<CatalogConfig>,
     #[serde(default)]
     pub snowflake: SnowflakeConfig,
+    #[serde(default)]
+    pub health: HealthConfig,
+}
+
+/// Health checks of every shard node, and what a shard does while it has no primary.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Each node is asked its role, WAL position and timeline this often.
+    pub interval_ms: u64,
+    /// A check that takes longer fails.
+    pub timeout_ms: u64,
+    /// A node failing this many checks in a row is down (one that refuses connections
+    /// is down at once).
+    pub fail_after: u32,
+    /// While a shard has no primary it can use, a request that needs one waits this
+    /// long for one to appear (a promotion) before it fails; 0 = fail at once.
+    pub failover_hold_ms: u64,
+    /// Requests that may wait so at once, over all shards; more fail at once.
+    pub max_held_requests: usize,
+    /// Who checks: by default the first `[[users]]` entry's server credentials.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// The database the checks connect to.
+    pub dbname: String,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 1000,
+            timeout_ms: 1000,
+            fail_after: 3,
+            failover_hold_ms: 10_000,
+            max_held_requests: 1000,
+            user: None,
+            password: None,
+            dbname: "postgres".into(),
+        }
+    }
 }
 
 /// Snowflake IDs minted by the proxy (`SELECT pgtenant.next_id()`).
@@ -432,7 +472,7 @@ pub enum NodeRole {
 }
 
 /// One PostgreSQL server of a shard.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     pub host: String,

@@ -143,9 +143,47 @@ impl Cluster {
             self.data_dir.display()
         );
         append(&self.data_dir.join("postgresql.conf"), &conf)?;
-        let hba = "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
+        let hba = "local all all trust\nlocal replication all trust\nhost all postgres 127.0.0.1/32 trust\nhost replication postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
         std::fs::write(self.data_dir.join("pg_hba.conf"), hba).map_err(|e| e.to_string())?;
         Ok(())
+    }
+
+    /// Creates this cluster as a streaming replica of `primary` (pg_basebackup with a
+    /// physical slot named `slot`), unless its directory already holds a cluster.
+    pub fn init_replica_of(&self, primary: &Cluster, slot: &str) -> Result<(), String> {
+        if self.is_initialized() {
+            return Ok(());
+        }
+        let parent = self.data_dir.parent().unwrap_or(Path::new("/"));
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        if let Some(r) = self.run_as {
+            r.chown_tree(parent).map_err(|e| format!("chown {}: {e}", parent.display()))?;
+        }
+        let out = self
+            .command("pg_basebackup")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-h", "127.0.0.1", "-p", &primary.port.to_string(), "-U", "postgres"])
+            .args(["-X", "stream", "-R", "-C", "-S", slot, "--no-sync", "--checkpoint=fast"])
+            .output();
+        Self::check("pg_basebackup", out)?;
+        let conf = format!(
+            "\nport = {}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+            self.port,
+            self.data_dir.display()
+        );
+        append(&self.data_dir.join("postgresql.conf"), &conf)
+    }
+
+    /// Appends settings to postgresql.conf (they apply at the next start or reload).
+    pub fn configure(&self, settings: &str) -> Result<(), String> {
+        append(&self.data_dir.join("postgresql.conf"), &format!("\n{settings}\n"))
+    }
+
+    /// Promotes a replica to primary and waits until it is one.
+    pub fn promote(&self) -> Result<(), String> {
+        let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-w", "promote"]).output();
+        Self::check("pg_ctl promote", out)
     }
 
     /// Turns on TLS with the given PEM certificate and key (copied into the data

@@ -59,6 +59,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         tenant_limits: Vec::new(),
         catalog: None,
         snowflake: SnowflakeConfig::default(),
+        health: Default::default(),
     }
 }
 

@@ -15,7 +15,7 @@ use super::error_response::write_error;
 use super::params::parse_startup;
 use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
-use super::{Shared, primary_node};
+use super::{Shared, primary_now};
 use crate::backend::{
     BackendError, CheckoutError, PooledConn, ServerPool, SettingValue, Settings, TenantGuc, Wanted,
     send_cancel, settings_sql, tenant_sql,
@@ -116,9 +116,9 @@ async fn login(
         None => shared.router.default_shard().map_err(FrontendError::Route)?,
     };
     let topology = shared.router.topology();
-    let node = primary_node(&topology, shard)?;
+    let node = primary_now(&shared.health, &topology, shard)?;
     let settings = Settings::intern(params.settings);
-    let pool = shared.pools.pool(shard, node, &user, &params.database);
+    let pool = shared.pools.pool(shard, &node, &user, &params.database);
     // The server never rejects an application_name, which many clients make unique; a
     // login that differs from an accepted one only there needs no server.
     let to_check = if settings.list.iter().any(|(n, _)| n.eq_ignore_ascii_case("application_name")) {

@@ -24,6 +24,7 @@ pub use listener::run_listener;
 pub use scram::ScramVerifier;
 pub use tls::{ClientTls, client_tls};
 
+use crate::backend::health::{HealthView, PrimaryChoice};
 use crate::backend::{CheckoutError, Pools, StatementRegistry, TenantContext};
 use crate::config::{Config, NodeConfig};
 use crate::directory::{ShardId, Topology};
@@ -33,6 +34,20 @@ use crate::snowflake::Minter;
 /// The node that takes a shard's transactions.
 pub(crate) fn primary_node(topology: &Topology, shard: ShardId) -> Result<&NodeConfig, CheckoutError> {
     topology.shard(shard).and_then(|s| s.primary()).ok_or(CheckoutError::UnknownShard { shard })
+}
+
+/// The node `shard`'s work goes to now (see `backend::health`); while it has none,
+/// the configured primary, for what only needs a server's parameters (a login).
+pub(crate) fn primary_now(
+    health: &HealthView,
+    topology: &Topology,
+    shard: ShardId,
+) -> Result<NodeConfig, CheckoutError> {
+    let s = topology.shard(shard).ok_or(CheckoutError::UnknownShard { shard })?;
+    match health.primary_of(s) {
+        PrimaryChoice::Node(node) => Ok(node),
+        PrimaryChoice::Holding(_) => primary_node(topology, shard).cloned(),
+    }
 }
 
 /// How server connections learn whose tenant they serve: the tenant GUC and the key
@@ -49,6 +64,8 @@ pub struct Shared {
     pub config: Arc<Config>,
     pub router: Router,
     pub pools: Pools,
+    /// Where each shard's work goes now (see `backend::health`).
+    pub health: Arc<HealthView>,
     pub statements: StatementRegistry,
     pub cancels: Arc<CancelRegistry>,
     pub tls: Option<ClientTls>,
@@ -75,10 +92,12 @@ impl Shared {
         let auth = config.users.iter().map(|u| (u.name.clone(), auth::UserAuth::from_config(u))).collect();
         // Statement texts shared by clients get the parse cache's byte budget.
         let statements = StatementRegistry::new(100_000, config.proxy.parse_cache_bytes);
+        let health = Arc::new(HealthView::new(config.health.fail_after, config.health.max_held_requests));
         Self {
             config,
             router,
             pools,
+            health,
             statements,
             cancels: Arc::new(CancelRegistry::default()),
             tls,

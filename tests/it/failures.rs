@@ -33,7 +33,12 @@ async fn exhausted_pool_gives_53300_naming_the_shard() {
 async fn a_killed_shard_gives_clear_errors_and_serves_again_when_back() {
     let dying = private_cluster("dying", 2);
     let port = dying.port;
-    let proxy = start_proxy(move |c| c.shards[1].nodes[0].port = port).await;
+    let proxy = start_proxy(move |c| {
+        c.shards[1].nodes[0].port = port;
+        c.health.interval_ms = 200;
+        c.health.failover_hold_ms = 1000;
+    })
+    .await;
     let client = proxy.connect(Some(1500)).await;
     assert_eq!(shard_of(&client).await, 2);
 
@@ -51,10 +56,12 @@ async fn a_killed_shard_gives_clear_errors_and_serves_again_when_back() {
     let code = sqlstate(&err);
     assert!(code == "08006" || code == "57P01" || code == "57P02", "{code}: {err}");
 
-    // While it is down: a clear error naming the shard, and the session survives.
+    // While it is down: held for failover_hold_ms (a new primary, or this one back,
+    // would serve it), then a clear error naming the shard, and the session survives.
     let err = client.query("SELECT 1 FROM pgtenant_shard", &[]).await.expect_err("shard is down");
-    assert_eq!(sqlstate(&err), "08001", "{err}");
-    assert!(err.as_db_error().unwrap().message().contains("shard 2"), "{err}");
+    assert_eq!(sqlstate(&err), "57P03", "{err}");
+    let message = err.as_db_error().unwrap().message();
+    assert!(message.contains("shard 2") && message.contains("primary is down"), "{err}");
     let other_shard = proxy.connect(Some(7)).await;
     assert_eq!(shard_of(&other_shard).await, 1, "shard 1 is unaffected");
 

@@ -8,6 +8,7 @@ mod cli;
 mod clients;
 mod copy_errors;
 mod drivers;
+mod failover;
 mod failures;
 mod fair_share;
 mod memory_limits;

@@ -74,7 +74,7 @@ impl Session {
         if check_writable_on(route, analysis).is_err() {
             return Ok(false);
         }
-        let pool = self.pool_of(route.shard)?;
+        let pool = self.pool_of(route.shard).await?;
         let read_only = !route.state.allows_writes();
         let proxy = &self.shared.config.proxy;
         let join = LaneJoin {
@@ -87,7 +87,7 @@ impl Session {
             None => {
                 let guc = self.shared.config.proxy.set_tenant_guc;
                 let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
-                let conn = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await?;
+                let (pool, conn) = self.checkout_primary(route, wanted).await?;
                 if conn.settings.version != version
                     || conn.read_only != read_only
                     || pool.only_checkout_with_room()

@@ -171,6 +171,8 @@ fn poll_side(
 /// The pools a session used, per shard, for the topology they belong to.
 struct SessionPools {
     generation: u64,
+    /// The health view's version the handles were chosen by.
+    health: u64,
     topology: Arc<Topology>,
     handles: Vec<(ShardId, ServerPool)>,
 }
@@ -213,7 +215,7 @@ impl Session {
             recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
-            pools: SessionPools { generation, topology, handles: Vec::new() },
+            pools: SessionPools { generation, health: 0, topology, handles: Vec::new() },
             placement: PlacementMemo::default(),
             tx: ClientTx::Idle,
             batch: Vec::new(),

@@ -2,19 +2,22 @@
 //! transaction, relaying its responses, and giving it back (or closing it).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
 use super::{Attached, ClientTx, Session};
+use crate::backend::CheckoutError;
+use crate::backend::health::{CheckOutcome, NodeKey, PrimaryChoice};
 use crate::backend::{
     OnError, Pending, PooledConn, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID, ServerConn,
     ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted, settings_sql,
     tenant_sql,
 };
-use crate::config::{IsolationMode, PoolMode};
+use crate::config::{IsolationMode, NodeConfig, PoolMode};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
-use crate::frontend::primary_node;
+use crate::frontend::primary_now;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{Analysis, Route, Router, SessionChange, SessionRisk};
 
@@ -44,13 +47,12 @@ impl Session {
             self.release_server();
         }
         if self.server.is_none() {
-            let pool = self.pool_of(route.shard)?;
             // A connection that holds the tenant and settings already spares the server SETs.
             let wanted = Wanted {
                 tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
                 settings: Some(self.settings.version),
             };
-            let conn = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await?;
+            let (_, conn) = self.checkout_primary(&route, wanted).await?;
             self.attach(conn, &route);
         }
         let context = crate::frontend::tenant_context(&self.shared.config);
@@ -155,12 +157,12 @@ impl Session {
         if config.proxy.isolation != IsolationMode::Strict || !self.shared.router.needs_tenant(analysis) {
             return Ok(());
         }
-        let node = primary_node(&self.pools.topology, shard)?;
+        let node = primary_now(&self.shared.health, &self.pools.topology, shard)?;
         let check = crate::frontend::strict::StrictCheck {
             config,
             catalog: &self.shared.strict,
             shard,
-            node,
+            node: &node,
             user: &self.user,
             database: &self.database,
             tenant,
@@ -188,25 +190,81 @@ impl Session {
     }
 
     /// The pool of `shard`'s primary, from this session's handles while the topology
-    /// they were taken from is still the one in force.
-    pub(super) fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
+    /// they were taken from and the health view they were chosen by still hold.
+    pub(super) async fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
         let generation = self.shared.router.generation();
-        if generation != self.pools.generation {
+        let health = self.shared.health.version();
+        if generation != self.pools.generation || health != self.pools.health {
             let topology = self.shared.router.topology();
             if !Arc::ptr_eq(&self.pools.topology, &topology) {
                 self.shared.prune_pools(&topology);
-                self.pools.handles.clear();
                 self.pools.topology = topology;
             }
-            self.pools.generation = generation;
+            self.pools.handles.clear();
+            (self.pools.generation, self.pools.health) = (generation, health);
         }
         if let Some((_, pool)) = self.pools.handles.iter().find(|(s, _)| *s == shard) {
             return Ok(pool.clone());
         }
-        let node = primary_node(&self.pools.topology, shard)?;
-        let pool = self.shared.pools.pool(shard, node, &self.user, &self.database);
+        let node = self.primary_or_wait(shard).await?;
+        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
         self.pools.handles.push((shard, pool.clone()));
         Ok(pool)
+    }
+
+    /// A connection to `route`'s shard's primary, and its pool. A primary found gone at
+    /// checkout (nothing listens, or it is shutting down) is marked down at once, so that
+    /// this request and the next ones wait for a new primary instead of failing.
+    pub(super) async fn checkout_primary(
+        &mut self,
+        route: &Route,
+        wanted: Wanted<'_>,
+    ) -> Result<(ServerPool, PooledConn), FrontendError> {
+        let mut tries = 0;
+        loop {
+            let pool = self.pool_of(route.shard).await?;
+            match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
+                Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() && tries < 3 => {
+                    tries += 1;
+                    let (host, port) = pool.host_port();
+                    let node = NodeKey { shard: route.shard, host: host.to_string(), port };
+                    tracing::warn!(shard = route.shard, node = %format!("{host}:{port}"), error = %source, "shard node gone at checkout");
+                    self.shared.health.record(&node, CheckOutcome::Refused);
+                }
+                other => return Ok((pool, other?)),
+            }
+        }
+    }
+
+    /// `shard`'s primary now; while it has none (a failover), waits up to
+    /// `failover_hold_ms` for one, as one of at most `max_held_requests`.
+    async fn primary_or_wait(&mut self, shard: ShardId) -> Result<NodeConfig, FrontendError> {
+        let shared = self.shared.clone();
+        let hold = Duration::from_millis(shared.config.health.failover_hold_ms);
+        let started = Instant::now();
+        let mut held = None;
+        loop {
+            let topology = shared.router.topology();
+            let s = topology.shard(shard).ok_or(CheckoutError::UnknownShard { shard })?;
+            let reason = match shared.health.primary_of(s) {
+                PrimaryChoice::Node(node) => return Ok(node),
+                PrimaryChoice::Holding(reason) => reason,
+            };
+            let left = hold.saturating_sub(started.elapsed());
+            if held.is_none() {
+                held = shared.health.hold();
+            }
+            if left.is_zero() || held.is_none() {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                return Err(CheckoutError::NoPrimary { shard, reason: reason.describe(), waited_ms }.into());
+            }
+            if started.elapsed().is_zero() {
+                tracing::info!(shard, reason = %reason.describe(), "request held until the shard has a primary");
+            }
+            // Looked at again at least every 100 ms: a change between the look above
+            // and this wait is not missed for long.
+            shared.health.changed_within(left.min(Duration::from_millis(100))).await;
+        }
     }
 
     /// Starts a simple-protocol request's transaction on `route` (see `begin_on` for

@@ -109,3 +109,20 @@ pub fn private_cluster(name: &str, shard_id: u16) -> Cluster {
 pub fn private_tls_cluster(name: &str, shard_id: u16) -> Cluster {
     create_cluster(name, shard_id, true)
 }
+
+/// A private primary set up as shard `shard_id` and a streaming replica of it (a
+/// physical slot, synchronous: the primary waits for it on every commit, so no
+/// acknowledged write can be lost when it is promoted).
+pub fn private_cluster_with_replica(name: &str, shard_id: u16) -> (Cluster, Cluster) {
+    let primary = create_cluster(name, shard_id, false);
+    let bin = find_bin_dir().expect("PostgreSQL binaries");
+    let replica = Cluster::new(&bin, &base_dir().join(format!("{name}_replica")), free_port());
+    replica.init_replica_of(&primary, &format!("{name}_slot")).expect("pg_basebackup");
+    replica.start().expect("replica start");
+    primary
+        .configure("synchronous_commit = on\nsynchronous_standby_names = '*'")
+        .expect("synchronous standby");
+    primary.stop().expect("primary stop");
+    primary.start().expect("primary start");
+    (primary, replica)
+}

@@ -12,7 +12,7 @@ use pgtenant::config::Config;
 use pgtenant::dev::demo;
 use pgtenant::server::RunningProxy;
 
-pub use clusters::{private_cluster, private_tls_cluster, shards};
+pub use clusters::{private_cluster, private_cluster_with_replica, private_tls_cluster, shards};
 
 /// A proxy serving the shared shards (or whatever the test changed in its config).
 pub struct Proxy {

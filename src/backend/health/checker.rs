@@ -1,0 +1,213 @@
+//! The checks: a task per shard node asks it, every `interval_ms`, whether it is in
+//! recovery, where its WAL is and on which timeline, over a connection of its own
+//! (tokio-postgres, kept between checks), and records the answer in the view. A
+//! supervisor starts and stops node tasks as the topology changes. Nothing here runs
+//! on a client's path.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::view::{CheckOutcome, HealthView, NodeKey, NodeState, Observation, ObservedRole, is_notable};
+use crate::config::{Config, NodeConfig};
+use crate::directory::Topology;
+
+/// One query: role, WAL position (received-and-replayed on a replica) and timeline
+/// (from the current WAL file's name on a primary, which changes at promotion at once;
+/// from the last checkpoint on a replica).
+const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
+     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text, \
+     CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) \
+          ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END";
+
+/// How the checks log in and how often they run.
+#[derive(Clone)]
+struct CheckSettings {
+    user: String,
+    password: Option<String>,
+    dbname: String,
+    interval: Duration,
+    timeout: Duration,
+}
+
+impl CheckSettings {
+    fn from(config: &Config) -> Self {
+        let health = &config.health;
+        let first = config.users.first();
+        Self {
+            user: health
+                .user
+                .clone()
+                .or_else(|| first.map(|u| u.server_user().to_string()))
+                .unwrap_or_else(|| "postgres".into()),
+            password: health
+                .password
+                .clone()
+                .or_else(|| first.and_then(|u| u.server_password().map(str::to_string))),
+            dbname: health.dbname.clone(),
+            interval: Duration::from_millis(health.interval_ms.max(10)),
+            timeout: Duration::from_millis(health.timeout_ms.max(10)),
+        }
+    }
+}
+
+/// Runs the checks for as long as `topology` answers (it holds the proxy weakly).
+/// `went_down` is told of each node that goes down, so that its idle connections
+/// are closed.
+pub fn spawn(
+    view: Arc<HealthView>,
+    config: &Config,
+    topology: impl Fn() -> Option<Arc<Topology>> + Send + 'static,
+    went_down: impl Fn(&NodeKey) + Send + Sync + 'static,
+) -> JoinHandle<()> {
+    let settings = CheckSettings::from(config);
+    let went_down: Arc<dyn Fn(&NodeKey) + Send + Sync> = Arc::new(went_down);
+    tokio::spawn(async move {
+        let mut tasks: HashMap<NodeKey, JoinHandle<()>> = HashMap::new();
+        let mut every = tokio::time::interval(settings.interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let Some(topology) = topology() else { break };
+            let mut wanted: HashMap<NodeKey, NodeConfig> = HashMap::new();
+            for id in topology.shard_ids() {
+                for node in topology.shard(id).map(|s| s.nodes.as_slice()).unwrap_or_default() {
+                    wanted.insert(NodeKey::of(id, node), node.clone());
+                }
+            }
+            tasks.retain(|key, task| {
+                let keep = wanted.contains_key(key) && !task.is_finished();
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+            view.retain(|key| wanted.contains_key(key));
+            for (key, node) in wanted {
+                if let std::collections::hash_map::Entry::Vacant(slot) = tasks.entry(key) {
+                    let key = slot.key().clone();
+                    let task =
+                        watch_node(Arc::downgrade(&view), key, node, settings.clone(), went_down.clone());
+                    slot.insert(tokio::spawn(task));
+                }
+            }
+        }
+        for task in tasks.values() {
+            task.abort();
+        }
+    })
+}
+
+async fn watch_node(
+    view: Weak<HealthView>,
+    key: NodeKey,
+    node: NodeConfig,
+    settings: CheckSettings,
+    went_down: Arc<dyn Fn(&NodeKey) + Send + Sync>,
+) {
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut every = tokio::time::interval(settings.interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let outcome = match tokio::time::timeout(settings.timeout, check(&mut client, &node, &settings)).await
+        {
+            Ok(outcome) => outcome,
+            Err(_elapsed) => CheckOutcome::Failed,
+        };
+        if !matches!(outcome, CheckOutcome::Answered(_)) {
+            client = None;
+        }
+        let Some(view) = view.upgrade() else { return };
+        let (before, after) = view.record(&key, outcome);
+        if is_notable(before, after) {
+            tracing::warn!(shard = key.shard, node = %format!("{}:{}", key.host, key.port), ?before, ?after, "shard node changed state");
+        }
+        if after == NodeState::Down && before != NodeState::Down {
+            went_down(&key);
+        }
+    }
+}
+
+async fn check(
+    client: &mut Option<tokio_postgres::Client>,
+    node: &NodeConfig,
+    settings: &CheckSettings,
+) -> CheckOutcome {
+    if client.as_ref().is_none_or(|c| c.is_closed()) {
+        let mut pg = tokio_postgres::Config::new();
+        pg.host(&node.host)
+            .port(node.port)
+            .user(&settings.user)
+            .dbname(&settings.dbname)
+            .application_name("pgtenant health check")
+            .connect_timeout(settings.timeout);
+        if let Some(password) = &settings.password {
+            pg.password(password);
+        }
+        match pg.connect(tokio_postgres::NoTls).await {
+            Ok((c, connection)) => {
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                *client = Some(c);
+            }
+            Err(e) => return failure(&e),
+        }
+    }
+    let Some(c) = client.as_ref() else { return CheckOutcome::Failed };
+    match c.query_one(CHECK_SQL, &[]).await {
+        Ok(row) => {
+            let in_recovery: bool = row.get(0);
+            let lsn: Option<String> = row.get(1);
+            let timeline: Option<i32> = row.get(2);
+            CheckOutcome::Answered(Observation {
+                role: if in_recovery { ObservedRole::Replica } else { ObservedRole::Primary },
+                timeline: timeline.unwrap_or(0).max(0) as u32,
+                lsn: lsn.as_deref().and_then(parse_lsn).unwrap_or(0),
+            })
+        }
+        Err(e) => failure(&e),
+    }
+}
+
+/// Refused connections count at once; a server shutting down or starting up, a broken
+/// connection or a timeout after `fail_after`; anything else (credentials,
+/// permissions) leaves the node unchecked.
+fn failure(e: &tokio_postgres::Error) -> CheckOutcome {
+    if let Some(db) = e.as_db_error() {
+        return match db.code().code() {
+            "57P01" | "57P02" | "57P03" | "53300" => CheckOutcome::Failed,
+            _ => CheckOutcome::Unchecked,
+        };
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound => CheckOutcome::Refused,
+                _ => CheckOutcome::Failed,
+            };
+        }
+        source = cause.source();
+    }
+    CheckOutcome::Failed
+}
+
+/// `X/Y` as PostgreSQL writes an LSN.
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some((u64::from_str_radix(high, 16).ok()? << 32) | u64::from_str_radix(low, 16).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lsns_parse_as_postgresql_writes_them() {
+        assert_eq!(super::parse_lsn("0/1935FB8"), Some(0x1935FB8));
+        assert_eq!(super::parse_lsn("16/B374D848"), Some((0x16 << 32) | 0xB374D848));
+        assert_eq!(super::parse_lsn("nonsense"), None);
+    }
+}

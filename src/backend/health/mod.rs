@@ -1,0 +1,13 @@
+//! Shard node health and failover: a task per node checks its role, WAL position and
+//! timeline (`checker`), and a shared view (`view`) says where each shard's work goes
+//! now: the node answering as primary on the newest timeline, whoever promoted it.
+//! While a shard has none, requests that need it wait for one (bounded).
+
+mod checker;
+mod view;
+
+pub use checker::spawn;
+pub use view::{
+    CheckOutcome, HealthView, HeldRequest, HoldReason, NodeKey, NodeState, Observation, ObservedRole,
+    PrimaryChoice,
+};

@@ -1,0 +1,335 @@
+//! What the checkers last saw of every shard node, and which node each shard's work
+//! goes to now. Sessions read it once per checkout through `primary_of` (a read lock
+//! and a few comparisons); its version changes only when a node's state, role or
+//! timeline does, so sessions keep their pool handles until then.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::config::NodeConfig;
+use crate::directory::{Shard, ShardId};
+
+/// A node of a shard, as the checks know it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeKey {
+    pub shard: ShardId,
+    pub host: String,
+    pub port: u16,
+}
+
+impl NodeKey {
+    pub fn of(shard: ShardId, node: &NodeConfig) -> Self {
+        Self { shard, host: node.host.clone(), port: node.port }
+    }
+}
+
+/// What a node said it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObservedRole {
+    Primary,
+    Replica,
+}
+
+/// A node's state, as its checks have gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeState {
+    /// Not checked yet, or its checks fail for a reason other than reaching it (the
+    /// checker's credentials): its configured role stands.
+    Unchecked,
+    /// It answered its last check (`failing` checks have failed since, fewer than
+    /// `fail_after`).
+    Up { role: ObservedRole, timeline: u32, lsn: u64, failing: u32 },
+    /// It refused connections, or failed `fail_after` checks in a row.
+    Down,
+}
+
+/// Where a shard's work goes now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrimaryChoice {
+    Node(NodeConfig),
+    /// No node can take writes now (the primary is down and nothing was promoted, or
+    /// two nodes claim the same newest timeline): requests wait for a change.
+    Holding(HoldReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldReason {
+    NoPrimary,
+    TwoPrimaries { timeline: u32 },
+}
+
+impl HoldReason {
+    pub fn describe(self) -> String {
+        match self {
+            HoldReason::NoPrimary => "its primary is down and no replica has been promoted".into(),
+            HoldReason::TwoPrimaries { timeline } => {
+                format!("two nodes claim to be its primary on timeline {timeline}")
+            }
+        }
+    }
+}
+
+/// Whether a node's change of state matters to routing: its state, role or timeline
+/// (not its WAL position or a failed check or two).
+pub fn is_notable(before: NodeState, after: NodeState) -> bool {
+    match (before, after) {
+        (NodeState::Up { role: r1, timeline: t1, .. }, NodeState::Up { role: r2, timeline: t2, .. }) => {
+            r1 != r2 || t1 != t2
+        }
+        (a, b) => a != b,
+    }
+}
+
+/// A checked node's last observation.
+pub struct Observation {
+    pub role: ObservedRole,
+    pub timeline: u32,
+    pub lsn: u64,
+}
+
+/// How a check went.
+pub enum CheckOutcome {
+    Answered(Observation),
+    /// Connection refused: down at once.
+    Refused,
+    /// Timed out, or the connection broke: down after `fail_after` in a row.
+    Failed,
+    /// Reached but not checked (authentication, permissions).
+    Unchecked,
+}
+
+#[derive(Default)]
+struct Nodes {
+    states: HashMap<NodeKey, NodeState>,
+    /// The newest timeline each shard's primary was seen on: a node that claims to be
+    /// primary on an older one (an old primary started again after a failover) is
+    /// never written to.
+    newest_timeline: HashMap<ShardId, u32>,
+}
+
+pub struct HealthView {
+    nodes: RwLock<Nodes>,
+    version: watch::Sender<u64>,
+    fail_after: u32,
+    held: AtomicUsize,
+    max_held: usize,
+}
+
+/// A request waiting for a shard to get a primary; counted while it lives.
+pub struct HeldRequest<'a>(&'a HealthView);
+
+impl Drop for HeldRequest<'_> {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl HealthView {
+    pub fn new(fail_after: u32, max_held: usize) -> Self {
+        Self {
+            nodes: RwLock::default(),
+            version: watch::Sender::new(0),
+            fail_after: fail_after.max(1),
+            held: AtomicUsize::new(0),
+            max_held,
+        }
+    }
+
+    /// Changes whenever a node's state, role or timeline changes.
+    pub fn version(&self) -> u64 {
+        *self.version.borrow()
+    }
+
+    pub fn state(&self, key: &NodeKey) -> NodeState {
+        self.read().states.get(key).copied().unwrap_or(NodeState::Unchecked)
+    }
+
+    /// Notes how a node's check went; returns its state before and after.
+    pub fn record(&self, key: &NodeKey, outcome: CheckOutcome) -> (NodeState, NodeState) {
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        let before = nodes.states.get(key).copied().unwrap_or(NodeState::Unchecked);
+        let after = match (outcome, before) {
+            (CheckOutcome::Answered(o), _) => {
+                if o.role == ObservedRole::Primary {
+                    let newest = nodes.newest_timeline.entry(key.shard).or_insert(o.timeline);
+                    *newest = (*newest).max(o.timeline);
+                }
+                NodeState::Up { role: o.role, timeline: o.timeline, lsn: o.lsn, failing: 0 }
+            }
+            (CheckOutcome::Refused, _) => NodeState::Down,
+            (CheckOutcome::Failed, NodeState::Up { role, timeline, lsn, failing }) => {
+                if failing + 1 >= self.fail_after {
+                    NodeState::Down
+                } else {
+                    NodeState::Up { role, timeline, lsn, failing: failing + 1 }
+                }
+            }
+            (CheckOutcome::Failed, NodeState::Unchecked) if self.fail_after <= 1 => NodeState::Down,
+            (CheckOutcome::Failed, state) => state,
+            (CheckOutcome::Unchecked, _) => NodeState::Unchecked,
+        };
+        nodes.states.insert(key.clone(), after);
+        drop(nodes);
+        let changed = match (before, after) {
+            (NodeState::Up { role: r1, timeline: t1, .. }, NodeState::Up { role: r2, timeline: t2, .. }) => {
+                r1 != r2 || t1 != t2
+            }
+            (a, b) => a != b,
+        };
+        if changed {
+            self.version.send_modify(|v| *v += 1);
+        }
+        (before, after)
+    }
+
+    /// Forgets nodes that left the topology.
+    pub fn retain(&self, keep: impl Fn(&NodeKey) -> bool) {
+        let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
+        nodes.states.retain(|k, _| keep(k));
+    }
+
+    /// The node `shard`'s work goes to now: the node answering as primary on the
+    /// newest timeline; before any check says otherwise, the configured primary.
+    pub fn primary_of(&self, shard: &Shard) -> PrimaryChoice {
+        let nodes = self.read();
+        let floor = nodes.newest_timeline.get(&shard.id).copied().unwrap_or(0);
+        let mut best: Option<(u32, &NodeConfig)> = None;
+        let mut tied = false;
+        for node in &shard.nodes {
+            let key = NodeKey::of(shard.id, node);
+            if let Some(NodeState::Up { role: ObservedRole::Primary, timeline, .. }) = nodes.states.get(&key)
+            {
+                if *timeline < floor {
+                    continue;
+                }
+                match best {
+                    Some((t, _)) if t > *timeline => {}
+                    Some((t, _)) if t == *timeline => tied = true,
+                    _ => {
+                        best = Some((*timeline, node));
+                        tied = false;
+                    }
+                }
+            }
+        }
+        match best {
+            Some((timeline, _)) if tied => {
+                tracing::error!(
+                    shard = shard.id,
+                    timeline,
+                    "two nodes claim to be the primary: writes are held"
+                );
+                PrimaryChoice::Holding(HoldReason::TwoPrimaries { timeline })
+            }
+            Some((_, node)) => PrimaryChoice::Node(node.clone()),
+            None => match shard.primary() {
+                Some(node)
+                    if nodes
+                        .states
+                        .get(&NodeKey::of(shard.id, node))
+                        .is_none_or(|s| *s == NodeState::Unchecked) =>
+                {
+                    PrimaryChoice::Node(node.clone())
+                }
+                _ => PrimaryChoice::Holding(HoldReason::NoPrimary),
+            },
+        }
+    }
+
+    /// A place among the requests waiting for a primary, if one is left.
+    pub fn hold(&self) -> Option<HeldRequest<'_>> {
+        let held = self.held.fetch_add(1, Ordering::Relaxed);
+        let request = HeldRequest(self);
+        (held < self.max_held).then_some(request)
+    }
+
+    /// Waits until the view changes or `within` passes; false when it passed.
+    pub async fn changed_within(&self, within: Duration) -> bool {
+        let mut rx = self.version.subscribe();
+        tokio::time::timeout(within, rx.changed()).await.is_ok()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Nodes> {
+        self.nodes.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodeRole;
+    use crate::directory::ShardStatus;
+
+    fn node(port: u16, role: NodeRole) -> NodeConfig {
+        NodeConfig { host: "127.0.0.1".into(), port, role, priority: 0, dbname: None }
+    }
+
+    fn shard() -> Shard {
+        Shard {
+            id: 1,
+            status: ShardStatus::Active,
+            nodes: vec![node(1, NodeRole::Primary), node(2, NodeRole::Replica), node(3, NodeRole::Replica)],
+        }
+    }
+
+    fn answered(role: ObservedRole, timeline: u32) -> CheckOutcome {
+        CheckOutcome::Answered(Observation { role, timeline, lsn: 0 })
+    }
+
+    fn key(port: u16) -> NodeKey {
+        NodeKey { shard: 1, host: "127.0.0.1".into(), port }
+    }
+
+    #[test]
+    fn a_promoted_replica_takes_over_and_the_old_primary_never_comes_back() {
+        let view = HealthView::new(3, 10);
+        let shard = shard();
+        assert_eq!(
+            view.primary_of(&shard),
+            PrimaryChoice::Node(node(1, NodeRole::Primary)),
+            "unchecked: as configured"
+        );
+        view.record(&key(1), answered(ObservedRole::Primary, 1));
+        view.record(&key(2), answered(ObservedRole::Replica, 1));
+        let version = view.version();
+        view.record(&key(1), CheckOutcome::Failed);
+        assert_eq!(view.version(), version, "one failed check changes nothing");
+        view.record(&key(1), CheckOutcome::Refused);
+        assert_eq!(view.primary_of(&shard), PrimaryChoice::Holding(HoldReason::NoPrimary));
+        view.record(&key(2), answered(ObservedRole::Primary, 2));
+        assert_eq!(view.primary_of(&shard), PrimaryChoice::Node(node(2, NodeRole::Replica)));
+        // The old primary is started again as a primary, on its old timeline.
+        view.record(&key(1), answered(ObservedRole::Primary, 1));
+        assert_eq!(view.primary_of(&shard), PrimaryChoice::Node(node(2, NodeRole::Replica)));
+        view.record(&key(2), CheckOutcome::Refused);
+        assert_eq!(
+            view.primary_of(&shard),
+            PrimaryChoice::Holding(HoldReason::NoPrimary),
+            "a primary on an older timeline is never written to"
+        );
+        view.record(&key(3), answered(ObservedRole::Primary, 3));
+        view.record(&key(1), answered(ObservedRole::Primary, 3));
+        assert_eq!(view.primary_of(&shard), PrimaryChoice::Holding(HoldReason::TwoPrimaries { timeline: 3 }));
+    }
+
+    #[test]
+    fn checks_that_cannot_run_leave_the_configured_role_and_holds_are_bounded() {
+        let view = HealthView::new(2, 1);
+        let shard = shard();
+        view.record(&key(1), CheckOutcome::Unchecked);
+        assert_eq!(view.primary_of(&shard), PrimaryChoice::Node(node(1, NodeRole::Primary)));
+        view.record(&key(1), answered(ObservedRole::Primary, 1));
+        view.record(&key(1), CheckOutcome::Failed);
+        view.record(&key(1), CheckOutcome::Failed);
+        assert_eq!(view.state(&key(1)), NodeState::Down, "down after fail_after failed checks");
+        let first = view.hold();
+        assert!(first.is_some());
+        assert!(view.hold().is_none(), "at most max_held wait");
+        drop(first);
+        assert!(view.hold().is_some());
+    }
+}

@@ -1,0 +1,124 @@
+//! Failover (issue 23): a shard whose primary is killed under a write load, and whose
+//! replica is then promoted by an outside orchestrator (`pg_ctl promote`), goes on
+//! writing through pgtenant: requests that arrive meanwhile are held, not failed, and
+//! run on the new primary; each client sees at most the error of the statement that
+//! was in flight on the dead primary; every acknowledged insert is on the new primary.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pgtenant::config::{NodeConfig, NodeRole};
+
+use crate::harness::{connect, private_cluster_with_replica, start_proxy};
+
+/// What one writing client saw: the ids it was told were committed, its errors.
+struct Writer {
+    acknowledged: Vec<i64>,
+    errors: Vec<String>,
+}
+
+async fn write_until(conninfo: String, client_no: i64, stop: Arc<AtomicBool>) -> Writer {
+    let client = connect(&conninfo).await.expect("connect through the proxy");
+    let mut seen = Writer { acknowledged: Vec::new(), errors: Vec::new() };
+    let mut client = Some(client);
+    let mut next = client_no * 1_000_000;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(c) = client.as_ref() else { break };
+        next += 1;
+        match c.execute("INSERT INTO failover_writes (id, tenant_id) VALUES ($1, 7)", &[&next]).await {
+            Ok(1) => seen.acknowledged.push(next),
+            Ok(n) => seen.errors.push(format!("inserted {n} rows")),
+            Err(e) => {
+                seen.errors.push(match e.as_db_error() {
+                    Some(db) => format!("{} {}", db.code().code(), db.message()),
+                    None => e.to_string(),
+                });
+                if c.is_closed() {
+                    // As a pooler's client would: connect again and go on.
+                    client = connect(&conninfo).await.ok();
+                }
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_survive_a_killed_primary_and_an_outside_promotion() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("failover", 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE failover_writes (id bigint PRIMARY KEY, tenant_id bigint NOT NULL);
+             GRANT SELECT, INSERT ON failover_writes TO app;",
+        )
+        .await
+        .unwrap();
+    let (primary_port, replica_port) = (primary.port, replica.port);
+    let proxy = start_proxy(move |c| {
+        let node =
+            |port, role| NodeConfig { host: "127.0.0.1".into(), port, role, priority: 0, dbname: None };
+        c.shards[0].nodes =
+            vec![node(primary_port, NodeRole::Primary), node(replica_port, NodeRole::Replica)];
+        c.health.interval_ms = 200;
+        c.health.fail_after = 2;
+        c.health.failover_hold_ms = 20_000;
+    })
+    .await;
+    let probe = proxy.connect(Some(7)).await;
+    let port: i32 = probe.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+    assert_eq!(port, i32::from(primary_port), "writes go to the configured primary");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (1..=4)
+        .map(|n| {
+            let (conninfo, stop) = (proxy.conninfo("options='-c pgtenant.tenant_id=7'"), stop.clone());
+            tokio::spawn(async move { write_until(conninfo, n, stop).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let killed = primary.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let promoted = replica.clone();
+    tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    // Writes resume on the new primary.
+    let after = proxy.connect(Some(7)).await;
+    let port: i32 = after.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+    assert_eq!(port, i32::from(replica_port), "the promoted replica serves the shard");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        let seen = writer.await.unwrap();
+        assert!(
+            seen.errors.len() <= 1,
+            "a client saw more than the error of its one in-flight insert: {:?}",
+            seen.errors
+        );
+        acknowledged.extend(seen.acknowledged);
+    }
+    let new_primary =
+        connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
+    let stored: Vec<i64> = new_primary
+        .query("SELECT id FROM failover_writes", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let stored: std::collections::HashSet<i64> = stored.into_iter().collect();
+    let lost: Vec<&i64> = acknowledged.iter().filter(|id| !stored.contains(id)).collect();
+    assert!(lost.is_empty(), "acknowledged inserts missing on the new primary: {lost:?}");
+    let written_after =
+        new_primary.query_one("SELECT count(*) FROM failover_writes", &[]).await.unwrap().get::<_, i64>(0);
+    assert!(
+        written_after as usize >= acknowledged.len() && acknowledged.len() > 20,
+        "{written_after} rows, {} acknowledged",
+        acknowledged.len()
+    );
+    proxy.shutdown().await;
+}
