@@ -30,8 +30,8 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             })
         }
-        Command::Dev { dir, port, shard_port, workers } => {
-            run(workers, pgtenant::dev::run(dir, port, shard_port))
+        Command::Dev { dir, port, shard_port, replicas, workers } => {
+            run(workers, pgtenant::dev::run(dir, port, shard_port, replicas))
         }
     }
 }

@@ -26,9 +26,14 @@ pub enum Command {
         /// Port of the proxy.
         #[arg(long, default_value_t = 6432)]
         port: u16,
-        /// First port of the shard clusters (shard 1, then shard 2).
+        /// First port of the shard clusters (shard 1, then shard 2, the catalog, then
+        /// the replicas).
         #[arg(long, default_value_t = 6442)]
         shard_port: u16,
+        /// Streaming replicas of each shard (pg_basebackup, physical slots), so that
+        /// failover can be tried locally: stop a shard's primary and promote its replica.
+        #[arg(long, default_value_t = 1)]
+        replicas: u16,
         /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
         #[arg(long, default_value_t = 0)]
         workers: usize,

@@ -113,6 +113,31 @@ pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: [u16; 2]) -> Re
     db.batch_execute(&layout).await.map_err(|e| format!("catalog layout: {e}"))
 }
 
+/// Lists streaming replicas `(shard, name, port, failover priority)` in the catalog;
+/// safe to run again.
+pub async fn add_replicas(
+    port: u16,
+    dbname: &str,
+    replicas: &[(u16, String, u16, u32)],
+) -> Result<(), String> {
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}")).await?;
+    let rows: Vec<String> = replicas
+        .iter()
+        .map(|(shard, name, port, priority)| {
+            format!("({shard}, '{name}', '127.0.0.1', {port}, 'replica', {priority})")
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO pgtenant.shard_node AS n (shard_id, name, host, port, role, failover_priority) VALUES {}
+         ON CONFLICT (shard_id, name) DO UPDATE SET port = EXCLUDED.port WHERE n.port <> EXCLUDED.port",
+        rows.join(", ")
+    );
+    db.batch_execute(&sql).await.map_err(|e| format!("catalog replicas: {e}"))
+}
+
 /// Creates the demo role, database and tables on one shard; safe to run again.
 pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
     let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")).await?;

@@ -12,7 +12,7 @@ use cluster::{Cluster, find_bin_dir};
 /// The catalog database `dev` creates.
 pub const CATALOG_DATABASE: &str = "pgtenant_catalog";
 
-pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String> {
+pub async fn run(dir: PathBuf, port: u16, shard_port: u16, replicas: u16) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
@@ -35,6 +35,26 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
         demo::setup_shard(*port, i as u16 + 1).await?;
     }
     demo::setup_catalog(catalog_port, CATALOG_DATABASE, shard_ports).await?;
+    // Replicas after the shards' setup, which they copy: shard i's r-th on the port
+    // after the catalog's, shard by shard.
+    let mut replica_nodes = Vec::new();
+    let primaries: Vec<Cluster> = clusters[..2].to_vec();
+    for (i, primary) in primaries.iter().enumerate() {
+        for r in 1..=replicas {
+            let port = catalog_port + 1 + i as u16 * replicas + (r - 1);
+            let name = format!("shard{}_replica{r}", i + 1);
+            replica_nodes.push((i as u16 + 1, name.clone(), port, u32::from(r)));
+            let (primary, replica) = (primary.clone(), Cluster::new(&bin, &dir.join(&name), port));
+            clusters.push(replica.clone());
+            tokio::task::spawn_blocking(move || {
+                replica.init_replica_of(&primary, &name)?;
+                replica.start()
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+        }
+    }
+    demo::add_replicas(catalog_port, CATALOG_DATABASE, &replica_nodes).await?;
     let tls_dir = dir.join("tls");
     demo::ensure_certificate(&tls_dir)?;
     let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
@@ -42,7 +62,9 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16) -> Result<(), String>
     let config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
     write_config(&dir, &config)?;
     let served = serve(config).await;
-    let stopping = clusters.clone();
+    // Replicas first: a primary stopping before them waits for nothing, and they would
+    // only retry.
+    let stopping: Vec<Cluster> = clusters.iter().rev().cloned().collect();
     let stopped = tokio::task::spawn_blocking(move || stopping.iter().try_for_each(Cluster::stop))
         .await
         .map_err(|e| e.to_string())?;
@@ -55,6 +77,9 @@ async fn serve(config: crate::config::Config) -> Result<(), String> {
     println!(
         "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
         proxy.addr
+    );
+    println!(
+        "  failover: stop a shard's primary (pg_ctl stop -m immediate) and promote its replica (pg_ctl promote)"
     );
     if let Some(c) = &config_catalog {
         println!("  catalog: psql \"host={} port={} user={} dbname={}\"", c.host, c.port, c.user, c.dbname);

@@ -122,7 +122,9 @@ async fn watch_node(
         }
         let Some(view) = view.upgrade() else { return };
         let (before, after) = view.record(&key, outcome);
-        if is_notable(before, after) {
+        if before == NodeState::Unchecked && matches!(after, NodeState::Up { .. }) {
+            tracing::info!(shard = key.shard, node = %format!("{}:{}", key.host, key.port), ?after, "shard node checked");
+        } else if is_notable(before, after) {
             tracing::warn!(shard = key.shard, node = %format!("{}:{}", key.host, key.port), ?before, ?after, "shard node changed state");
         }
         if after == NodeState::Down && before != NodeState::Down {
