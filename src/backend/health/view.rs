@@ -240,6 +240,11 @@ impl HealthView {
         }
     }
 
+    /// Whether requests are waiting for a shard to get a primary.
+    pub fn holding(&self) -> bool {
+        self.held.load(Ordering::Relaxed) > 0
+    }
+
     /// A place among the requests waiting for a primary, if one is left.
     pub fn hold(&self) -> Option<HeldRequest<'_>> {
         let held = self.held.fetch_add(1, Ordering::Relaxed);
