@@ -23,7 +23,10 @@ cp "$STATE/pgtenant.toml" "$STATE/old.toml"
 for _ in $(seq 20); do
   unknown=$({ "$OLD" check-config "$STATE/old.toml" 2>&1 || true; } | sed -n 's/.*unknown field .\([a-z_]*\).*/\1/p' | head -1)
   [ -z "$unknown" ] && break
+  # A setting, or a whole table of them.
   sed -i "/^$unknown *=/d" "$STATE/old.toml"
+  awk -v t="[$unknown]" '$0 == t {skip = 1; next} /^\[/ {skip = 0} !skip' "$STATE/old.toml" >"$STATE/old.toml.new"
+  mv "$STATE/old.toml.new" "$STATE/old.toml"
 done
 sed -i "s/^listen = .*/listen = \"127.0.0.1:$OLD_PORT\"/" "$STATE/old.toml"
 "$OLD" serve --config "$STATE/old.toml" >"$STATE/old.log" 2>&1 &

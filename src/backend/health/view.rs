@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -113,7 +113,10 @@ struct Nodes {
 
 pub struct HealthView {
     nodes: RwLock<Nodes>,
-    version: watch::Sender<u64>,
+    /// Read on every checkout (an atomic, not the channel's lock); `changes` wakes
+    /// requests waiting for a primary.
+    version: AtomicU64,
+    changes: watch::Sender<u64>,
     fail_after: u32,
     held: AtomicUsize,
     max_held: usize,
@@ -132,7 +135,8 @@ impl HealthView {
     pub fn new(fail_after: u32, max_held: usize) -> Self {
         Self {
             nodes: RwLock::default(),
-            version: watch::Sender::new(0),
+            version: AtomicU64::new(0),
+            changes: watch::Sender::new(0),
             fail_after: fail_after.max(1),
             held: AtomicUsize::new(0),
             max_held,
@@ -141,7 +145,7 @@ impl HealthView {
 
     /// Changes whenever a node's state, role or timeline changes.
     pub fn version(&self) -> u64 {
-        *self.version.borrow()
+        self.version.load(Ordering::Acquire)
     }
 
     pub fn state(&self, key: &NodeKey) -> NodeState {
@@ -174,14 +178,9 @@ impl HealthView {
         };
         nodes.states.insert(key.clone(), after);
         drop(nodes);
-        let changed = match (before, after) {
-            (NodeState::Up { role: r1, timeline: t1, .. }, NodeState::Up { role: r2, timeline: t2, .. }) => {
-                r1 != r2 || t1 != t2
-            }
-            (a, b) => a != b,
-        };
-        if changed {
-            self.version.send_modify(|v| *v += 1);
+        if is_notable(before, after) {
+            let version = self.version.fetch_add(1, Ordering::AcqRel) + 1;
+            self.changes.send_replace(version);
         }
         (before, after)
     }
@@ -254,7 +253,7 @@ impl HealthView {
 
     /// Waits until the view changes or `within` passes; false when it passed.
     pub async fn changed_within(&self, within: Duration) -> bool {
-        let mut rx = self.version.subscribe();
+        let mut rx = self.changes.subscribe();
         tokio::time::timeout(within, rx.changed()).await.is_ok()
     }
 
