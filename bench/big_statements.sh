@@ -23,11 +23,7 @@ PARSE_ALL_PORT=${PARSE_ALL_PORT:-6952}
 
 source bench/common.sh
 start_dev big "${WORKERS:-0}"
-sed -e "s/^listen = .*/listen = \"127.0.0.1:$PARSE_ALL_PORT\"/" -e "/^max_parsed_statement_bytes/d" \
-  -e "s/^\[proxy\]$/[proxy]\nmax_parsed_statement_bytes = 1000000000/" "$STATE/pgtenant.toml" >"$STATE/parse-all.toml"
-"$BIN" serve --config "$STATE/parse-all.toml" >"$STATE/parse-all.log" 2>&1 &
-stop_on_exit $! INT
-wait_for_port "$PARSE_ALL_PORT" || { cat "$STATE/parse-all.log" >&2; exit 1; }
+serve_variant "$PARSE_ALL_PORT" max_parsed_statement_bytes "max_parsed_statement_bytes = 1000000000"
 TARGETS="pgtenant pgtenant-parse-all"
 port_of() { [ "$1" = pgtenant ] && echo "$PROXY_PORT" || echo "$PARSE_ALL_PORT"; }
 

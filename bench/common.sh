@@ -70,3 +70,13 @@ INI
   stop_on_exit "$BOUNCER_PID" TERM
   [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer $1 did not start:" >&2; cat "$dir/pgbouncer.log" >&2; exit 1; }
 }
+
+# serve_variant PORT NAME "NAME = VALUE": a second proxy on the same shards as
+# `pgtenant dev`, listening on PORT, with one [proxy] setting changed.
+serve_variant() {
+  sed -e "s/^listen = .*/listen = \"127.0.0.1:$1\"/" -e "/^$2 *=/d" -e "s/^\[proxy\]$/[proxy]\n$3/" \
+    "$STATE/pgtenant.toml" >"$STATE/variant-$1.toml"
+  "$BIN" serve --config "$STATE/variant-$1.toml" >"$STATE/variant-$1.log" 2>&1 &
+  stop_on_exit $! INT
+  wait_for_port "$1" || { echo "variant on $1 did not start:" >&2; cat "$STATE/variant-$1.log" >&2; exit 1; }
+}

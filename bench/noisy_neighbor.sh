@@ -26,16 +26,8 @@ BOUNCER_PORT=${BOUNCER_PORT:-6762}
 source bench/common.sh
 start_dev noisy "${WORKERS:-0}"
 
-# serve_variant PORT SETTING: a second proxy on the same shards, one setting changed.
-serve_variant() {
-  sed -e "s/^listen = .*/listen = \"127.0.0.1:$1\"/" -e "/^$2/d" -e "s/^\[proxy\]$/[proxy]\n$3/" \
-    "$STATE/pgtenant.toml" >"$STATE/variant-$1.toml"
-  "$BIN" serve --config "$STATE/variant-$1.toml" >"$STATE/variant-$1.log" 2>&1 &
-  stop_on_exit $! INT
-  wait_for_port "$1" || { echo "variant on $1 did not start:" >&2; cat "$STATE/variant-$1.log" >&2; exit 1; }
-}
-serve_variant "$NOPIPE_PORT" "pipeline_depth =" "pipeline_depth = 0"
-serve_variant "$UNFAIR_PORT" "fair_share =" "fair_share = false"
+serve_variant "$NOPIPE_PORT" pipeline_depth "pipeline_depth = 0"
+serve_variant "$UNFAIR_PORT" fair_share "fair_share = false"
 TARGETS="pgtenant pgtenant-nopipe pgtenant-unfair"
 if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
   start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1

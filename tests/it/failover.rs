@@ -2,7 +2,8 @@
 //! replica is then promoted by an outside orchestrator (`pg_ctl promote`), goes on
 //! writing through pgtenant: requests that arrive meanwhile are held, not failed, and
 //! run on the new primary; each client sees at most the error of the statement that
-//! was in flight on the dead primary; every acknowledged insert is on the new primary.
+//! was in flight on the dead primary; every acknowledged insert is on the new primary;
+//! the old primary, started again as a primary on its old timeline, gets no writes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -120,5 +121,30 @@ async fn writes_survive_a_killed_primary_and_an_outside_promotion() {
         "{written_after} rows, {} acknowledged",
         acknowledged.len()
     );
+    // The old primary started again as it was: a primary on the old timeline (a split
+    // brain). No write reaches it.
+    let restarted = primary.clone();
+    tokio::task::spawn_blocking(move || restarted.start()).await.unwrap().expect("restart the old primary");
+    let old_primary =
+        connect(&format!("host=127.0.0.1 port={primary_port} user=postgres dbname=app")).await.unwrap();
+    let in_recovery: bool = old_primary.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get(0);
+    assert!(!in_recovery, "the old primary is back as a primary");
+    let old_rows = rows_in(&old_primary).await;
+    // Twice the check interval: the checks have seen it by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writer = proxy.connect(Some(7)).await;
+    for id in 0..10i64 {
+        writer
+            .execute("INSERT INTO failover_writes (id, tenant_id) VALUES ($1, 7)", &[&(-1 - id)])
+            .await
+            .unwrap();
+    }
+    let port: i32 = writer.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+    assert_eq!(port, i32::from(replica_port), "the newest timeline keeps the writes");
+    assert_eq!(rows_in(&old_primary).await, old_rows, "no write reached the old primary");
     proxy.shutdown().await;
+}
+
+async fn rows_in(client: &tokio_postgres::Client) -> i64 {
+    client.query_one("SELECT count(*) FROM failover_writes", &[]).await.unwrap().get(0)
 }
