@@ -53,6 +53,8 @@ pub enum CheckoutError {
     UnknownShard { shard: ShardId },
     #[error("the pool of shard {shard} is closed")]
     Closed { shard: ShardId },
+    #[error("shard {shard} has no healthy replica within the lag limit (pgtenant.target = replica)")]
+    NoReplica { shard: ShardId },
     #[error("shard {shard} has no primary to serve this: {reason} (waited {waited_ms} ms)")]
     NoPrimary { shard: ShardId, reason: String, waited_ms: u64 },
 }

@@ -63,6 +63,10 @@ pub struct HealthConfig {
     pub failover_hold_ms: u64,
     /// Requests that may wait so at once, over all shards; more fail at once.
     pub max_held_requests: usize,
+    /// A replica whose replayed WAL is further than this behind its primary's takes no
+    /// reads (sessions with `pgtenant.target` = prefer-replica or replica) until it
+    /// catches up. Measured in WAL bytes, so an idle primary never makes it look behind.
+    pub max_replica_lag_bytes: u64,
     /// Who checks: by default the first `[[users]]` entry's server credentials.
     pub user: Option<String>,
     pub password: Option<String>,
@@ -78,6 +82,7 @@ impl Default for HealthConfig {
             fail_after: 3,
             failover_hold_ms: 10_000,
             max_held_requests: 1000,
+            max_replica_lag_bytes: 16 << 20,
             user: None,
             password: None,
             dbname: "postgres".into(),

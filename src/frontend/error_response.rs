@@ -46,9 +46,9 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
         E::Checkout(CheckoutError::Unreachable { .. }) => sqlstate::UNABLE_TO_CONNECT,
         E::Checkout(CheckoutError::UnknownShard { .. }) => sqlstate::UNDEFINED_OBJECT,
-        E::Checkout(CheckoutError::Closed { .. } | CheckoutError::NoPrimary { .. }) => {
-            sqlstate::CANNOT_CONNECT_NOW
-        }
+        E::Checkout(
+            CheckoutError::Closed { .. } | CheckoutError::NoPrimary { .. } | CheckoutError::NoReplica { .. },
+        ) => sqlstate::CANNOT_CONNECT_NOW,
         E::ServerLost { .. } => sqlstate::CONNECTION_FAILURE,
         E::InFailedTransaction => sqlstate::IN_FAILED_SQL_TRANSACTION,
         E::StatementNotFound { .. } => sqlstate::INVALID_SQL_STATEMENT_NAME,

@@ -154,7 +154,17 @@ async fn login(
     }
     protocol::backend_key_data(&mut client.wbuf, cancel.pid, cancel.key);
     protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
-    Ok((SessionStart { user, database: params.database, tenant: params.tenant, settings, cancel }, permit))
+    Ok((
+        SessionStart {
+            user,
+            database: params.database,
+            tenant: params.tenant,
+            target: params.target,
+            settings,
+            cancel,
+        },
+        permit,
+    ))
 }
 
 /// NegotiateProtocolVersion (B): pgtenant speaks 3.0 and none of the `_pq_` options.

@@ -3,6 +3,10 @@
 
 use crate::backend::SettingValue;
 use crate::directory::{TenantId, TenantKey};
+use crate::router::TargetMode;
+
+/// The startup parameter that says where a session's reads may go.
+pub const TARGET_PARAMETER: &str = "pgtenant.target";
 
 use super::error::FrontendError;
 
@@ -12,6 +16,8 @@ pub struct StartupParams {
     pub user: String,
     pub database: String,
     pub tenant: Option<TenantId>,
+    /// `pgtenant.target`: where the session's provably read-only requests may go.
+    pub target: TargetMode,
     pub settings: Vec<(String, SettingValue)>,
     /// `_pq_.*` protocol options, which pgtenant does not implement.
     pub protocol_options: Vec<String>,
@@ -46,8 +52,17 @@ pub fn parse_startup(
         .ok_or_else(|| FrontendError::Protocol("no user in the startup message".into()))?;
     let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
     let mut tenant = None;
+    let mut target = TargetMode::default();
     let mut settings = Vec::new();
     for (name, value) in pairs {
+        if name.eq_ignore_ascii_case(TARGET_PARAMETER) {
+            target = TargetMode::parse(&value).ok_or_else(|| {
+                FrontendError::BadStartupParameter(format!(
+                    "{TARGET_PARAMETER}=\"{value}\" is not one of primary, prefer-replica, replica"
+                ))
+            })?;
+            continue;
+        }
         if name.eq_ignore_ascii_case(tenant_param) {
             tenant = Some(TenantId::parse(&value, key).ok_or_else(|| {
                 FrontendError::BadStartupParameter(format!(
@@ -62,7 +77,7 @@ pub fn parse_startup(
         }
         settings.push((name, SettingValue::Config(value)));
     }
-    Ok(StartupParams { user, database, tenant, settings, protocol_options })
+    Ok(StartupParams { user, database, tenant, target, settings, protocol_options })
 }
 
 /// Splits `options` (`-c a=b --c=d -ce=f`, backslash escapes a space) into settings.
@@ -135,6 +150,15 @@ mod tests {
         let s = p(&[("user", "u"), ("options", "--statement-timeout=5s -cwork_mem=1MB")]).unwrap();
         assert_eq!(s.settings[0].0, "statement_timeout");
         assert_eq!(s.settings[1].0, "work_mem");
+    }
+
+    #[test]
+    fn the_read_target_is_taken_and_not_sent_to_servers() {
+        let s = p(&[("user", "app"), ("options", "-c pgtenant.target=prefer-replica")]).unwrap();
+        assert_eq!(s.target, TargetMode::PreferReplica);
+        assert!(s.settings.is_empty());
+        assert_eq!(p(&[("user", "app")]).unwrap().target, TargetMode::Primary);
+        assert!(p(&[("user", "app"), ("pgtenant.target", "anywhere")]).is_err());
     }
 
     #[test]

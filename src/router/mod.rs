@@ -52,6 +52,55 @@ pub struct Route {
     pub shard: ShardId,
     /// What the tenant may do (always active without a tenant).
     pub state: TenantState,
+    /// The shard's primary, or one of its replicas.
+    pub target: NodeTarget,
+}
+
+/// Which node of a shard serves a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NodeTarget {
+    #[default]
+    Primary,
+    /// A healthy replica; with no replica healthy, the primary (`fallback`) or an error.
+    Replica { fallback: bool },
+}
+
+/// Where a session's reads may go (`pgtenant.target`, as libpq's
+/// `target_session_attrs`): all to the primary (the default), to a healthy replica
+/// when there is one, or only to replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TargetMode {
+    #[default]
+    Primary,
+    PreferReplica,
+    Replica,
+}
+
+impl TargetMode {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "primary" | "read-write" => Some(Self::Primary),
+            "prefer-replica" | "prefer-standby" => Some(Self::PreferReplica),
+            "replica" | "standby" => Some(Self::Replica),
+            _ => None,
+        }
+    }
+
+    /// The node a request of `statements` goes to: a replica only for an autocommit
+    /// request (`autocommit`: no transaction block is open or begun) whose every
+    /// statement provably only reads and waits on nobody (`Analysis::cannot_wait`: one
+    /// SELECT/VALUES/TABLE/WITH, no locking clause, no data-modifying CTE, no function
+    /// outside the known built-ins). Everything else goes to the primary.
+    pub fn target_for(self, statements: &[Arc<Analysis>], autocommit: bool) -> NodeTarget {
+        let reads_only =
+            || !statements.is_empty() && statements.iter().all(|a| !a.is_multi && a.cannot_wait());
+        match self {
+            TargetMode::Primary => NodeTarget::Primary,
+            _ if !autocommit || !reads_only() => NodeTarget::Primary,
+            TargetMode::PreferReplica => NodeTarget::Replica { fallback: true },
+            TargetMode::Replica => NodeTarget::Replica { fallback: false },
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -165,7 +214,12 @@ impl Router {
         Self::check_bound(session, named)?;
         if let Some(s) = session {
             let placement = self.placement_remembered(s, memo).await?;
-            let route = Route { tenant: Some(s.clone()), shard: placement.shard, state: placement.state };
+            let route = Route {
+                tenant: Some(s.clone()),
+                shard: placement.shard,
+                state: placement.state,
+                target: NodeTarget::Primary,
+            };
             log_route(&route, Why::SessionTenant);
             return Ok(route);
         }
@@ -174,7 +228,12 @@ impl Router {
             return self.route_tenant(None, needs).await;
         };
         let placement = self.placement(first).await?;
-        let mut route = Route { tenant: Some(first.clone()), shard: placement.shard, state: placement.state };
+        let mut route = Route {
+            tenant: Some(first.clone()),
+            shard: placement.shard,
+            state: placement.state,
+            target: NodeTarget::Primary,
+        };
         for other in named.iter().filter(|&t| t != first) {
             let p = self.placement(other).await?;
             if p.shard != route.shard {
@@ -215,7 +274,12 @@ impl Router {
     ) -> Result<Route, RouteError> {
         if let Some(t) = tenant {
             let placement = self.placement(t).await?;
-            return Ok(Route { tenant: Some(t.clone()), shard: placement.shard, state: placement.state });
+            return Ok(Route {
+                tenant: Some(t.clone()),
+                shard: placement.shard,
+                state: placement.state,
+                target: NodeTarget::Primary,
+            });
         }
         let why = if !needs_tenant() {
             Why::NoTenantNeeded
@@ -224,7 +288,12 @@ impl Router {
         } else {
             return Err(RouteError::NoTenant { param: self.tenant_param.clone() });
         };
-        let route = Route { tenant: None, shard: self.default_shard()?, state: TenantState::Active };
+        let route = Route {
+            tenant: None,
+            shard: self.default_shard()?,
+            state: TenantState::Active,
+            target: NodeTarget::Primary,
+        };
         log_route(&route, why);
         Ok(route)
     }

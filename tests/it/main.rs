@@ -14,6 +14,7 @@ mod fair_share;
 mod memory_limits;
 mod pipelining;
 mod pooling;
+mod replica_reads;
 mod routing;
 mod set_family;
 mod slow_statements;

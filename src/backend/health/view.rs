@@ -120,6 +120,8 @@ pub struct HealthView {
     fail_after: u32,
     held: AtomicUsize,
     max_held: usize,
+    /// Spreads reads over a shard's healthy replicas in turn.
+    next_replica: AtomicUsize,
 }
 
 /// A request waiting for a shard to get a primary; counted while it lives.
@@ -140,6 +142,7 @@ impl HealthView {
             fail_after: fail_after.max(1),
             held: AtomicUsize::new(0),
             max_held,
+            next_replica: AtomicUsize::new(0),
         }
     }
 
@@ -239,6 +242,35 @@ impl HealthView {
         }
     }
 
+    /// A replica of `shard` to read from: answering as a replica and at most
+    /// `max_lag_bytes` of WAL behind the most advanced node of the shard (its primary
+    /// while that is up), taken in turn. WAL bytes rather than time: an idle primary
+    /// writes nothing, and its replicas then count as caught up.
+    pub fn replica_of(&self, shard: &Shard, max_lag_bytes: u64) -> Option<NodeConfig> {
+        let nodes = self.read();
+        let up: Vec<(&NodeConfig, ObservedRole, u64)> = shard
+            .nodes
+            .iter()
+            .filter_map(|node| match nodes.states.get(&NodeKey::of(shard.id, node)) {
+                Some(NodeState::Up { role, lsn, failing: 0, .. }) => Some((node, *role, *lsn)),
+                _ => None,
+            })
+            .collect();
+        let newest = up.iter().map(|(_, _, lsn)| *lsn).max()?;
+        let fresh: Vec<&NodeConfig> = up
+            .iter()
+            .filter(|(_, role, lsn)| {
+                *role == ObservedRole::Replica && newest.saturating_sub(*lsn) <= max_lag_bytes
+            })
+            .map(|(node, _, _)| *node)
+            .collect();
+        if fresh.is_empty() {
+            return None;
+        }
+        let turn = self.next_replica.fetch_add(1, Ordering::Relaxed);
+        Some(fresh[turn % fresh.len()].clone())
+    }
+
     /// Whether requests are waiting for a shard to get a primary.
     pub fn holding(&self) -> bool {
         self.held.load(Ordering::Relaxed) > 0
@@ -318,6 +350,30 @@ mod tests {
         view.record(&key(3), answered(ObservedRole::Primary, 3));
         view.record(&key(1), answered(ObservedRole::Primary, 3));
         assert_eq!(view.primary_of(&shard), PrimaryChoice::Holding(HoldReason::TwoPrimaries { timeline: 3 }));
+    }
+
+    #[test]
+    fn reads_go_to_replicas_within_the_lag_bound_in_turn() {
+        let view = HealthView::new(3, 10);
+        let shard = shard();
+        let at = |role, lsn| CheckOutcome::Answered(Observation { role, timeline: 1, lsn });
+        assert_eq!(view.replica_of(&shard, 100), None, "nothing checked yet");
+        view.record(&key(1), at(ObservedRole::Primary, 1000));
+        view.record(&key(2), at(ObservedRole::Replica, 950));
+        view.record(&key(3), at(ObservedRole::Replica, 500));
+        assert_eq!(
+            view.replica_of(&shard, 100),
+            Some(node(2, NodeRole::Replica)),
+            "replica 3 is 500 bytes behind"
+        );
+        assert_eq!(view.replica_of(&shard, 100), Some(node(2, NodeRole::Replica)));
+        view.record(&key(3), at(ObservedRole::Replica, 1000));
+        let both: std::collections::HashSet<u16> =
+            (0..4).filter_map(|_| view.replica_of(&shard, 100)).map(|n| n.port).collect();
+        assert_eq!(both, [2, 3].into_iter().collect(), "taken in turn");
+        view.record(&key(2), CheckOutcome::Refused);
+        view.record(&key(3), CheckOutcome::Refused);
+        assert_eq!(view.replica_of(&shard, 100), None, "no replica up");
     }
 
     #[test]

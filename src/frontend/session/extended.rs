@@ -331,11 +331,12 @@ impl Session {
     /// Routes a held request by its statements and attaches a server for it.
     async fn route_batch(&mut self, statements: &BatchStatements) -> Result<(), FrontendError> {
         let analyses = &statements.executed;
-        let route: Route = self
+        let mut route: Route = self
             .shared
             .router
             .route(self.tenant.as_ref(), &statements.named, analyses, &mut self.placement)
             .await?;
+        self.aim(&mut route, analyses);
         for (analysis, bind) in analyses.iter().zip(&statements.binds) {
             let rest = protocol::bind_view(bind).map(|b| b.rest);
             self.check_strict(route.shard, analysis, rest).await?;

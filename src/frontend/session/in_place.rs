@@ -129,7 +129,10 @@ impl Session {
             .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
             .await;
         let route = match route {
-            Ok(route) => self.check_strict(route.shard, &bound, Some(b.rest)).await.map(|()| route),
+            Ok(mut route) => {
+                self.aim(&mut route, std::slice::from_ref(&bound));
+                self.check_strict(route.shard, &bound, Some(b.rest)).await.map(|()| route)
+            }
             Err(err) => Err(err.into()),
         };
         let routed = match route {

@@ -71,7 +71,8 @@ impl Session {
         analysis: &Arc<Analysis>,
         request: LaneRequest<'_>,
     ) -> Result<bool, FrontendError> {
-        if check_writable_on(route, analysis).is_err() {
+        if check_writable_on(route, analysis).is_err() || route.target != crate::router::NodeTarget::Primary {
+            // Lanes run on primaries; a read for a replica takes the usual path there.
             return Ok(false);
         }
         let pool = self.pool_of(route.shard).await?;

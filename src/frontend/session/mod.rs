@@ -39,7 +39,7 @@ use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange};
+use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
 use named::NamedStatements;
 
 /// Maps keyed by what a client names (statements, portals): looked up on every Bind,
@@ -104,6 +104,8 @@ pub struct Session {
     pool_mode: PoolMode,
     startup_tenant: Option<TenantId>,
     tenant: Option<TenantId>,
+    /// Where provably read-only requests may go (`pgtenant.target`).
+    target: TargetMode,
     /// The session tenant before a SET of it at the start of the open transaction,
     /// restored if the transaction does not commit (as a server undoes a SET).
     tenant_before_tx: Option<Option<TenantId>>,
@@ -182,6 +184,7 @@ pub struct SessionStart {
     pub user: Arc<UserConfig>,
     pub database: String,
     pub tenant: Option<TenantId>,
+    pub target: TargetMode,
     pub settings: Arc<Settings>,
     pub cancel: CancelKey,
 }
@@ -208,6 +211,7 @@ impl Session {
             pool_mode,
             startup_tenant: start.tenant.clone(),
             tenant: start.tenant,
+            target: start.target,
             tenant_before_tx: None,
             startup_settings: start.settings.clone(),
             settings: start.settings,

@@ -19,7 +19,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
 use crate::protocol::{self, ErrorFields, TxStatus};
-use crate::router::{Analysis, Route, Router, SessionChange, SessionRisk};
+use crate::router::{Analysis, NodeTarget, Route, Router, SessionChange, SessionRisk};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -52,7 +52,18 @@ impl Session {
                 tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
                 settings: Some(self.settings.version),
             };
-            let (_, conn) = self.checkout_primary(&route, wanted).await?;
+            let replica = match route.target {
+                NodeTarget::Replica { fallback } => match self.checkout_replica(&route, wanted).await? {
+                    Some(conn) => Some(conn),
+                    None if fallback => None,
+                    None => return Err(CheckoutError::NoReplica { shard: route.shard }.into()),
+                },
+                NodeTarget::Primary => None,
+            };
+            let conn = match replica {
+                Some(conn) => conn,
+                None => self.checkout_primary(&route, wanted).await?.1,
+            };
             self.attach(conn, &route);
         }
         let context = crate::frontend::tenant_context(&self.shared.config);
@@ -210,6 +221,36 @@ impl Session {
         let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
         self.pools.handles.push((shard, pool.clone()));
         Ok(pool)
+    }
+
+    /// Points `route` at a replica when this session's target allows it for
+    /// `statements` (see `TargetMode::target_for`).
+    pub(super) fn aim(&self, route: &mut Route, statements: &[Arc<Analysis>]) {
+        let autocommit = self.at_transaction_start() && matches!(self.tx, ClientTx::Idle);
+        route.target = self.target.target_for(statements, autocommit);
+    }
+
+    /// A connection to a healthy replica of `route`'s shard, when one is within the lag
+    /// bound; `None` when none is (the caller falls back to the primary or refuses).
+    async fn checkout_replica(
+        &mut self,
+        route: &Route,
+        wanted: Wanted<'_>,
+    ) -> Result<Option<PooledConn>, FrontendError> {
+        let topology = self.shared.router.topology();
+        let Some(shard) = topology.shard(route.shard) else { return Ok(None) };
+        let max_lag = self.shared.config.health.max_replica_lag_bytes;
+        let Some(node) = self.shared.health.replica_of(shard, max_lag) else { return Ok(None) };
+        let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
+        match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
+            Ok(conn) => Ok(Some(conn)),
+            Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() => {
+                let key = NodeKey::of(route.shard, &node);
+                self.shared.health.record(&key, CheckOutcome::Refused);
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// A connection to `route`'s shard's primary, and its pool. A primary found gone at

@@ -117,7 +117,10 @@ impl Session {
                 .map_err(FrontendError::from)
                 .and_then(|route| check_writable_on(&route, &analysis).map(|()| route));
             let route = match route {
-                Ok(route) => self.check_strict(route.shard, &analysis, None).await.map(|()| route),
+                Ok(mut route) => {
+                    self.aim(&mut route, std::slice::from_ref(&analysis));
+                    self.check_strict(route.shard, &analysis, None).await.map(|()| route)
+                }
                 Err(err) => Err(err),
             };
             if let Ok(r) = &route

@@ -1,0 +1,83 @@
+//! Reads on replicas (issue 23): with `pgtenant.target`, a provably read-only
+//! autocommit request goes to a healthy replica; writes and transactions go to the
+//! primary; a replica whose replay is paused falls out of use once it is behind and
+//! comes back once it catches up; a killed replica costs prefer-replica reads nothing.
+
+use std::time::Duration;
+
+use pgtenant::config::{NodeConfig, NodeRole};
+
+use crate::harness::{self, connect, eventually, private_cluster_with_replica, sqlstate, start_proxy};
+
+async fn session(proxy: &harness::Proxy, target: &str) -> tokio_postgres::Client {
+    let options = format!("options='-c pgtenant.tenant_id=7 -c pgtenant.target={target}'");
+    connect(&proxy.conninfo(&options)).await.expect("connect through the proxy")
+}
+
+/// Whether a read of `client` ran on a replica (Err: its SQLSTATE).
+async fn read_on_replica(client: &tokio_postgres::Client) -> Result<bool, String> {
+    client.query_one("SELECT pg_is_in_recovery()", &[]).await.map(|r| r.get(0)).map_err(|e| sqlstate(&e))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("reads", 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE replica_reads (id bigint, tenant_id bigint); GRANT ALL ON replica_reads TO app;",
+        )
+        .await
+        .unwrap();
+    let (primary_port, replica_port) = (primary.port, replica.port);
+    let proxy = start_proxy(move |c| {
+        let node =
+            |port, role| NodeConfig { host: "127.0.0.1".into(), port, role, priority: 0, dbname: None };
+        c.shards[0].nodes =
+            vec![node(primary_port, NodeRole::Primary), node(replica_port, NodeRole::Replica)];
+        c.health.interval_ms = 200;
+        c.health.max_replica_lag_bytes = 1024;
+    })
+    .await;
+    let replica_only = session(&proxy, "replica").await;
+    let prefer = session(&proxy, "prefer-replica").await;
+    let primary_only = session(&proxy, "primary").await;
+    let seen =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&replica_only).await == Ok(true) })
+            .await;
+    assert!(seen.is_some(), "a replica-mode read reaches the replica once it is checked");
+    assert_eq!(read_on_replica(&prefer).await, Ok(true));
+    assert_eq!(read_on_replica(&primary_only).await, Ok(false), "the default target is the primary");
+    // Writes and transactions go to the primary, whatever the target.
+    assert_eq!(replica_only.execute("INSERT INTO replica_reads VALUES (1, 7)", &[]).await.unwrap(), 1);
+    replica_only.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(read_on_replica(&replica_only).await, Ok(false), "inside a transaction: the primary");
+    replica_only.batch_execute("COMMIT").await.unwrap();
+
+    // Replay paused: once the replica is more than 1 KB behind, it takes no reads.
+    let on_replica =
+        connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
+    on_replica.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
+    admin
+        .batch_execute("INSERT INTO replica_reads SELECT g, 7 FROM generate_series(1, 1000) g")
+        .await
+        .unwrap();
+    let fell_back =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(false) }).await;
+    assert!(fell_back.is_some(), "a lagging replica is left for the primary");
+    assert_eq!(read_on_replica(&replica_only).await, Err("57P03".into()), "replica mode: a clear error");
+    on_replica.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    let back =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(true) }).await;
+    assert!(back.is_some(), "caught up, it takes reads again");
+
+    // The replica killed: prefer-replica reads go on, on the primary, without an error.
+    let killed = replica.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the replica");
+    for _ in 0..5 {
+        assert_eq!(read_on_replica(&prefer).await, Ok(false));
+    }
+    proxy.shutdown().await;
+}
