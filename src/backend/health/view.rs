@@ -122,6 +122,8 @@ pub struct HealthView {
     max_held: usize,
     /// Spreads reads over a shard's healthy replicas in turn.
     next_replica: AtomicUsize,
+    /// When two primaries were last logged (ms), so that every held request does not.
+    split_logged_ms: AtomicU64,
 }
 
 /// A request waiting for a shard to get a primary; counted while it lives.
@@ -143,6 +145,7 @@ impl HealthView {
             held: AtomicUsize::new(0),
             max_held,
             next_replica: AtomicUsize::new(0),
+            split_logged_ms: AtomicU64::new(0),
         }
     }
 
@@ -220,11 +223,17 @@ impl HealthView {
         }
         match best {
             Some((timeline, _)) if tied => {
-                tracing::error!(
-                    shard = shard.id,
-                    timeline,
-                    "two nodes claim to be the primary: writes are held"
-                );
+                let now = crate::backend::coarse_clock::now_ms();
+                let last = self.split_logged_ms.load(Ordering::Relaxed);
+                if now.saturating_sub(last) >= 1000
+                    && self.split_logged_ms.swap(now, Ordering::Relaxed) == last
+                {
+                    tracing::error!(
+                        shard = shard.id,
+                        timeline,
+                        "two nodes claim to be the primary: writes are held"
+                    );
+                }
                 PrimaryChoice::Holding(HoldReason::TwoPrimaries { timeline })
             }
             Some((_, node)) => PrimaryChoice::Node(node.clone()),
