@@ -509,6 +509,7 @@ mod tests {
             pool_size: 2,
             pool_mode: None,
             allow_tenant_switch: None,
+            target: None,
         };
         let node = |port| NodeConfig {
             host: "127.0.0.1".into(),

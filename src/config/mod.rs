@@ -454,6 +454,21 @@ pub struct UserConfig {
     /// Overrides `[proxy].allow_tenant_switch` for this user (a service that serves
     /// many tenants on one connection, say).
     pub allow_tenant_switch: Option<bool>,
+    /// Where this user's provably read-only requests go when its sessions do not say
+    /// (`pgtenant.target` at login): `primary` (the default), `prefer-replica` or `replica`.
+    #[serde(default)]
+    pub target: Option<ReadTarget>,
+}
+
+/// Where a session's reads may go, as libpq's `target_session_attrs`: all to the
+/// primary, to a healthy replica when there is one, or only to replicas.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadTarget {
+    #[default]
+    Primary,
+    PreferReplica,
+    Replica,
 }
 
 fn default_pool_size() -> usize {

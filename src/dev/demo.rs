@@ -46,6 +46,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
             pool_size: 20,
             pool_mode: None,
             allow_tenant_switch: None,
+            target: None,
         }],
         shards: vec![
             ShardConfig { id: 1, nodes: vec![node(shard_ports[0])] },

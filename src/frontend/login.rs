@@ -154,15 +154,9 @@ async fn login(
     }
     protocol::backend_key_data(&mut client.wbuf, cancel.pid, cancel.key);
     protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
+    let target = params.target.or(user.target).unwrap_or_default();
     Ok((
-        SessionStart {
-            user,
-            database: params.database,
-            tenant: params.tenant,
-            target: params.target,
-            settings,
-            cancel,
-        },
+        SessionStart { user, database: params.database, tenant: params.tenant, target, settings, cancel },
         permit,
     ))
 }

@@ -16,8 +16,9 @@ pub struct StartupParams {
     pub user: String,
     pub database: String,
     pub tenant: Option<TenantId>,
-    /// `pgtenant.target`: where the session's provably read-only requests may go.
-    pub target: TargetMode,
+    /// `pgtenant.target`: where the session's provably read-only requests may go
+    /// (`None`: as its user's configuration says).
+    pub target: Option<TargetMode>,
     pub settings: Vec<(String, SettingValue)>,
     /// `_pq_.*` protocol options, which pgtenant does not implement.
     pub protocol_options: Vec<String>,
@@ -52,15 +53,15 @@ pub fn parse_startup(
         .ok_or_else(|| FrontendError::Protocol("no user in the startup message".into()))?;
     let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
     let mut tenant = None;
-    let mut target = TargetMode::default();
+    let mut target = None;
     let mut settings = Vec::new();
     for (name, value) in pairs {
         if name.eq_ignore_ascii_case(TARGET_PARAMETER) {
-            target = TargetMode::parse(&value).ok_or_else(|| {
+            target = Some(TargetMode::parse(&value).ok_or_else(|| {
                 FrontendError::BadStartupParameter(format!(
                     "{TARGET_PARAMETER}=\"{value}\" is not one of primary, prefer-replica, replica"
                 ))
-            })?;
+            })?);
             continue;
         }
         if name.eq_ignore_ascii_case(tenant_param) {
@@ -155,9 +156,9 @@ mod tests {
     #[test]
     fn the_read_target_is_taken_and_not_sent_to_servers() {
         let s = p(&[("user", "app"), ("options", "-c pgtenant.target=prefer-replica")]).unwrap();
-        assert_eq!(s.target, TargetMode::PreferReplica);
+        assert_eq!(s.target, Some(TargetMode::PreferReplica));
         assert!(s.settings.is_empty());
-        assert_eq!(p(&[("user", "app")]).unwrap().target, TargetMode::Primary);
+        assert_eq!(p(&[("user", "app")]).unwrap().target, None);
         assert!(p(&[("user", "app"), ("pgtenant.target", "anywhere")]).is_err());
     }
 

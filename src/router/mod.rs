@@ -65,16 +65,8 @@ pub enum NodeTarget {
     Replica { fallback: bool },
 }
 
-/// Where a session's reads may go (`pgtenant.target`, as libpq's
-/// `target_session_attrs`): all to the primary (the default), to a healthy replica
-/// when there is one, or only to replicas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum TargetMode {
-    #[default]
-    Primary,
-    PreferReplica,
-    Replica,
-}
+/// Where a session's reads may go (`pgtenant.target`; see `config::ReadTarget`).
+pub use crate::config::ReadTarget as TargetMode;
 
 impl TargetMode {
     pub fn parse(text: &str) -> Option<Self> {

@@ -1,11 +1,11 @@
-//! Reads on replicas (issue 23): with `pgtenant.target`, a provably read-only
-//! autocommit request goes to a healthy replica; writes and transactions go to the
-//! primary; a replica whose replay is paused falls out of use once it is behind and
+//! Reads on replicas (issue 23): with `pgtenant.target` (a session's, else its
+//! user's), a provably read-only autocommit request goes to a healthy replica; writes
+//! and transactions go to the primary; a replica whose replay is paused falls out of use once it is behind and
 //! comes back once it catches up; a killed replica costs prefer-replica reads nothing.
 
 use std::time::Duration;
 
-use pgtenant::config::{NodeConfig, NodeRole};
+use pgtenant::config::{NodeConfig, NodeRole, ReadTarget};
 
 use crate::harness::{self, connect, eventually, private_cluster_with_replica, sqlstate, start_proxy};
 
@@ -39,6 +39,7 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
             vec![node(primary_port, NodeRole::Primary), node(replica_port, NodeRole::Replica)];
         c.health.interval_ms = 200;
         c.health.max_replica_lag_bytes = 1024;
+        c.users[0].target = Some(ReadTarget::PreferReplica);
     })
     .await;
     let replica_only = session(&proxy, "replica").await;
@@ -49,7 +50,13 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
             .await;
     assert!(seen.is_some(), "a replica-mode read reaches the replica once it is checked");
     assert_eq!(read_on_replica(&prefer).await, Ok(true));
-    assert_eq!(read_on_replica(&primary_only).await, Ok(false), "the default target is the primary");
+    assert_eq!(read_on_replica(&primary_only).await, Ok(false), "a session's own target wins");
+    let user_default = proxy.connect(Some(7)).await;
+    assert_eq!(
+        read_on_replica(&user_default).await,
+        Ok(true),
+        "the user's target when the session names none"
+    );
     // Writes and transactions go to the primary, whatever the target.
     assert_eq!(replica_only.execute("INSERT INTO replica_reads VALUES (1, 7)", &[]).await.unwrap(), 1);
     replica_only.batch_execute("BEGIN").await.unwrap();
