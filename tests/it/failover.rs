@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use pgtenant::config::{NodeConfig, NodeRole};
-
-use crate::harness::{connect, private_cluster_with_replica, start_proxy};
+use crate::harness::{connect, private_cluster_with_replica, start_proxy_on_pair};
 
 /// What one writing client saw: the ids it was told were committed, its errors.
 struct Writer {
@@ -59,12 +57,7 @@ async fn writes_survive_a_killed_primary_and_an_outside_promotion() {
         .await
         .unwrap();
     let (primary_port, replica_port) = (primary.port, replica.port);
-    let proxy = start_proxy(move |c| {
-        let node =
-            |port, role| NodeConfig { host: "127.0.0.1".into(), port, role, priority: 0, dbname: None };
-        c.shards[0].nodes =
-            vec![node(primary_port, NodeRole::Primary), node(replica_port, NodeRole::Replica)];
-        c.health.interval_ms = 200;
+    let proxy = start_proxy_on_pair(primary_port, replica_port, |c| {
         c.health.fail_after = 2;
         c.health.failover_hold_ms = 20_000;
     })

@@ -5,9 +5,11 @@
 
 use std::time::Duration;
 
-use pgtenant::config::{NodeConfig, NodeRole, ReadTarget};
+use pgtenant::config::ReadTarget;
 
-use crate::harness::{self, connect, eventually, private_cluster_with_replica, sqlstate, start_proxy};
+use crate::harness::{
+    self, connect, eventually, private_cluster_with_replica, sqlstate, start_proxy_on_pair,
+};
 
 async fn session(proxy: &harness::Proxy, target: &str) -> tokio_postgres::Client {
     let options = format!("options='-c pgtenant.tenant_id=7 -c pgtenant.target={target}'");
@@ -31,13 +33,8 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
         )
         .await
         .unwrap();
-    let (primary_port, replica_port) = (primary.port, replica.port);
-    let proxy = start_proxy(move |c| {
-        let node =
-            |port, role| NodeConfig { host: "127.0.0.1".into(), port, role, priority: 0, dbname: None };
-        c.shards[0].nodes =
-            vec![node(primary_port, NodeRole::Primary), node(replica_port, NodeRole::Replica)];
-        c.health.interval_ms = 200;
+    let replica_port = replica.port;
+    let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
         c.health.max_replica_lag_bytes = 1024;
         c.users[0].target = Some(ReadTarget::PreferReplica);
     })

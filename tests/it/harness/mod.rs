@@ -144,6 +144,27 @@ pub async fn start_catalog_proxy(
     Proxy { addr: running.addr, config, running }
 }
 
+/// Starts a proxy whose shard 1 is the cluster on `primary` with a replica on
+/// `replica`, every node checked each 200 ms; `tweak` may change the rest.
+pub async fn start_proxy_on_pair(primary: u16, replica: u16, tweak: impl FnOnce(&mut Config)) -> Proxy {
+    start_proxy(move |c| {
+        let node = |port, role| pgtenant::config::NodeConfig {
+            host: "127.0.0.1".into(),
+            port,
+            role,
+            priority: 0,
+            dbname: None,
+        };
+        c.shards[0].nodes = vec![
+            node(primary, pgtenant::config::NodeRole::Primary),
+            node(replica, pgtenant::config::NodeRole::Replica),
+        ];
+        c.health.interval_ms = 200;
+        tweak(c);
+    })
+    .await
+}
+
 /// Polls `probe` until it returns true or `within` passes; returns the time it took.
 pub async fn eventually<F, Fut>(within: std::time::Duration, mut probe: F) -> Option<std::time::Duration>
 where
