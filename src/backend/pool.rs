@@ -69,7 +69,6 @@ struct NodePool {
     /// a connection goes on the shelf before its place is given back, so there is
     /// room for a new connection whenever the shelf is empty.
     shelf: Mutex<Shelf>,
-    size: usize,
     target: ConnectTarget,
     tls: Option<Arc<ServerTls>>,
     /// ParameterStatus values of the first connection, before any client setting.
@@ -122,11 +121,9 @@ impl ServerPool {
         tls: Option<Arc<ServerTls>>,
         lifetime_ms: u64,
     ) -> Self {
-        let size = gate.size();
         Self(Arc::new(NodePool {
+            shelf: Mutex::new(Vec::with_capacity(gate.size())),
             gate,
-            shelf: Mutex::new(Vec::with_capacity(size)),
-            size,
             target,
             tls,
             startup_params: OnceLock::new(),
@@ -194,7 +191,7 @@ impl ServerPool {
     /// (no driver task, no channel), and one that comes while it runs opens a lane.
     pub fn only_checkout_with_room(&self) -> bool {
         let free = self.0.gate.free();
-        free > 0 && free + 1 == self.0.size
+        free > 0 && free + 1 == self.0.gate.size()
     }
 
     /// Starts `lane`'s driver (after its first request was submitted) and lists it
@@ -212,6 +209,11 @@ impl ServerPool {
     /// when they come back.
     fn close(&self) {
         self.0.gate.close();
+        self.close_idle();
+    }
+
+    /// Closes the idle connections (once the shelf's lock is let go).
+    fn close_idle(&self) {
         let idle = std::mem::take(&mut *self.0.lock_shelf());
         drop(idle);
     }
@@ -390,13 +392,9 @@ impl Pools {
     ) -> Result<PooledConn, CheckoutError> {
         let pool = &pool.0;
         let waited_ms = self.config.proxy.checkout_timeout_ms;
-        let taken = match pool.gate.try_acquire(tenant) {
-            Ok(Some(permit)) => Ok(permit),
-            Ok(None) => pool.gate.acquire(tenant, self.config.proxy.checkout_timeout()).await,
-            Err(e) => Err(e),
-        };
+        let taken = pool.gate.acquire(tenant, self.config.proxy.checkout_timeout()).await;
         let permit = taken.map_err(|e| match e {
-            GateError::Timeout => CheckoutError::Exhausted { shard, size: pool.size, waited_ms },
+            GateError::Timeout => CheckoutError::Exhausted { shard, size: pool.gate.size(), waited_ms },
             GateError::Closed => CheckoutError::Closed { shard },
         })?;
         pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })
@@ -477,8 +475,7 @@ impl Pools {
             .map(|(_, pool)| pool.clone())
             .collect();
         for pool in pools {
-            let idle = std::mem::take(&mut *pool.0.lock_shelf());
-            drop(idle);
+            pool.close_idle();
         }
     }
 

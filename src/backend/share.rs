@@ -228,12 +228,7 @@ impl ShareGate {
     /// A place for `key` if one may be had without waiting.
     pub fn try_acquire(self: &Arc<Self>, key: &ShareKey) -> Result<Option<SharePermit>, GateError> {
         let mut state = self.lock();
-        if state.closed {
-            return Err(GateError::Closed);
-        }
-        let now = coarse_clock::now_ms();
-        self.plan_if_due(&mut state, now);
-        let granted = self.admit_arrival(&mut state, key, now);
+        let granted = self.arrive(&mut state, key)?;
         self.publish(&state);
         Ok(granted.then(|| SharePermit { gate: self.clone(), key: key.clone() }))
     }
@@ -246,12 +241,7 @@ impl ShareGate {
     ) -> Result<SharePermit, GateError> {
         let (ticket, mut granted) = {
             let mut state = self.lock();
-            if state.closed {
-                return Err(GateError::Closed);
-            }
-            let now = coarse_clock::now_ms();
-            self.plan_if_due(&mut state, now);
-            if self.admit_arrival(&mut state, key, now) {
+            if self.arrive(&mut state, key)? {
                 self.publish(&state);
                 return Ok(SharePermit { gate: self.clone(), key: key.clone() });
             }
@@ -310,6 +300,17 @@ impl ShareGate {
     fn publish(&self, state: &GateState) {
         self.free_now.store(state.free, Ordering::Relaxed);
         self.waiting_now.store(state.waiting, Ordering::Relaxed);
+    }
+
+    /// A request of `key` arrives: plans if due, then takes a place for it if it may
+    /// have one now (see `admit_arrival`).
+    fn arrive(&self, state: &mut GateState, key: &ShareKey) -> Result<bool, GateError> {
+        if state.closed {
+            return Err(GateError::Closed);
+        }
+        let now = coarse_clock::now_ms();
+        self.plan_if_due(state, now);
+        Ok(self.admit_arrival(state, key, now))
     }
 
     /// Notes `key`'s new request in its demand and takes a place for it if it may
