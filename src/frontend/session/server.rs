@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::{Attached, ClientTx, Session};
-use crate::backend::CheckoutError;
 use crate::backend::health::{CheckOutcome, NodeKey, PrimaryChoice};
+use crate::backend::{BackendError, CheckoutError};
 use crate::backend::{
     OnError, Pending, PooledConn, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID, ServerConn,
     ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted, settings_sql,
@@ -245,12 +245,20 @@ impl Session {
         match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
             Ok(conn) => Ok(Some(conn)),
             Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() => {
-                let key = NodeKey::of(route.shard, &node);
-                self.shared.health.record(&key, CheckOutcome::Refused);
+                self.mark_gone(route.shard, &pool, &source);
                 Ok(None)
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A node that a checkout found gone (`BackendError::server_is_gone`) is down now,
+    /// without waiting for its health checks to fail.
+    fn mark_gone(&self, shard: ShardId, pool: &ServerPool, error: &BackendError) {
+        let (host, port) = pool.host_port();
+        tracing::warn!(shard, node = %format!("{host}:{port}"), %error, "shard node gone at checkout");
+        let node = NodeKey { shard, host: host.to_string(), port };
+        self.shared.health.record(&node, CheckOutcome::Refused);
     }
 
     /// A connection to `route`'s shard's primary, and its pool. A primary found gone at
@@ -267,10 +275,7 @@ impl Session {
             match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
                 Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() && tries < 3 => {
                     tries += 1;
-                    let (host, port) = pool.host_port();
-                    let node = NodeKey { shard: route.shard, host: host.to_string(), port };
-                    tracing::warn!(shard = route.shard, node = %format!("{host}:{port}"), error = %source, "shard node gone at checkout");
-                    self.shared.health.record(&node, CheckOutcome::Refused);
+                    self.mark_gone(route.shard, &pool, &source);
                 }
                 other => return Ok((pool, other?)),
             }
@@ -294,13 +299,13 @@ impl Session {
             let left = hold.saturating_sub(started.elapsed());
             if held.is_none() {
                 held = shared.health.hold();
+                if held.is_some() {
+                    tracing::debug!(shard, reason = %reason.describe(), "request held until the shard has a primary");
+                }
             }
             if left.is_zero() || held.is_none() {
                 let waited_ms = started.elapsed().as_millis() as u64;
                 return Err(CheckoutError::NoPrimary { shard, reason: reason.describe(), waited_ms }.into());
-            }
-            if started.elapsed().is_zero() {
-                tracing::info!(shard, reason = %reason.describe(), "request held until the shard has a primary");
             }
             // Looked at again at least every 100 ms: a change between the look above
             // and this wait is not missed for long.
