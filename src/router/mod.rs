@@ -441,6 +441,26 @@ mod tests {
     }
 
     #[test]
+    fn long_texts_primed_for_a_request_are_all_found_until_it_is_handled() {
+        let r = router();
+        let mut recent = RecentAnalyses::default();
+        let long =
+            |n: usize| format!("select {n} from t where tenant_id = 7 and name <> '{}'", "x".repeat(5000));
+        let (a, b) = (r.analyze_fully(long(1).as_bytes(), true), r.analyze_fully(long(2).as_bytes(), true));
+        recent.prime(a.clone(), true);
+        recent.prime(b.clone(), false);
+        assert!(
+            Arc::ptr_eq(&recent.get_or_analyze(&r, long(1).as_bytes()), &a),
+            "both Parses of one request"
+        );
+        assert!(Arc::ptr_eq(&recent.get_or_analyze(&r, long(2).as_bytes()), &b));
+        recent.prime(a.clone(), true);
+        assert!(!recent.holds(long(2).as_bytes()), "a new request forgets the earlier ones");
+        recent.forget_primed();
+        assert!(!recent.holds(long(1).as_bytes()));
+    }
+
+    #[test]
     fn knows_which_statements_need_a_tenant() {
         let r = router();
         let needs = |sql: &str| r.needs_tenant(&r.analyze(sql.as_bytes()));

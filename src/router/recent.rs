@@ -18,21 +18,31 @@ pub struct RecentAnalyses {
     /// text that was not valid UTF-8 differs from its copy and is analyzed again).
     entries: Vec<Arc<Analysis>>,
     next: usize,
-    /// The analysis of a long text, worked out off the runtime's threads before its
-    /// message was handled (`prime`); kept until the next one.
-    primed: Option<Arc<Analysis>>,
+    /// The analyses of the long texts of the request at hand, worked out off the
+    /// runtime's threads before their messages were handled (`prime`): all of them, for
+    /// a request of several Parses is analyzed at its Sync. Its messages are held
+    /// meanwhile, so these add at most a copy of what the request holds.
+    primed: Vec<Arc<Analysis>>,
 }
 
 impl RecentAnalyses {
     /// Whether `sql`'s analysis is at hand without analyzing it.
     pub fn holds(&self, sql: &[u8]) -> bool {
-        self.primed.as_ref().is_some_and(|a| a.sql.as_bytes() == sql)
-            || self.entries.iter().any(|a| a.sql.as_bytes() == sql)
+        self.primed.iter().chain(&self.entries).any(|a| a.sql.as_bytes() == sql)
     }
 
-    /// Keeps the analysis of a long text for the next lookup of that text.
-    pub fn prime(&mut self, analysis: Arc<Analysis>) {
-        self.primed = Some(analysis);
+    /// Keeps the analysis of a long text for the lookups of that text; `new_request`
+    /// (nothing of a request is held) forgets the earlier ones first.
+    pub fn prime(&mut self, analysis: Arc<Analysis>, new_request: bool) {
+        if new_request {
+            self.primed.clear();
+        }
+        self.primed.push(analysis);
+    }
+
+    /// Forgets the primed analyses once their request has been handled.
+    pub fn forget_primed(&mut self) {
+        self.primed.clear();
     }
 
     pub fn get_or_analyze(&mut self, router: &Router, sql: &[u8]) -> Arc<Analysis> {
@@ -46,7 +56,7 @@ impl RecentAnalyses {
             return hit.clone();
         }
         if sql.len() > MAX_TEXT {
-            if let Some(primed) = self.primed.as_ref().filter(|a| a.sql.as_bytes() == sql) {
+            if let Some(primed) = self.primed.iter().rev().find(|a| a.sql.as_bytes() == sql) {
                 return primed.clone();
             }
             return router.analyze(sql);

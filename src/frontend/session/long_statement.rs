@@ -40,7 +40,9 @@ impl Session {
         let shared = self.shared.clone();
         let always_parse = self.tenant.is_none() || shared.config.proxy.isolation == IsolationMode::Strict;
         match tokio::task::spawn_blocking(move || shared.router.analyze_fully(&sql, always_parse)).await {
-            Ok(analysis) => self.recent.prime(analysis),
+            // A request's held messages are analyzed together at its Sync: those of one
+            // request are all kept.
+            Ok(analysis) => self.recent.prime(analysis, self.batch.is_empty()),
             // A parse that panicked: the handler analyzes again, and answers its error.
             Err(e) => tracing::warn!(error = %e, "analysis of a long statement failed"),
         }

@@ -381,10 +381,11 @@ impl Session {
                 // that answer, so that this one is routed (and its tenant GUC set) afresh.
                 self.settle().await;
             }
-            if matches!(frame.tag, b'Q' | b'P') && frame.body().len() >= long_statement::OFF_RUNTIME_BYTES {
+            let tag = frame.tag;
+            if matches!(tag, b'Q' | b'P') && frame.body().len() >= long_statement::OFF_RUNTIME_BYTES {
                 self.analyze_long_statement(&frame).await;
             }
-            match frame.tag {
+            match tag {
                 b'Q' => self.on_query(frame).await?,
                 b'P' | b'B' | b'D' | b'E' | b'C' => {
                     // Held until Sync or Flush without entering the async handler: most
@@ -417,6 +418,10 @@ impl Session {
                         tag as char
                     )));
                 }
+            }
+            if matches!(tag, b'S' | b'Q') && self.batch.is_empty() {
+                // Its request is handled: the long texts analyzed for it are not needed.
+                self.recent.forget_primed();
             }
         }
         Ok(true)
