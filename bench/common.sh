@@ -30,7 +30,7 @@ start_dev() {
   cargo build --release --quiet
   STATE=$(mktemp -d "/tmp/pgtenant-$1.XXXXXX")
   chmod 755 "$STATE"
-  "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "$2" >"$STATE/proxy.log" 2>&1 &
+  "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "$2" ${DEV_ARGS:-} >"$STATE/proxy.log" 2>&1 &
   PROXY_PID=$!
   trap stop_all EXIT
   wait_for_port "$PROXY_PORT" 150 || true

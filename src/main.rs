@@ -30,8 +30,8 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             })
         }
-        Command::Dev { dir, port, shard_port, replicas, workers } => {
-            run(workers, pgtenant::dev::run(dir, port, shard_port, replicas))
+        Command::Dev { dir, port, shard_port, replicas, auto_promote, workers } => {
+            run(workers, pgtenant::dev::run(dir, port, shard_port, replicas, auto_promote))
         }
     }
 }

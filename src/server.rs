@@ -104,6 +104,12 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
             }
         },
     );
+    if config.health.auto_promote {
+        let for_promoter = Arc::downgrade(&shared);
+        crate::backend::health::spawn_promoter(shared.health.clone(), &config, move || {
+            for_promoter.upgrade().map(|s| s.router.topology())
+        });
+    }
     let expiries = config.proxy.server_idle_timeout().into_iter().chain(config.proxy.server_lifetime());
     if let Some(shortest) = expiries.min() {
         tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));

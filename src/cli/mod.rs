@@ -34,6 +34,10 @@ pub enum Command {
         /// failover can be tried locally: stop a shard's primary and promote its replica.
         #[arg(long, default_value_t = 1)]
         replicas: u16,
+        /// Let the proxy promote a shard's replica itself when the primary is down
+        /// (`[health] auto_promote`), instead of leaving it to you.
+        #[arg(long)]
+        auto_promote: bool,
         /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
         #[arg(long, default_value_t = 0)]
         workers: usize,

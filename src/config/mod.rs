@@ -63,10 +63,19 @@ pub struct HealthConfig {
     pub failover_hold_ms: u64,
     /// Requests that may wait so at once, over all shards; more fail at once.
     pub max_held_requests: usize,
-    /// A replica whose replayed WAL is further than this behind its primary's takes no
-    /// reads (sessions with `pgtenant.target` = prefer-replica or replica) until it
-    /// catches up. Measured in WAL bytes, so an idle primary never makes it look behind.
+    /// A replica further behind its primary than this takes no reads (sessions with
+    /// `pgtenant.target` = prefer-replica or replica) until it catches up: how long ago
+    /// the primary first wrote past what the replica has replayed (the seed's warning
+    /// level), so an idle primary never makes it look behind.
+    pub max_replica_lag_ms: u64,
+    /// The same in WAL bytes.
     pub max_replica_lag_bytes: u64,
+    /// When a shard's primary is down, promote its best replica (`pg_promote()`): the
+    /// one that received the most WAL, by `priority` among equals, never one behind
+    /// what a synchronous standby confirmed. With a catalog, an advisory lock there
+    /// lets one proxy of many promote; without one, run a single proxy with it. Off by
+    /// default: most deployments leave promotion to their orchestrator (Patroni).
+    pub auto_promote: bool,
     /// Who checks: by default the first `[[users]]` entry's server credentials.
     pub user: Option<String>,
     pub password: Option<String>,
@@ -82,7 +91,9 @@ impl Default for HealthConfig {
             fail_after: 3,
             failover_hold_ms: 10_000,
             max_held_requests: 1000,
+            max_replica_lag_ms: 1000,
             max_replica_lag_bytes: 16 << 20,
+            auto_promote: false,
             user: None,
             password: None,
             dbname: "postgres".into(),

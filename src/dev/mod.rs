@@ -12,7 +12,13 @@ use cluster::{Cluster, find_bin_dir};
 /// The catalog database `dev` creates.
 pub const CATALOG_DATABASE: &str = "pgtenant_catalog";
 
-pub async fn run(dir: PathBuf, port: u16, shard_port: u16, replicas: u16) -> Result<(), String> {
+pub async fn run(
+    dir: PathBuf,
+    port: u16,
+    shard_port: u16,
+    replicas: u16,
+    auto_promote: bool,
+) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
@@ -59,7 +65,12 @@ pub async fn run(dir: PathBuf, port: u16, shard_port: u16, replicas: u16) -> Res
     demo::ensure_certificate(&tls_dir)?;
     let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
     let catalog = demo::local_catalog(catalog_port, CATALOG_DATABASE);
-    let config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
+    let mut config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
+    if auto_promote {
+        config.health.auto_promote = true;
+        // pg_promote() is a superuser's; the dev clusters trust local connections.
+        config.health.user = Some("postgres".into());
+    }
     write_config(&dir, &config)?;
     let served = serve(config).await;
     // Replicas first: a primary stopping before them waits for nothing, and they would
@@ -78,9 +89,15 @@ async fn serve(config: crate::config::Config) -> Result<(), String> {
         "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
         proxy.addr
     );
-    println!(
-        "  failover: stop a shard's primary (pg_ctl stop -m immediate) and promote its replica (pg_ctl promote)"
-    );
+    if config.health.auto_promote {
+        println!(
+            "  failover: stop a shard's primary (pg_ctl stop -m immediate); pgtenant promotes its replica"
+        );
+    } else {
+        println!(
+            "  failover: stop a shard's primary (pg_ctl stop -m immediate) and promote its replica (pg_ctl promote)"
+        );
+    }
     if let Some(c) = &config_catalog {
         println!("  catalog: psql \"host={} port={} user={} dbname={}\"", c.host, c.port, c.user, c.dbname);
     }

@@ -1,6 +1,6 @@
 //! Failover (issue 23): a shard whose primary is killed under a write load, and whose
-//! replica is then promoted by an outside orchestrator (`pg_ctl promote`), goes on
-//! writing through pgtenant: requests that arrive meanwhile are held, not failed, and
+//! replica is then promoted, by an outside orchestrator (`pg_ctl promote`) or by
+//! pgtenant itself (`auto_promote`), goes on writing through pgtenant: requests that arrive meanwhile are held, not failed, and
 //! run on the new primary; each client sees at most the error of the statement that
 //! was in flight on the dead primary; every acknowledged insert is on the new primary;
 //! the old primary, started again as a primary on its old timeline, gets no writes.
@@ -43,10 +43,28 @@ async fn write_until(conninfo: String, client_no: i64, stop: Arc<AtomicBool>) ->
     seen
 }
 
+/// Who promotes the replica once the primary is killed.
+#[derive(Clone, Copy, PartialEq)]
+enum Promoter {
+    /// The test, as Patroni or an operator would (`pg_ctl promote`).
+    Outside,
+    /// pgtenant (`auto_promote = true`).
+    Proxy,
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn writes_survive_a_killed_primary_and_an_outside_promotion() {
+    writes_survive_a_killed_primary("failover", Promoter::Outside).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_survive_a_killed_primary_that_pgtenant_replaces_itself() {
+    writes_survive_a_killed_primary("autopromote", Promoter::Proxy).await;
+}
+
+async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter) {
     let (primary, replica) =
-        tokio::task::spawn_blocking(|| private_cluster_with_replica("failover", 1)).await.unwrap();
+        tokio::task::spawn_blocking(move || private_cluster_with_replica(name, 1)).await.unwrap();
     let admin =
         connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
     admin
@@ -60,6 +78,9 @@ async fn writes_survive_a_killed_primary_and_an_outside_promotion() {
     let proxy = start_proxy_on_pair(primary_port, replica_port, |c| {
         c.health.fail_after = 2;
         c.health.failover_hold_ms = 20_000;
+        c.health.auto_promote = promoter == Promoter::Proxy;
+        // pg_promote() and pg_stat_replication's positions are a superuser's.
+        c.health.user = Some("postgres".into());
     })
     .await;
     let probe = proxy.connect(Some(7)).await;
@@ -76,9 +97,11 @@ async fn writes_survive_a_killed_primary_and_an_outside_promotion() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     let killed = primary.clone();
     tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let promoted = replica.clone();
-    tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    if promoter == Promoter::Outside {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let promoted = replica.clone();
+        tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    }
     // Writes resume on the new primary.
     let after = proxy.connect(Some(7)).await;
     let port: i32 = after.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);

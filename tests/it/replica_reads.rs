@@ -35,7 +35,7 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
         .unwrap();
     let replica_port = replica.port;
     let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
-        c.health.max_replica_lag_bytes = 1024;
+        c.health.max_replica_lag_bytes = 1 << 20;
         c.users[0].target = Some(ReadTarget::PreferReplica);
     })
     .await;
@@ -60,12 +60,12 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
     assert_eq!(read_on_replica(&replica_only).await, Ok(false), "inside a transaction: the primary");
     replica_only.batch_execute("COMMIT").await.unwrap();
 
-    // Replay paused: once the replica is more than 1 KB behind, it takes no reads.
+    // Replay paused: once the replica is more than 1 MiB behind, it takes no reads.
     let on_replica =
         connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
     on_replica.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
     admin
-        .batch_execute("INSERT INTO replica_reads SELECT g, 7 FROM generate_series(1, 1000) g")
+        .batch_execute("INSERT INTO replica_reads SELECT g, 7 FROM generate_series(1, 50000) g")
         .await
         .unwrap();
     let fell_back =
@@ -76,6 +76,26 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
     let back =
         eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(true) }).await;
     assert!(back.is_some(), "caught up, it takes reads again");
+
+    // An idle primary writes nothing: its replica stays fresh however long it idles.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(read_on_replica(&prefer).await, Ok(true), "idle: not behind");
+    // Behind by one small row (far under the byte bound) for longer than
+    // max_replica_lag_ms (1 s): left for the primary until it replays it.
+    on_replica.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
+    admin.batch_execute("INSERT INTO replica_reads VALUES (2, 7)").await.unwrap();
+    let paused_at = std::time::Instant::now();
+    let fell_back =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(false) }).await;
+    assert!(
+        fell_back.is_some() && paused_at.elapsed() >= Duration::from_millis(900),
+        "a replica behind in time is left for the primary once past the bound, not before: {:?}",
+        paused_at.elapsed()
+    );
+    on_replica.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    let back =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(true) }).await;
+    assert!(back.is_some(), "caught up in time, it takes reads again");
 
     // The replica killed: prefer-replica reads go on, on the primary, without an error.
     let killed = replica.clone();

@@ -14,29 +14,34 @@ use super::view::{CheckOutcome, HealthView, NodeKey, NodeState, Observation, Obs
 use crate::config::{Config, NodeConfig};
 use crate::directory::Topology;
 
-/// One query: role, WAL position (received-and-replayed on a replica) and timeline
-/// (from the current WAL file's name on a primary, which changes at promotion at once;
-/// from the last checkpoint on a replica).
+/// One query: role, WAL position (replayed on a replica, written on a primary),
+/// timeline (from the current WAL file's name on a primary, which changes at promotion
+/// at once; from the last checkpoint on a replica), the WAL a replica has received, and
+/// the newest position a primary's synchronous standbys confirmed (NULL unless the
+/// checker may read `pg_stat_replication`'s positions).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text, \
      CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) \
-          ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END";
+          ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
+     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() END)::text, \
+     (CASE WHEN NOT pg_is_in_recovery() THEN (SELECT max(flush_lsn) FROM pg_stat_replication \
+          WHERE sync_state IN ('sync', 'quorum')) END)::text";
 
 /// How often nodes are checked while requests wait for a primary.
 const HOLDING_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How the checks log in and how often they run.
 #[derive(Clone)]
-struct CheckSettings {
+pub(super) struct CheckSettings {
     user: String,
     password: Option<String>,
     dbname: String,
-    interval: Duration,
-    timeout: Duration,
+    pub(super) interval: Duration,
+    pub(super) timeout: Duration,
 }
 
 impl CheckSettings {
-    fn from(config: &Config) -> Self {
+    pub(super) fn from(config: &Config) -> Self {
         let health = &config.health;
         let first = config.users.first();
         Self {
@@ -141,29 +146,37 @@ async fn watch_node(
     }
 }
 
-async fn check(
+/// A connection to `node` as the checks log in.
+pub(super) async fn connect(
+    node: &NodeConfig,
+    settings: &CheckSettings,
+    purpose: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(&node.host)
+        .port(node.port)
+        .user(&settings.user)
+        .dbname(&settings.dbname)
+        .application_name(purpose)
+        .connect_timeout(settings.timeout);
+    if let Some(password) = &settings.password {
+        pg.password(password);
+    }
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+pub(super) async fn check(
     client: &mut Option<tokio_postgres::Client>,
     node: &NodeConfig,
     settings: &CheckSettings,
 ) -> CheckOutcome {
     if client.as_ref().is_none_or(|c| c.is_closed()) {
-        let mut pg = tokio_postgres::Config::new();
-        pg.host(&node.host)
-            .port(node.port)
-            .user(&settings.user)
-            .dbname(&settings.dbname)
-            .application_name("pgtenant health check")
-            .connect_timeout(settings.timeout);
-        if let Some(password) = &settings.password {
-            pg.password(password);
-        }
-        match pg.connect(tokio_postgres::NoTls).await {
-            Ok((c, connection)) => {
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                *client = Some(c);
-            }
+        match connect(node, settings, "pgtenant health check").await {
+            Ok(c) => *client = Some(c),
             Err(e) => return failure(&e),
         }
     }
@@ -171,16 +184,22 @@ async fn check(
     match c.query_one(CHECK_SQL, &[]).await {
         Ok(row) => {
             let in_recovery: bool = row.get(0);
-            let lsn: Option<String> = row.get(1);
+            let lsn = lsn_at(&row, 1).unwrap_or(0);
             let timeline: Option<i32> = row.get(2);
             CheckOutcome::Answered(Observation {
                 role: if in_recovery { ObservedRole::Replica } else { ObservedRole::Primary },
                 timeline: timeline.unwrap_or(0).max(0) as u32,
-                lsn: lsn.as_deref().and_then(parse_lsn).unwrap_or(0),
+                lsn,
+                received: lsn_at(&row, 3).unwrap_or(lsn).max(lsn),
+                sync_confirmed: lsn_at(&row, 4),
             })
         }
         Err(e) => failure(&e),
     }
+}
+
+fn lsn_at(row: &tokio_postgres::Row, column: usize) -> Option<u64> {
+    row.get::<_, Option<String>>(column).as_deref().and_then(parse_lsn)
 }
 
 /// Refused connections count at once; a server shutting down or starting up, a broken

@@ -3,14 +3,14 @@
 //! and a few comparisons); its version changes only when a node's state, role or
 //! timeline does, so sessions keep their pool handles until then.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::config::NodeConfig;
+use crate::config::{HealthConfig, NodeConfig};
 use crate::directory::{Shard, ShardId};
 
 /// A node of a shard, as the checks know it.
@@ -85,10 +85,23 @@ pub fn is_notable(before: NodeState, after: NodeState) -> bool {
 }
 
 /// A checked node's last observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Observation {
     pub role: ObservedRole,
     pub timeline: u32,
+    /// Replayed (a replica) or written (a primary) WAL.
     pub lsn: u64,
+    /// WAL received (a replica; what it would replay once promoted), else `lsn`.
+    pub received: u64,
+    /// On a primary: the newest WAL position a synchronous standby confirmed, when the
+    /// checker may see it (`pg_stat_replication`).
+    pub sync_confirmed: Option<u64>,
+}
+
+impl Observation {
+    pub fn new(role: ObservedRole, timeline: u32, lsn: u64) -> Self {
+        Self { role, timeline, lsn, received: lsn, sync_confirmed: None }
+    }
 }
 
 /// How a check went.
@@ -105,10 +118,68 @@ pub enum CheckOutcome {
 #[derive(Default)]
 struct Nodes {
     states: HashMap<NodeKey, NodeState>,
-    /// The newest timeline each shard's primary was seen on: a node that claims to be
-    /// primary on an older one (an old primary started again after a failover) is
-    /// never written to.
-    newest_timeline: HashMap<ShardId, u32>,
+    /// When each node last answered (ms).
+    answered_ms: HashMap<NodeKey, u64>,
+    shards: HashMap<ShardId, ShardWal>,
+}
+
+/// What the checks know of a shard's WAL as a whole.
+#[derive(Default)]
+struct ShardWal {
+    /// The newest timeline its primary was seen on: a node that claims to be primary
+    /// on an older one (an old primary started again after a failover) is never
+    /// written to.
+    newest_timeline: u32,
+    /// When the primary on that timeline was seen to have written past each position
+    /// (oldest first): a replica's lag in time is how long ago the primary first went
+    /// past what the replica has replayed, so an idle primary leaves its replicas at 0.
+    advances: VecDeque<(u64, u64)>,
+    /// The newest position a synchronous standby confirmed on that timeline.
+    sync_confirmed: u64,
+}
+
+/// Positions of the primary kept for replica lag: a minute of checks at the default
+/// interval, more than any sensible lag bound.
+const MAX_ADVANCES: usize = 64;
+
+impl ShardWal {
+    fn primary_seen(&mut self, at_ms: u64, o: &Observation) {
+        if o.timeline > self.newest_timeline {
+            *self = ShardWal { newest_timeline: o.timeline, ..ShardWal::default() };
+        }
+        if o.timeline < self.newest_timeline {
+            return;
+        }
+        if self.advances.back().is_none_or(|&(_, lsn)| o.lsn > lsn) {
+            if self.advances.len() == MAX_ADVANCES {
+                self.advances.pop_front();
+            }
+            self.advances.push_back((at_ms, o.lsn));
+        }
+        self.sync_confirmed = self.sync_confirmed.max(o.sync_confirmed.unwrap_or(0));
+    }
+
+    /// How far behind a replica that had replayed `replayed` when it was checked at
+    /// `seen_ms` was then.
+    fn lag_ms(&self, replayed: u64, seen_ms: u64) -> u64 {
+        match self.advances.iter().find(|&&(_, lsn)| lsn > replayed) {
+            Some(&(at_ms, _)) => seen_ms.saturating_sub(at_ms),
+            None => 0,
+        }
+    }
+}
+
+/// How far a replica may be behind and still take reads.
+#[derive(Clone, Copy, Debug)]
+pub struct LagBound {
+    pub bytes: u64,
+    pub ms: u64,
+}
+
+impl LagBound {
+    pub fn of(health: &HealthConfig) -> Self {
+        Self { bytes: health.max_replica_lag_bytes, ms: health.max_replica_lag_ms }
+    }
 }
 
 pub struct HealthView {
@@ -160,14 +231,18 @@ impl HealthView {
 
     /// Notes how a node's check went; returns its state before and after.
     pub fn record(&self, key: &NodeKey, outcome: CheckOutcome) -> (NodeState, NodeState) {
+        self.record_at(key, outcome, crate::backend::coarse_clock::now_ms())
+    }
+
+    fn record_at(&self, key: &NodeKey, outcome: CheckOutcome, now_ms: u64) -> (NodeState, NodeState) {
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         let before = nodes.states.get(key).copied().unwrap_or(NodeState::Unchecked);
         let after = match (outcome, before) {
             (CheckOutcome::Answered(o), _) => {
                 if o.role == ObservedRole::Primary {
-                    let newest = nodes.newest_timeline.entry(key.shard).or_insert(o.timeline);
-                    *newest = (*newest).max(o.timeline);
+                    nodes.shards.entry(key.shard).or_default().primary_seen(now_ms, &o);
                 }
+                nodes.answered_ms.insert(key.clone(), now_ms);
                 NodeState::Up { role: o.role, timeline: o.timeline, lsn: o.lsn, failing: 0 }
             }
             (CheckOutcome::Refused, _) => NodeState::Down,
@@ -195,13 +270,14 @@ impl HealthView {
     pub fn retain(&self, keep: impl Fn(&NodeKey) -> bool) {
         let mut nodes = self.nodes.write().unwrap_or_else(|e| e.into_inner());
         nodes.states.retain(|k, _| keep(k));
+        nodes.answered_ms.retain(|k, _| keep(k));
     }
 
     /// The node `shard`'s work goes to now: the node answering as primary on the
     /// newest timeline; before any check says otherwise, the configured primary.
     pub fn primary_of(&self, shard: &Shard) -> PrimaryChoice {
         let nodes = self.read();
-        let floor = nodes.newest_timeline.get(&shard.id).copied().unwrap_or(0);
+        let floor = nodes.shards.get(&shard.id).map_or(0, |w| w.newest_timeline);
         let mut best: Option<(u32, &NodeConfig)> = None;
         let mut tied = false;
         for node in &shard.nodes {
@@ -251,33 +327,68 @@ impl HealthView {
         }
     }
 
-    /// A replica of `shard` to read from: answering as a replica and at most
-    /// `max_lag_bytes` of WAL behind the most advanced node of the shard (its primary
-    /// while that is up), taken in turn. WAL bytes rather than time: an idle primary
-    /// writes nothing, and its replicas then count as caught up.
-    pub fn replica_of(&self, shard: &Shard, max_lag_bytes: u64) -> Option<NodeConfig> {
+    /// A replica of `shard` to read from: answering as a replica, at most `bound.bytes`
+    /// of WAL behind the most advanced node of the shard (its primary while that is
+    /// up) and at most `bound.ms` behind its primary in time, taken in turn. The time
+    /// is how long ago the primary first went past what the replica had replayed when
+    /// last checked, so an idle primary leaves its replicas caught up.
+    pub fn replica_of(&self, shard: &Shard, bound: LagBound) -> Option<NodeConfig> {
         let nodes = self.read();
-        let up: Vec<(&NodeConfig, ObservedRole, u64)> = shard
+        let up: Vec<(&NodeConfig, ObservedRole, u64, Option<u64>)> = shard
             .nodes
             .iter()
-            .filter_map(|node| match nodes.states.get(&NodeKey::of(shard.id, node)) {
-                Some(NodeState::Up { role, lsn, failing: 0, .. }) => Some((node, *role, *lsn)),
-                _ => None,
+            .filter_map(|node| {
+                let key = NodeKey::of(shard.id, node);
+                match nodes.states.get(&key) {
+                    Some(NodeState::Up { role, lsn, failing: 0, .. }) => {
+                        Some((node, *role, *lsn, nodes.answered_ms.get(&key).copied()))
+                    }
+                    _ => None,
+                }
             })
             .collect();
-        let newest = up.iter().map(|(_, _, lsn)| *lsn).max()?;
+        let newest = up.iter().map(|(_, _, lsn, _)| *lsn).max()?;
+        let wal = nodes.shards.get(&shard.id);
         let fresh: Vec<&NodeConfig> = up
             .iter()
-            .filter(|(_, role, lsn)| {
-                *role == ObservedRole::Replica && newest.saturating_sub(*lsn) <= max_lag_bytes
+            .filter(|(_, role, lsn, answered_ms)| {
+                let lag_ms = match (wal, answered_ms) {
+                    (Some(wal), Some(at)) => wal.lag_ms(*lsn, *at),
+                    _ => 0,
+                };
+                *role == ObservedRole::Replica
+                    && newest.saturating_sub(*lsn) <= bound.bytes
+                    && lag_ms <= bound.ms
             })
-            .map(|(node, _, _)| *node)
+            .map(|(node, ..)| *node)
             .collect();
         if fresh.is_empty() {
             return None;
         }
         let turn = self.next_replica.fetch_add(1, Ordering::Relaxed);
         Some(fresh[turn % fresh.len()].clone())
+    }
+
+    /// Whether `shard` has lost its primary and has a replica up that could replace it
+    /// (what auto_promote acts on): no node answers as primary on the newest timeline,
+    /// the configured primary has been checked (and is not answering), a replica is up.
+    pub fn wants_promotion(&self, shard: &Shard) -> bool {
+        if self.primary_of(shard) != PrimaryChoice::Holding(HoldReason::NoPrimary) {
+            return false;
+        }
+        let nodes = self.read();
+        shard.nodes.iter().any(|node| {
+            matches!(
+                nodes.states.get(&NodeKey::of(shard.id, node)),
+                Some(NodeState::Up { role: ObservedRole::Replica, failing: 0, .. })
+            )
+        })
+    }
+
+    /// The newest timeline and the newest position a synchronous standby confirmed on
+    /// it, for `shard`.
+    pub fn wal_floor(&self, shard: ShardId) -> (u32, u64) {
+        self.read().shards.get(&shard).map_or((0, 0), |w| (w.newest_timeline, w.sync_confirmed))
     }
 
     /// Whether requests are waiting for a shard to get a primary.
@@ -322,7 +433,7 @@ mod tests {
     }
 
     fn answered(role: ObservedRole, timeline: u32) -> CheckOutcome {
-        CheckOutcome::Answered(Observation { role, timeline, lsn: 0 })
+        CheckOutcome::Answered(Observation::new(role, timeline, 0))
     }
 
     fn key(port: u16) -> NodeKey {
@@ -365,24 +476,67 @@ mod tests {
     fn reads_go_to_replicas_within_the_lag_bound_in_turn() {
         let view = HealthView::new(3, 10);
         let shard = shard();
-        let at = |role, lsn| CheckOutcome::Answered(Observation { role, timeline: 1, lsn });
-        assert_eq!(view.replica_of(&shard, 100), None, "nothing checked yet");
+        let at = |role, lsn| CheckOutcome::Answered(Observation::new(role, 1, lsn));
+        let bound = LagBound { bytes: 100, ms: u64::MAX };
+        assert_eq!(view.replica_of(&shard, bound), None, "nothing checked yet");
         view.record(&key(1), at(ObservedRole::Primary, 1000));
         view.record(&key(2), at(ObservedRole::Replica, 950));
         view.record(&key(3), at(ObservedRole::Replica, 500));
         assert_eq!(
-            view.replica_of(&shard, 100),
+            view.replica_of(&shard, bound),
             Some(node(2, NodeRole::Replica)),
             "replica 3 is 500 bytes behind"
         );
-        assert_eq!(view.replica_of(&shard, 100), Some(node(2, NodeRole::Replica)));
+        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)));
         view.record(&key(3), at(ObservedRole::Replica, 1000));
         let both: std::collections::HashSet<u16> =
-            (0..4).filter_map(|_| view.replica_of(&shard, 100)).map(|n| n.port).collect();
+            (0..4).filter_map(|_| view.replica_of(&shard, bound)).map(|n| n.port).collect();
         assert_eq!(both, [2, 3].into_iter().collect(), "taken in turn");
         view.record(&key(2), CheckOutcome::Refused);
         view.record(&key(3), CheckOutcome::Refused);
-        assert_eq!(view.replica_of(&shard, 100), None, "no replica up");
+        assert_eq!(view.replica_of(&shard, bound), None, "no replica up");
+    }
+
+    #[test]
+    fn a_replica_behind_in_time_takes_no_reads_and_an_idle_primary_leaves_it_fresh() {
+        let view = HealthView::new(3, 10);
+        let shard = shard();
+        let bound = LagBound { bytes: u64::MAX, ms: 1000 };
+        let at = |role, lsn| CheckOutcome::Answered(Observation::new(role, 1, lsn));
+        view.record_at(&key(1), at(ObservedRole::Primary, 100), 0);
+        view.record_at(&key(2), at(ObservedRole::Replica, 100), 10);
+        // The primary stays idle for a minute: its replica is not behind.
+        view.record_at(&key(1), at(ObservedRole::Primary, 100), 60_000);
+        view.record_at(&key(2), at(ObservedRole::Replica, 100), 60_010);
+        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)));
+        // Writes go on; the replica stops replaying at 150.
+        view.record_at(&key(1), at(ObservedRole::Primary, 200), 61_000);
+        view.record_at(&key(2), at(ObservedRole::Replica, 150), 61_010);
+        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)), "10 ms behind");
+        view.record_at(&key(1), at(ObservedRole::Primary, 300), 62_000);
+        view.record_at(&key(2), at(ObservedRole::Replica, 150), 62_010);
+        assert_eq!(
+            view.replica_of(&shard, bound),
+            None,
+            "still at 150, which the primary passed 1010 ms ago"
+        );
+        view.record_at(&key(2), at(ObservedRole::Replica, 300), 63_010);
+        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)), "caught up");
+    }
+
+    #[test]
+    fn promotion_is_wanted_once_the_primary_is_down_and_a_replica_is_up() {
+        let view = HealthView::new(1, 10);
+        let shard = shard();
+        assert!(!view.wants_promotion(&shard), "nothing checked");
+        view.record(&key(1), answered(ObservedRole::Primary, 1));
+        view.record(&key(2), answered(ObservedRole::Replica, 1));
+        assert!(!view.wants_promotion(&shard));
+        view.record(&key(1), CheckOutcome::Refused);
+        assert!(view.wants_promotion(&shard));
+        view.record(&key(2), answered(ObservedRole::Primary, 2));
+        assert!(!view.wants_promotion(&shard), "promoted");
+        assert_eq!(view.wal_floor(1).0, 2);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::{Attached, ClientTx, Session};
-use crate::backend::health::{CheckOutcome, NodeKey, PrimaryChoice};
+use crate::backend::health::{CheckOutcome, LagBound, NodeKey, PrimaryChoice};
 use crate::backend::{BackendError, CheckoutError};
 use crate::backend::{
     OnError, Pending, PooledConn, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID, ServerConn,
@@ -239,8 +239,10 @@ impl Session {
     ) -> Result<Option<PooledConn>, FrontendError> {
         let topology = self.shared.router.topology();
         let Some(shard) = topology.shard(route.shard) else { return Ok(None) };
-        let max_lag = self.shared.config.health.max_replica_lag_bytes;
-        let Some(node) = self.shared.health.replica_of(shard, max_lag) else { return Ok(None) };
+        let Some(node) = self.shared.health.replica_of(shard, LagBound::of(&self.shared.config.health))
+        else {
+            return Ok(None);
+        };
         let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
         match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
             Ok(conn) => Ok(Some(conn)),
