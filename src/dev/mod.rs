@@ -84,12 +84,13 @@ pub async fn run(
 
 async fn serve(config: crate::config::Config) -> Result<(), String> {
     let config_catalog = config.catalog.clone();
+    let auto_promote = config.health.auto_promote;
     let proxy = crate::server::start(config).await.map_err(|e| e.to_string())?;
     println!(
         "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
         proxy.addr
     );
-    if config.health.auto_promote {
+    if auto_promote {
         println!(
             "  failover: stop a shard's primary (pg_ctl stop -m immediate); pgtenant promotes its replica"
         );
