@@ -62,7 +62,7 @@ pub fn decide(nodes: &[(NodeConfig, CheckOutcome)], floor_timeline: u32, sync_co
 
 /// Who may promote: the holder of a lock in the catalog, or this proxy alone.
 enum PromotionGuard {
-    Catalog { pg: tokio_postgres::Config, client: Option<tokio_postgres::Client> },
+    Catalog { pg: Box<tokio_postgres::Config>, client: Option<tokio_postgres::Client> },
     ThisProxyOnly,
 }
 
@@ -108,7 +108,9 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     let settings = CheckSettings::from(config);
     let mut guard = match &config.catalog {
-        Some(catalog) => PromotionGuard::Catalog { pg: CatalogConfig::pg_config(catalog), client: None },
+        Some(catalog) => {
+            PromotionGuard::Catalog { pg: Box::new(CatalogConfig::pg_config(catalog)), client: None }
+        }
         None => PromotionGuard::ThisProxyOnly,
     };
     tokio::spawn(async move {
