@@ -53,8 +53,8 @@ pub enum FrontendError {
     TooManyDeallocatePortals { max: usize },
     #[error("cannot change {param} inside a transaction block")]
     TenantChangeInTransaction { param: String },
-    #[error("invalid value for {param}: \"{value}\" (a tenant id is a bigint)")]
-    BadTenantValue { param: String, value: String },
+    #[error("invalid value for {param}: \"{value}\" ({expected})")]
+    BadSettingValue { param: String, value: String, expected: &'static str },
     #[error(
         "this transaction runs on shard {current}; tenant {tenant} lives on shard {other} (no cross-shard transactions)"
     )]
@@ -103,5 +103,15 @@ impl FrontendError {
                 | Self::ServerRefused(_)
                 | Self::Io(_)
         )
+    }
+}
+
+impl From<&crate::router::BadSetting> for FrontendError {
+    fn from(bad: &crate::router::BadSetting) -> Self {
+        FrontendError::BadSettingValue {
+            param: bad.param.clone(),
+            value: bad.value.clone(),
+            expected: bad.expected,
+        }
     }
 }

@@ -22,7 +22,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         | E::PinnedElsewhere { .. }
         | E::ExtendedTenantSet { .. }
         | E::TenantSetAmongMany { .. } => sqlstate::FEATURE_NOT_SUPPORTED,
-        E::BadStartupParameter(_) | E::BadTenantValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
+        E::BadStartupParameter(_) | E::BadSettingValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
         E::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
         E::IdleInTransaction { .. } => sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
         E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),

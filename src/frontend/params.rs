@@ -3,10 +3,7 @@
 
 use crate::backend::SettingValue;
 use crate::directory::{TenantId, TenantKey};
-use crate::router::TargetMode;
-
-/// The startup parameter that says where a session's reads may go.
-pub const TARGET_PARAMETER: &str = "pgtenant.target";
+use crate::router::{TARGET_PARAMETER, TargetMode};
 
 use super::error::FrontendError;
 

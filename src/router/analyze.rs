@@ -16,6 +16,18 @@ use super::quick::ShapeTiming;
 use super::snowflake_call::SnowflakeSelect;
 use crate::directory::{TenantId, TenantKey};
 
+/// The parameter that says where a session's provably read-only requests may go.
+pub const TARGET_PARAMETER: &str = "pgtenant.target";
+
+/// A value a SET gave one of pgtenant's parameters that it cannot take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadSetting {
+    pub param: String,
+    pub value: String,
+    /// What the parameter takes.
+    pub expected: &'static str,
+}
+
 /// The statement kinds the session acts on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StatementKind {
@@ -155,8 +167,9 @@ pub struct Analysis {
     pub sets_tenant_among_many: bool,
     /// The session settings the string changes, in order, when it succeeds as a whole.
     pub session_changes: Box<[SessionChange]>,
-    /// The tenant value of a SET of the tenant parameter that is not a number.
-    pub bad_tenant_value: Option<String>,
+    /// A SET of one of pgtenant's parameters (the tenant, `pgtenant.target`) to a
+    /// value it cannot take: refused before it reaches a server.
+    pub bad_setting: Option<BadSetting>,
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
     /// GUC would change behind pgtenant's back.
     pub tampers_tenant_guc: bool,
@@ -251,7 +264,7 @@ impl Analysis {
             is_multi: false,
             sets_tenant_among_many: false,
             session_changes: Box::default(),
-            bad_tenant_value: None,
+            bad_setting: None,
             tampers_tenant_guc: false,
             single_dml: true,
             plain: true,
@@ -284,8 +297,8 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         code.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).collect();
     let first_end = code.iter().position(|t| t.kind == TokenKind::Semicolon).unwrap_or(code.len());
     let words = Words { sql: &text, tokens: &code[..first_end] };
-    let mut bad_tenant_value = None;
-    let kind = classify(&words, tenant_param, key, &mut bad_tenant_value);
+    let mut bad_setting = None;
+    let kind = classify(&words, tenant_param, key, &mut bad_setting);
     let mut sets_tenant_among_many = false;
     let mut session_changes = Vec::new();
     let mut controls_transaction = false;
@@ -331,7 +344,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         single_dml,
         sets_tenant_among_many,
         session_changes: session_changes.into(),
-        bad_tenant_value,
+        bad_setting,
         tampers_tenant_guc,
         plain: false,
         sql: text.into(),
@@ -624,7 +637,7 @@ fn classify(
     w: &Words,
     tenant_param: &str,
     key: TenantKey,
-    bad_tenant_value: &mut Option<String>,
+    bad_setting: &mut Option<BadSetting>,
 ) -> StatementKind {
     if w.is(0, "begin") || (w.is(0, "start") && w.is(1, "transaction")) {
         return StatementKind::Begin;
@@ -684,16 +697,23 @@ fn classify(
         return StatementKind::Other;
     }
     if w.is(0, "set") {
-        return classify_set(w, tenant_param, key, bad_tenant_value);
+        return classify_set(w, tenant_param, key, bad_setting);
     }
     StatementKind::Other
+}
+
+/// The target a SET of `pgtenant.target` names (`value` as SQL: a word or a literal).
+pub fn target_of(value: &str) -> Option<super::TargetMode> {
+    let value = value.trim();
+    let unquoted = value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or(value);
+    super::TargetMode::parse(unquoted)
 }
 
 fn classify_set(
     w: &Words,
     tenant_param: &str,
     key: TenantKey,
-    bad_tenant_value: &mut Option<String>,
+    bad_setting: &mut Option<BadSetting>,
 ) -> StatementKind {
     let mut i = 1;
     if w.is(i, "session") {
@@ -742,10 +762,15 @@ fn classify_set(
         return match TenantId::parse(&value, key) {
             Some(t) => StatementKind::SetTenant(t),
             None => {
-                *bad_tenant_value = Some(value);
+                *bad_setting = Some(BadSetting { param: name, value, expected: "a tenant id is a bigint" });
                 StatementKind::Other
             }
         };
+    }
+    if name.eq_ignore_ascii_case(TARGET_PARAMETER) && target_of(&value).is_none() {
+        *bad_setting =
+            Some(BadSetting { param: name, value, expected: "one of primary, prefer-replica, replica" });
+        return StatementKind::Other;
     }
     StatementKind::Set { name, value }
 }
@@ -951,7 +976,15 @@ mod tests {
         assert_eq!(kind("DEALLOCATE a1"), StatementKind::Deallocate("a1".into()));
         assert_eq!(kind("DEALLOCATE PREPARE \"S_1\""), StatementKind::Deallocate("S_1".into()));
         let a = analyze(b"SET pgtenant.tenant_id = abc", P, TenantKey::Bigint);
-        assert_eq!(a.bad_tenant_value.as_deref(), Some("abc"));
+        assert_eq!(a.bad_setting.map(|b| b.value).as_deref(), Some("abc"));
+        let a = analyze(b"SET pgtenant.target = 'anywhere'", P, TenantKey::Bigint);
+        assert_eq!(a.bad_setting.map(|b| b.value).as_deref(), Some("'anywhere'"));
+        assert_eq!(
+            kind("set pgtenant.target to 'prefer-replica'"),
+            StatementKind::Set { name: "pgtenant.target".into(), value: "'prefer-replica'".into() }
+        );
+        assert_eq!(target_of("'prefer-replica'"), Some(super::super::TargetMode::PreferReplica));
+        assert_eq!(target_of("replica"), Some(super::super::TargetMode::Replica));
     }
 
     #[test]

@@ -25,7 +25,10 @@ pub struct Confinement {
     pub tenants: Vec<Option<TenantId>>,
 }
 
-pub use analyze::{Analysis, PinReason, ROUTING_VERSION, SessionChange, StatementKind};
+pub use analyze::{
+    Analysis, BadSetting, PinReason, ROUTING_VERSION, SessionChange, StatementKind, TARGET_PARAMETER,
+    target_of,
+};
 pub use effects::SessionRisk;
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;

@@ -54,6 +54,21 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
         Ok(true),
         "the user's target when the session names none"
     );
+    // SET in the session, simple and extended protocol; RESET goes back to the login target.
+    primary_only.batch_execute("SET pgtenant.target = replica").await.unwrap();
+    assert_eq!(read_on_replica(&primary_only).await, Ok(true), "SET pgtenant.target (simple)");
+    primary_only.execute("RESET pgtenant.target", &[]).await.unwrap();
+    assert_eq!(read_on_replica(&primary_only).await, Ok(false), "RESET: the login target (extended)");
+    primary_only.execute("SET pgtenant.target TO 'prefer-replica'", &[]).await.unwrap();
+    assert_eq!(read_on_replica(&primary_only).await, Ok(true), "SET pgtenant.target (extended)");
+    let bad = primary_only.batch_execute("SET pgtenant.target = anywhere").await.unwrap_err();
+    assert_eq!(sqlstate(&bad), "22023");
+    let bad = primary_only.execute("SET pgtenant.target = 'anywhere'", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&bad), "22023");
+    assert_eq!(read_on_replica(&primary_only).await, Ok(true), "a refused SET changes nothing");
+    primary_only.batch_execute("RESET ALL").await.unwrap();
+    assert_eq!(read_on_replica(&primary_only).await, Ok(false), "RESET ALL: the login target");
+
     // Writes and transactions go to the primary, whatever the target.
     assert_eq!(replica_only.execute("INSERT INTO replica_reads VALUES (1, 7)", &[]).await.unwrap(), 1);
     replica_only.batch_execute("BEGIN").await.unwrap();

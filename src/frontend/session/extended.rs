@@ -322,6 +322,9 @@ impl Session {
             if analysis.tampers_tenant_guc {
                 return Err(FrontendError::TenantGucProtected { param: router.tenant_param().into() });
             }
+            if let Some(bad) = &analysis.bad_setting {
+                return Err(FrontendError::from(bad));
+            }
             add_new(&mut named, tenants);
             analyses.push(analysis);
         }

@@ -104,8 +104,10 @@ pub struct Session {
     pool_mode: PoolMode,
     startup_tenant: Option<TenantId>,
     tenant: Option<TenantId>,
-    /// Where provably read-only requests may go (`pgtenant.target`).
+    /// Where provably read-only requests may go (`pgtenant.target`): as set in the
+    /// session, else as at login.
     target: TargetMode,
+    login_target: TargetMode,
     /// The session tenant before a SET of it at the start of the open transaction,
     /// restored if the transaction does not commit (as a server undoes a SET).
     tenant_before_tx: Option<Option<TenantId>>,
@@ -212,6 +214,7 @@ impl Session {
             startup_tenant: start.tenant.clone(),
             tenant: start.tenant,
             target: start.target,
+            login_target: start.target,
             tenant_before_tx: None,
             startup_settings: start.settings.clone(),
             settings: start.settings,

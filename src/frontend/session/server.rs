@@ -19,7 +19,9 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
 use crate::protocol::{self, ErrorFields, TxStatus};
-use crate::router::{Analysis, NodeTarget, Route, Router, SessionChange, SessionRisk};
+use crate::router::{
+    Analysis, NodeTarget, Route, Router, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
+};
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -437,6 +439,20 @@ impl Session {
                 a.conn.tenant = TenantGuc::Unknown;
             }
         }
+        self.follow_target();
+    }
+
+    /// `pgtenant.target` as the session's settings now have it (a SET of it runs on
+    /// the server like any setting, which keeps it for SHOW and re-applies it on other
+    /// connections); its login value when they have none.
+    fn follow_target(&mut self) {
+        let set = self.settings.list.iter().find(|(name, _)| name.eq_ignore_ascii_case(TARGET_PARAMETER));
+        self.target = set
+            .and_then(|(_, value)| match value {
+                SettingValue::Sql(sql) => target_of(sql),
+                SettingValue::Config(text) => TargetMode::parse(text),
+            })
+            .unwrap_or(self.login_target);
     }
 
     /// The server holds session state of this client's (a pin, or session pooling): it is

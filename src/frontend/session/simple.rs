@@ -62,12 +62,8 @@ impl Session {
             self.reply_error(&err, true);
             return Ok(());
         }
-        if let Some(value) = &analysis.bad_tenant_value {
-            let err = FrontendError::BadTenantValue {
-                param: self.shared.router.tenant_param().into(),
-                value: value.clone(),
-            };
-            self.reply_error(&err, true);
+        if let Some(bad) = &analysis.bad_setting {
+            self.reply_error(&FrontendError::from(bad), true);
             return Ok(());
         }
         let ends_tx = matches!(analysis.kind, StatementKind::Commit | StatementKind::Rollback);
