@@ -16,6 +16,7 @@
 //! - `config`: configuration types and validation.
 //! - `observe`: logging.
 
+pub mod admin;
 pub mod backend;
 pub mod cli;
 pub mod config;

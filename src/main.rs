@@ -1,10 +1,12 @@
 use clap::Parser;
 use pgtenant::cli::{Cli, Command};
-use pgtenant::config::Config;
+use pgtenant::config::{Config, LogFormat};
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    pgtenant::observe::init_logging("info");
+    if !matches!(cli.command, Command::Serve { .. }) {
+        pgtenant::observe::init_logging("info");
+    }
     match cli.command {
         Command::CheckConfig { file } => match Config::load(&file) {
             Ok(_) => {
@@ -24,14 +26,17 @@ fn main() -> std::process::ExitCode {
                     return std::process::ExitCode::FAILURE;
                 }
             };
+            pgtenant::observe::init_logging_as("info", config.observe.log_format == LogFormat::Json);
             run(config.proxy.workers, async move {
                 let proxy = pgtenant::server::start(config).await.map_err(|e| e.to_string())?;
                 proxy.serve_until_signal().await;
                 Ok(())
             })
         }
-        Command::Dev { dir, port, shard_port, replicas, auto_promote, workers } => {
-            run(workers, pgtenant::dev::run(dir, port, shard_port, replicas, auto_promote))
+        Command::Dev { dir, port, shard_port, replicas, auto_promote, http_port, workers } => {
+            let options =
+                pgtenant::dev::DevOptions { dir, port, shard_port, replicas, auto_promote, http_port };
+            run(workers, pgtenant::dev::run(options))
         }
     }
 }

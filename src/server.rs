@@ -31,6 +31,8 @@ pub enum StartError {
 /// A proxy serving in the background.
 pub struct RunningProxy {
     pub addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (`[observe] listen`).
+    pub http_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -93,6 +95,12 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         None => None,
     };
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls, minter));
+    let _ = shared.local_addr.set(addr);
+    tokio::spawn(sample_stats(Arc::downgrade(&shared)));
+    let http = match config.observe.listen {
+        Some(listen) => Some(serve_http(listen, &shared, rx.clone()).await?),
+        None => None,
+    };
     let (for_topology, for_down) = (Arc::downgrade(&shared), Arc::downgrade(&shared));
     crate::backend::health::spawn(
         shared.health.clone(),
@@ -115,15 +123,56 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     }
     let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
+    let http_addr = http.as_ref().map(|(addr, _)| *addr);
     let task = tokio::spawn(async move {
         let _ = listening.await;
+        if let Some((_, server)) = http {
+            server.abort();
+        }
         let _ = lease_stop.send(true);
         if let Some(lease) = lease {
             let _ = lease.await;
         }
     });
     tracing::info!(%addr, "pgtenant is serving");
-    Ok(RunningProxy { addr, shutdown, task })
+    Ok(RunningProxy { addr, http_addr, shutdown, task })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listen`; not ready once draining.
+async fn serve_http(
+    listen: SocketAddr,
+    shared: &Arc<Shared>,
+    draining: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    let (for_metrics, for_ready) = (Arc::downgrade(shared), Arc::downgrade(shared));
+    let endpoints = crate::observe::http::Endpoints {
+        metrics: Box::new(move || {
+            for_metrics.upgrade().map(|s| s.exposition.render(&s.admin_view())).unwrap_or_default()
+        }),
+        ready: Box::new(move || {
+            let Some(shared) = for_ready.upgrade() else { return Err(vec!["stopped".into()]) };
+            let mut reasons = crate::admin::not_ready(&shared.admin_view());
+            if *draining.borrow() {
+                reasons.insert(0, "draining: shutting down".into());
+            }
+            if reasons.is_empty() { Ok(()) } else { Err(reasons) }
+        }),
+    };
+    crate::observe::http::serve(listen, endpoints)
+        .await
+        .map_err(|source| StartError::Bind { addr: listen, source })
+}
+
+/// Samples the totals per database for the console's averages, while the proxy lives.
+async fn sample_stats(shared: std::sync::Weak<Shared>) {
+    let mut every = tokio::time::interval(crate::admin::SAMPLE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(shared) = shared.upgrade() else { return };
+        let totals = crate::admin::totals_by_database(&shared.admin_view()).into_iter().collect();
+        shared.stats_history.sample(totals);
+    }
 }
 
 /// Closes idle server connections past `server_idle_timeout_ms` or `server_lifetime_ms`

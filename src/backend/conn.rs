@@ -18,6 +18,8 @@ use super::settings::{Settings, TenantGuc};
 use super::state::{OnError, Pending, Reply, ResponseQueue};
 use super::tls::ServerTls;
 use crate::net::{Duplex, Stream};
+use crate::observe::conns::ConnHandle;
+use crate::observe::stats::PoolStats;
 use crate::protocol::{self, ErrorFields, TxStatus};
 
 /// Where and as whom to connect.
@@ -82,9 +84,27 @@ pub struct ServerConn {
     pub opened_ms: u64,
     /// When it last went back to its pool (`coarse_clock::coarse_ms`).
     pub idle_since_ms: u64,
+    /// Its pool's traffic counters, and the byte counts of `io` already added there.
+    pub stats: Arc<PoolStats>,
+    /// Its line in the admin console's SHOW SERVERS (once its pool took it).
+    pub listed: Option<ConnHandle>,
+    counted_bytes: (u64, u64),
 }
 
 impl ServerConn {
+    /// A client request was answered: counts it (and its transaction, when `xact_us`
+    /// says it ended one), with the bytes exchanged since the last count.
+    #[inline]
+    pub fn count_request(&mut self, request_us: u64, xact_us: Option<u64>, failed: bool) {
+        self.stats.request_done(request_us, xact_us);
+        if failed {
+            self.stats.error();
+        }
+        let (written, read) = (self.io.bytes_written, self.io.bytes_read);
+        self.stats.bytes(written - self.counted_bytes.0, read - self.counted_bytes.1);
+        self.counted_bytes = (written, read);
+    }
+
     /// Connects and logs in; returns once the server sent ReadyForQuery.
     pub async fn connect(
         target: &ConnectTarget,
@@ -338,6 +358,9 @@ async fn login(
         broken: false,
         opened_ms,
         idle_since_ms: opened_ms,
+        stats: Arc::default(),
+        listed: None,
+        counted_bytes: (0, 0),
     })
 }
 

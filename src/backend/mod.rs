@@ -19,7 +19,7 @@ mod tls;
 pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel};
 pub use error::{BackendError, CheckoutError};
 pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};
-pub use pool::{PooledConn, Pools, ServerPool, Wanted};
+pub use pool::{PoolView, PooledConn, Pools, ServerPool, Wanted};
 pub use prepared::{PreparedStatement, StatementRegistry, server_name};
 pub use prepared_on_server::{PreparedOnServer, SET_TENANT_STATEMENT_ID};
 pub use relay::{RelayNotes, RelayStop};

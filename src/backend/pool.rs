@@ -21,6 +21,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::time::Instant;
 
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
@@ -31,6 +32,8 @@ use super::share::{GateError, LimitSource, ShareGate, ShareKey, SharePermit};
 use super::tls::ServerTls;
 use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::{Directory, ShardId, TenantId, TenantLimit, TenantLimits};
+use crate::observe::conns::{ConnInfo, ConnRegistry, ConnState, unix_ms};
+use crate::observe::stats::{PoolStats, StatsSnapshot};
 
 /// What a checkout would like its connection to hold already; nothing (the default)
 /// takes the newest idle connection.
@@ -81,6 +84,11 @@ struct NodePool {
     /// Connections older than this (ms) are closed as they come back
     /// (`server_lifetime_ms`; 0: never).
     lifetime_ms: u64,
+    /// Traffic of its connections and checkouts (the admin console's SHOW STATS).
+    stats: Arc<PoolStats>,
+    /// Where its connections are listed (SHOW SERVERS), and the shard it serves.
+    servers: Arc<ConnRegistry>,
+    shard: ShardId,
 }
 
 /// How many accepted start-up settings a pool remembers; past that, a login with new
@@ -120,6 +128,7 @@ impl ServerPool {
         target: ConnectTarget,
         tls: Option<Arc<ServerTls>>,
         lifetime_ms: u64,
+        (servers, shard): (Arc<ConnRegistry>, ShardId),
     ) -> Self {
         Self(Arc::new(NodePool {
             shelf: Mutex::new(Vec::with_capacity(gate.size())),
@@ -130,6 +139,9 @@ impl ServerPool {
             accepted_settings: Mutex::new(HashSet::new()),
             lanes: Mutex::new(Vec::new()),
             lifetime_ms,
+            stats: Arc::default(),
+            servers,
+            shard,
         }))
     }
 
@@ -266,6 +278,9 @@ impl Drop for PooledConn {
                 return;
             }
             conn.idle_since_ms = now;
+            if let Some(listed) = &conn.listed {
+                listed.set_state(ConnState::Idle, Some(self.pool.shard));
+            }
             // Checked under the lock: `close` closes the gate before it empties the shelf.
             let mut shelf = self.pool.lock_shelf();
             if !self.pool.gate.is_closed() {
@@ -310,13 +325,50 @@ impl NodePool {
             Some(conn) => conn,
             None => {
                 // Boxed: the login future is large, and every checkout future would carry its size.
-                let conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
+                let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
                 let _ = self.startup_params.set(Arc::new(conn.params.clone()));
+                conn.stats = self.stats.clone();
+                conn.listed = Some(self.servers.register(
+                    ConnInfo {
+                        user: self.target.user.clone(),
+                        database: self.target.database.clone(),
+                        addr: self.target.host.clone(),
+                        port: self.target.port,
+                        tls: conn.io.stream.is_tls(),
+                        application_name: String::new(),
+                        connect_unix_ms: unix_ms(),
+                        pid: conn.cancel.pid,
+                    },
+                    None,
+                ));
                 Box::new(conn)
             }
         };
+        if let Some(listed) = &conn.listed {
+            listed.set_state(ConnState::Active, Some(self.shard));
+        }
         Ok(PooledConn { conn: Some(conn), pool: self.clone(), _permit: permit })
     }
+}
+
+/// One pool as the admin console shows it.
+#[derive(Clone, Debug)]
+pub struct PoolView {
+    pub shard: ShardId,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// The database clients asked for, and the one its connections log in to.
+    pub database: String,
+    pub server_database: String,
+    pub size: usize,
+    /// Connections held by clients (checked out), and on the shelf.
+    pub active: usize,
+    pub idle: usize,
+    /// Checkouts waiting for a place.
+    pub waiting: usize,
+    pub lanes: usize,
+    pub stats: StatsSnapshot,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -335,6 +387,8 @@ pub struct Pools {
     tls: Option<Arc<ServerTls>>,
     pools: RwLock<HashMap<PoolKey, ServerPool>>,
     limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
+    /// Every open server connection (the admin console's SHOW SERVERS).
+    pub servers: Arc<ConnRegistry>,
 }
 
 /// The tenant limits in force: the catalog's where it names the tenant, else the file's.
@@ -357,7 +411,13 @@ impl Pools {
             let catalog = directory.topology().limits().clone();
             Arc::new(LimitsInForce { file: file.clone(), catalog }) as Arc<dyn LimitSource>
         });
-        Self { config, tls: tls.map(Arc::new), pools: RwLock::new(HashMap::new()), limits }
+        Self {
+            config,
+            tls: tls.map(Arc::new),
+            pools: RwLock::new(HashMap::new()),
+            limits,
+            servers: Arc::default(),
+        }
     }
 
     /// Closes the idle connections that have sat in their pools past
@@ -391,13 +451,17 @@ impl Pools {
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = &pool.0;
+        let asked = Instant::now();
         let waited_ms = self.config.proxy.checkout_timeout_ms;
         let taken = pool.gate.acquire(tenant, self.config.proxy.checkout_timeout()).await;
         let permit = taken.map_err(|e| match e {
             GateError::Timeout => CheckoutError::Exhausted { shard, size: pool.gate.size(), waited_ms },
             GateError::Closed => CheckoutError::Closed { shard },
         })?;
-        pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })
+        let conn =
+            pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
+        pool.stats.checkout(asked.elapsed().as_micros() as u64);
+        Ok(conn)
     }
 
     /// A connection from `pool` if one can be had without waiting (an idle one, or room
@@ -415,8 +479,10 @@ impl Pools {
             Ok(None) => return Ok(None),
             Err(_) => return Err(CheckoutError::Closed { shard }),
         };
+        let asked = Instant::now();
         let conn =
             pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
+        pool.stats.checkout(asked.elapsed().as_micros() as u64);
         Ok(Some(conn))
     }
 
@@ -444,9 +510,48 @@ impl Pools {
             max_prepared: self.config.proxy.max_prepared_statements,
         };
         let gate = ShareGate::new(user.pool_size, self.config.proxy.fair_share, self.limits.clone());
-        let pool = ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms);
+        let listed = (self.servers.clone(), shard);
+        let pool =
+            ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms, listed);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
+    }
+
+    /// Every pool as it is now, for the admin console and the metrics.
+    pub fn snapshot(&self) -> Vec<PoolView> {
+        let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
+        let mut views: Vec<PoolView> = pools
+            .iter()
+            .map(|(key, pool)| {
+                let p = &pool.0;
+                let idle = p.lock_shelf().len();
+                let held = p.gate.size().saturating_sub(p.gate.free());
+                PoolView {
+                    shard: key.shard,
+                    host: key.host.clone(),
+                    port: key.port,
+                    user: key.user.clone(),
+                    database: key.database.clone(),
+                    server_database: p.target.database.clone(),
+                    size: p.gate.size(),
+                    active: held,
+                    idle,
+                    waiting: p.gate.waiting(),
+                    lanes: p.lock_lanes().len(),
+                    stats: p.stats.snapshot(),
+                }
+            })
+            .collect();
+        views.sort_by(|a, b| {
+            (a.shard, &a.host, a.port, &a.user, &a.database).cmp(&(
+                b.shard,
+                &b.host,
+                b.port,
+                &b.user,
+                &b.database,
+            ))
+        });
+        views
     }
 
     /// Closes the pools of nodes for which `keep(shard, host, port, dbname)` says no
@@ -507,6 +612,7 @@ mod tests {
             pool_mode: None,
             allow_tenant_switch: None,
             target: None,
+            admin: false,
         };
         let node = |port| NodeConfig {
             host: "127.0.0.1".into(),

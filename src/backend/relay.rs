@@ -109,6 +109,7 @@ impl ServerConn {
                 on_refused(self, &refused, out);
             }
             if let Some(status) = fx.ready {
+                self.count_request(fx.request_us, fx.xact_us, notes.client_error);
                 break RelayStop::Ready { status, changes: fx.changes_done };
             }
         };

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
@@ -98,6 +99,10 @@ pub struct Effects {
     /// The server now skips messages until a Sync that nobody else will send: pgtenant
     /// must send one (see `on_error`).
     pub send_sync: bool,
+    /// With `ready`: how long the server took over the request (µs), and over the
+    /// transaction it ended, when it ended one.
+    pub request_us: u64,
+    pub xact_us: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -111,6 +116,10 @@ pub struct ResponseQueue {
     skipped_prepares: Vec<u64>,
     /// An extended-protocol COPY FROM STDIN is open on the server.
     copy_in: CopyIn,
+    /// Since when the server has had a request to answer, and since when the
+    /// transaction it is in began (for the pool's statistics).
+    request_since: Option<Instant>,
+    xact_since: Option<Instant>,
 }
 
 /// The state of an extended-protocol COPY FROM STDIN, for the Syncs the client sent
@@ -132,6 +141,11 @@ enum CopyIn {
 impl ResponseQueue {
     #[inline]
     pub fn push(&mut self, p: Pending) {
+        if self.request_since.is_none() {
+            let now = Instant::now();
+            self.request_since = Some(now);
+            self.xact_since.get_or_insert(now);
+        }
         if self.skipping_until_sync {
             self.push_while_skipping(p);
         } else {
@@ -261,6 +275,19 @@ impl ResponseQueue {
         }
     }
 
+    /// Notes how long the request just answered took, and its transaction if it ended.
+    fn time_request(&mut self, status: Option<TxStatus>, fx: &mut Effects) {
+        let now = Instant::now();
+        let micros =
+            |since: Option<Instant>| since.map_or(0, |s| now.saturating_duration_since(s).as_micros() as u64);
+        fx.request_us = micros(self.request_since);
+        if status == Some(TxStatus::Idle) {
+            fx.xact_us = Some(micros(self.xact_since.take()));
+        }
+        // A request sent behind it (pipelined) is in the server's hands from now on.
+        self.request_since = self.awaits_server().then_some(now);
+    }
+
     /// Handles one server message (`raw`: tag, length and body): appends what the
     /// client should see to `out`.
     pub fn on_server_message(&mut self, tag: u8, raw: &[u8], out: &mut BytesMut) -> Effects {
@@ -285,6 +312,7 @@ impl ResponseQueue {
                         out.extend_from_slice(raw);
                         fx.ready = status;
                         fx.changes_done = changes;
+                        self.time_request(status, &mut fx);
                     }
                     Some(Pending::Injected { reply: Reply::Sync | Reply::Query, .. }) => {}
                     _ => fx.desync = true,

@@ -38,6 +38,9 @@ pub enum Command {
         /// (`[health] auto_promote`), instead of leaving it to you.
         #[arg(long)]
         auto_promote: bool,
+        /// Port of the HTTP endpoints (`/metrics`, `/healthz`, `/readyz`); 0 turns them off.
+        #[arg(long, default_value_t = 9930)]
+        http_port: u16,
         /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
         #[arg(long, default_value_t = 0)]
         workers: usize,

@@ -45,6 +45,26 @@ pub struct Config {
     pub snowflake: SnowflakeConfig,
     #[serde(default)]
     pub health: HealthConfig,
+    #[serde(default)]
+    pub observe: ObserveConfig,
+}
+
+/// What operators see besides the admin console.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ObserveConfig {
+    /// The HTTP port for `/metrics`, `/healthz` and `/readyz` (off unless set).
+    pub listen: Option<SocketAddr>,
+    /// Log lines as text (the default) or as JSON objects, one per line.
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// Health checks of every shard node, and what a shard does while it has no primary.
@@ -469,6 +489,9 @@ pub struct UserConfig {
     /// (`pgtenant.target` at login): `primary` (the default), `prefer-replica` or `replica`.
     #[serde(default)]
     pub target: Option<ReadTarget>,
+    /// May use the admin console (the virtual database `pgtenant`).
+    #[serde(default)]
+    pub admin: bool,
 }
 
 /// Where a session's reads may go, as libpq's `target_session_attrs`: all to the

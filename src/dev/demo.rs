@@ -14,6 +14,9 @@ use crate::config::{
 
 pub const DEMO_USER: &str = "app";
 pub const DEMO_PASSWORD: &str = "app";
+/// The admin console login `pgtenant dev` adds (`psql -d pgtenant`).
+pub const ADMIN_USER: &str = "admin";
+pub const ADMIN_PASSWORD: &str = "admin";
 pub const DEMO_DATABASE: &str = "app";
 
 /// The demo tenants and where they live: (tenant, shard).
@@ -36,18 +39,34 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         },
         tls: tls_dir.map(|d| TlsConfig { cert: d.join("server.crt"), key: d.join("server.key") }),
         server_tls: ServerTlsConfig::default(),
-        users: vec![UserConfig {
-            name: DEMO_USER.into(),
-            password: Some(DEMO_PASSWORD.into()),
-            scram_secret: None,
-            auth: AuthMethod::ScramSha256,
-            server_user: None,
-            server_password: None,
-            pool_size: 20,
-            pool_mode: None,
-            allow_tenant_switch: None,
-            target: None,
-        }],
+        users: vec![
+            UserConfig {
+                name: DEMO_USER.into(),
+                password: Some(DEMO_PASSWORD.into()),
+                scram_secret: None,
+                auth: AuthMethod::ScramSha256,
+                server_user: None,
+                server_password: None,
+                pool_size: 20,
+                pool_mode: None,
+                allow_tenant_switch: None,
+                target: None,
+                admin: false,
+            },
+            UserConfig {
+                name: ADMIN_USER.into(),
+                password: Some(ADMIN_PASSWORD.into()),
+                scram_secret: None,
+                auth: AuthMethod::ScramSha256,
+                server_user: None,
+                server_password: None,
+                pool_size: 20,
+                pool_mode: None,
+                allow_tenant_switch: None,
+                target: None,
+                admin: true,
+            },
+        ],
         shards: vec![
             ShardConfig { id: 1, nodes: vec![node(shard_ports[0])] },
             ShardConfig { id: 2, nodes: vec![node(shard_ports[1])] },
@@ -61,6 +80,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         catalog: None,
         snowflake: SnowflakeConfig::default(),
         health: Default::default(),
+        observe: Default::default(),
     }
 }
 

@@ -12,13 +12,19 @@ use cluster::{Cluster, find_bin_dir};
 /// The catalog database `dev` creates.
 pub const CATALOG_DATABASE: &str = "pgtenant_catalog";
 
-pub async fn run(
-    dir: PathBuf,
-    port: u16,
-    shard_port: u16,
-    replicas: u16,
-    auto_promote: bool,
-) -> Result<(), String> {
+/// What `pgtenant dev` was asked for (see `cli`).
+pub struct DevOptions {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub shard_port: u16,
+    pub replicas: u16,
+    pub auto_promote: bool,
+    /// 0: no HTTP endpoints.
+    pub http_port: u16,
+}
+
+pub async fn run(options: DevOptions) -> Result<(), String> {
+    let DevOptions { dir, port, shard_port, replicas, auto_promote, http_port } = options;
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
@@ -66,6 +72,9 @@ pub async fn run(
     let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
     let catalog = demo::local_catalog(catalog_port, CATALOG_DATABASE);
     let mut config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
+    if http_port != 0 {
+        config.observe.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port)));
+    }
     if auto_promote {
         config.health.auto_promote = true;
         // pg_promote() is a superuser's; the dev clusters trust local connections.
@@ -106,6 +115,16 @@ async fn serve(config: crate::config::Config) -> Result<(), String> {
         "  psql \"host=127.0.0.1 port={} user=app password=app dbname=app options='-c pgtenant.tenant_id=42'\"",
         proxy.addr.port()
     );
+    println!(
+        "  admin console: psql \"host=127.0.0.1 port={} user={} password={} dbname={}\" -c 'SHOW POOLS'",
+        proxy.addr.port(),
+        demo::ADMIN_USER,
+        demo::ADMIN_PASSWORD,
+        crate::admin::CONSOLE_DATABASE
+    );
+    if let Some(http) = proxy.http_addr {
+        println!("  metrics: http://{http}/metrics (health: /healthz, readiness: /readyz)");
+    }
     println!("  TLS: add sslmode=require. Stop with Ctrl-C.");
     proxy.serve_until_signal().await;
     Ok(())

@@ -18,7 +18,7 @@ pub use crate::config::TenantKey;
 pub use catalog::{CatalogDirectory, CatalogError};
 pub use limits::{MAX_WEIGHT, TenantLimit, TenantLimits};
 pub use static_dir::StaticDirectory;
-pub use topology::{Shard, ShardStatus, Topology, hash_group};
+pub use topology::{PlacementRule, Shard, ShardStatus, Topology, hash_group};
 
 /// A tenant key: a bigint, or text when `proxy.tenant_key = "text"`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -229,6 +229,22 @@ pub trait Directory: Send + Sync {
     /// Changes whenever a cached answer or the topology may have changed: an answer
     /// remembered with the same generation is still the directory's answer.
     fn generation(&self) -> u64;
+
+    /// Where placements come from and how that source is doing, for operators.
+    fn status(&self) -> DirectoryStatus {
+        DirectoryStatus { source: "configuration file".into(), ..DirectoryStatus::default() }
+    }
+}
+
+/// A directory's source and cache, as the admin console and readiness see them.
+#[derive(Clone, Debug, Default)]
+pub struct DirectoryStatus {
+    pub source: String,
+    /// A catalog's change feed (LISTEN) is live (`None`: no catalog).
+    pub listening: Option<bool>,
+    pub cached_tenants: Option<u64>,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 #[cfg(test)]

@@ -27,6 +27,14 @@ impl ShardStatus {
             _ => None,
         }
     }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Draining => "draining",
+            Self::Disabled => "disabled",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -41,6 +49,13 @@ impl Shard {
     pub fn primary(&self) -> Option<&NodeConfig> {
         self.nodes.iter().find(|n| n.role == NodeRole::Primary)
     }
+}
+
+/// A placement rule of the topology.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlacementRule {
+    Range { min: i64, max: i64 },
+    HashGroup(u32),
 }
 
 /// Tenant ranges and hash groups, plus the shards they point to.
@@ -121,21 +136,31 @@ impl Topology {
         self.shards.keys().copied()
     }
 
-    /// Where the rules put a tenant that has no explicit placement.
-    pub fn place_by_rules(&self, tenant: &TenantId) -> Option<ShardId> {
+    /// The tenant ranges `(min, max, shard)`, inclusive, sorted.
+    pub fn ranges(&self) -> &[(i64, i64, ShardId)] {
+        &self.ranges
+    }
+
+    /// Which rule places `tenant` (and where), if one does.
+    pub fn rule_for(&self, tenant: &TenantId) -> Option<(PlacementRule, ShardId)> {
         if let TenantId::Int(key) = *tenant {
             let idx = self.ranges.partition_point(|r| r.0 <= key);
-            if let Some(&(_, max, shard)) = idx.checked_sub(1).map(|i| &self.ranges[i])
+            if let Some(&(min, max, shard)) = idx.checked_sub(1).map(|i| &self.ranges[i])
                 && key <= max
             {
-                return Some(shard);
+                return Some((PlacementRule::Range { min, max }, shard));
             }
         }
         if self.hash_groups.is_empty() {
             return None;
         }
         let group = hash_group(tenant, self.hash_groups.len() as u32);
-        self.hash_groups[group as usize]
+        self.hash_groups[group as usize].map(|shard| (PlacementRule::HashGroup(group), shard))
+    }
+
+    /// Where the rules put a tenant that has no explicit placement.
+    pub fn place_by_rules(&self, tenant: &TenantId) -> Option<ShardId> {
+        self.rule_for(tenant).map(|(_, shard)| shard)
     }
 
     /// A shard that routing may use: it exists and is not disabled.

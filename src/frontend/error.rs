@@ -18,6 +18,10 @@ pub enum FrontendError {
     AuthFailed { user: String },
     #[error("too many clients: pgtenant accepts at most {max}")]
     TooManyClients { max: usize },
+    #[error(
+        "permission denied for database \"{database}\": the admin console is open to users with admin = true only, not to \"{user}\""
+    )]
+    NotAdmin { user: String, database: String },
     #[error("startup did not complete within {ms} ms")]
     StartupTimeout { ms: u64 },
     #[error("{0}")]
@@ -95,6 +99,7 @@ impl FrontendError {
                 | Self::Frame(_)
                 | Self::AuthFailed { .. }
                 | Self::TooManyClients { .. }
+                | Self::NotAdmin { .. }
                 | Self::StartupTimeout { .. }
                 | Self::Unsupported(_)
                 | Self::BadStartupParameter(_)

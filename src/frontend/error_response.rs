@@ -17,6 +17,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Protocol(_) | E::Frame(_) | E::StartupTimeout { .. } => sqlstate::PROTOCOL_VIOLATION,
         E::AuthFailed { .. } => sqlstate::INVALID_PASSWORD,
         E::TooManyClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
+        E::NotAdmin { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Unsupported(_)
         | E::CrossShard { .. }
         | E::PinnedElsewhere { .. }

@@ -21,6 +21,7 @@ use crate::backend::{
     send_cancel, settings_sql, tenant_sql,
 };
 use crate::net::Duplex;
+use crate::observe::conns::{ConnInfo, ConnState, unix_ms};
 use crate::protocol::{self, TxStatus};
 
 /// Serves one accepted connection from startup to the end of its session.
@@ -31,6 +32,7 @@ pub async fn serve_connection(
     shutdown: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
+    let peer = tcp.peer_addr().ok();
     let timeout = shared.config.proxy.startup_timeout();
     let negotiated =
         match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref().map(|t| &t.acceptor))).await {
@@ -49,7 +51,7 @@ pub async fn serve_connection(
     };
     let mut client = Duplex::new(stream);
     let login = tokio::time::timeout(timeout, login(&mut client, &shared, slots, minor, params)).await;
-    let (start, _permit) = match login {
+    let (login, _permit) = match login {
         Ok(Ok(ok)) => ok,
         Ok(Err(err)) => return refuse(client, &err).await,
         Err(_) => {
@@ -60,7 +62,60 @@ pub async fn serve_connection(
             .await;
         }
     };
-    Session::new(shared, client, start).run(shutdown).await;
+    match login {
+        Login::Session(mut start) => {
+            start.peer = peer;
+            Session::new(shared, client, start).run(shutdown).await;
+        }
+        Login::Console { user, pid, application_name } => {
+            let listed = shared.clients.register(
+                ConnInfo {
+                    user: user.name.clone(),
+                    database: crate::admin::CONSOLE_DATABASE.into(),
+                    addr: peer.map_or_else(|| "unix".into(), |p| p.ip().to_string()),
+                    port: peer.map_or(0, |p| p.port()),
+                    tls: client.stream.is_tls(),
+                    application_name,
+                    connect_unix_ms: unix_ms(),
+                    pid,
+                },
+                None,
+            );
+            listed.set_state(ConnState::Active, None);
+            let max_message = shared.config.proxy.max_message_size;
+            let view = shared.admin_view();
+            if let Err(e) = crate::admin::serve_console(&mut client, &view, max_message, shutdown).await {
+                tracing::debug!(error = %e, "admin console session ends");
+            }
+        }
+    }
+}
+
+/// What a login leads to.
+enum Login {
+    Session(SessionStart),
+    /// An admin user's session in the admin console.
+    Console {
+        user: Arc<crate::config::UserConfig>,
+        pid: u32,
+        application_name: String,
+    },
+}
+
+/// The ParameterStatus values the admin console reports: a server's usual set, in
+/// UTF-8 and UTC (the console writes timestamps so).
+fn console_parameters(application_name: &str) -> [(&'static str, String); 9] {
+    [
+        ("server_version", "16.0 (pgtenant admin console)".into()),
+        ("server_encoding", "UTF8".into()),
+        ("client_encoding", "UTF8".into()),
+        ("DateStyle", "ISO, MDY".into()),
+        ("TimeZone", "UTC".into()),
+        ("IntervalStyle", "postgres".into()),
+        ("integer_datetimes", "on".into()),
+        ("standard_conforming_strings", "on".into()),
+        ("application_name", application_name.into()),
+    ]
 }
 
 async fn refuse(mut client: Duplex, err: &FrontendError) {
@@ -89,7 +144,7 @@ async fn login(
     slots: Arc<Semaphore>,
     minor: u16,
     params: Vec<(String, String)>,
-) -> Result<(SessionStart, OwnedSemaphorePermit), FrontendError> {
+) -> Result<(Login, OwnedSemaphorePermit), FrontendError> {
     let config = &shared.config;
     let params = parse_startup(params, &config.proxy.tenant_parameter, config.proxy.tenant_key)?;
     if minor > 0 || !params.protocol_options.is_empty() {
@@ -104,6 +159,26 @@ async fn login(
     let permit = slots
         .try_acquire_owned()
         .map_err(|_| FrontendError::TooManyClients { max: config.proxy.max_clients })?;
+    if crate::admin::is_console(&params.database) {
+        if !user.admin {
+            return Err(FrontendError::NotAdmin { user: user.name.clone(), database: params.database });
+        }
+        let application_name = params
+            .settings
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("application_name"))
+            .map(|(_, v)| match v {
+                SettingValue::Config(v) | SettingValue::Sql(v) => v.clone(),
+            })
+            .unwrap_or_default();
+        let cancel = shared.cancels.register();
+        for (name, value) in console_parameters(&application_name) {
+            protocol::parameter_status_msg(&mut client.wbuf, name, &value);
+        }
+        protocol::backend_key_data(&mut client.wbuf, cancel.pid, cancel.key);
+        protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
+        return Ok((Login::Console { user, pid: cancel.pid, application_name }, permit));
+    }
 
     // The tenant's shard reports the parameters; an unplaced tenant gets its error
     // with its first statement, as a session tenant set later would.
@@ -156,7 +231,15 @@ async fn login(
     protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
     let target = params.target.or(user.target).unwrap_or_default();
     Ok((
-        SessionStart { user, database: params.database, tenant: params.tenant, target, settings, cancel },
+        Login::Session(SessionStart {
+            user,
+            database: params.database,
+            tenant: params.tenant,
+            target,
+            settings,
+            cancel,
+            peer: None,
+        }),
         permit,
     ))
 }

@@ -79,6 +79,15 @@ pub struct Shared {
     /// Blocking threads that may parse long statements at once: half the cores, so
     /// that the runtime's workers keep the rest.
     pub parse_threads: tokio::sync::Semaphore,
+    /// The connected clients (the admin console's SHOW CLIENTS).
+    pub clients: Arc<crate::observe::conns::ConnRegistry>,
+    /// Totals sampled for the console's averages, the console's own requests, and the
+    /// Prometheus recorder of `/metrics`.
+    pub stats_history: crate::admin::StatsHistory,
+    pub console_stats: crate::observe::stats::PoolStats,
+    pub exposition: crate::admin::exposition::Exposition,
+    /// The address the listener is bound to (set once it is).
+    pub local_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Shared {
@@ -108,6 +117,25 @@ impl Shared {
             parse_threads: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             ),
+            clients: Arc::default(),
+            stats_history: Default::default(),
+            console_stats: Default::default(),
+            exposition: Default::default(),
+            local_addr: Default::default(),
+        }
+    }
+
+    /// What the admin console, `/metrics` and `/readyz` read.
+    pub fn admin_view(&self) -> crate::admin::AdminView<'_> {
+        crate::admin::AdminView {
+            config: &self.config,
+            router: &self.router,
+            pools: &self.pools,
+            health: &self.health,
+            clients: &self.clients,
+            history: &self.stats_history,
+            console: &self.console_stats,
+            local_addr: self.local_addr.get().copied(),
         }
     }
 

@@ -83,6 +83,9 @@ pub struct Duplex {
     pub rbuf: BytesMut,
     pub wbuf: BytesMut,
     needs_flush: bool,
+    /// Bytes read and written so far.
+    pub bytes_read: u64,
+    pub bytes_written: u64,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -94,6 +97,8 @@ impl Duplex {
             rbuf: BytesMut::with_capacity(READ_CHUNK),
             wbuf: BytesMut::with_capacity(READ_CHUNK),
             needs_flush: false,
+            bytes_read: 0,
+            bytes_written: 0,
         }
     }
 
@@ -105,6 +110,7 @@ impl Duplex {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                 Poll::Ready(Ok(n)) => {
                     self.wbuf.advance(n);
+                    self.bytes_written += n as u64;
                     self.needs_flush = self.stream.is_tls();
                 }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -124,7 +130,10 @@ impl Duplex {
             }
             match tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.rbuf) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Ok(IoEvent::Closed)),
-                Poll::Ready(Ok(_)) => return Poll::Ready(Ok(IoEvent::Read)),
+                Poll::Ready(Ok(n)) => {
+                    self.bytes_read += n as u64;
+                    return Poll::Ready(Ok(IoEvent::Read));
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {}
             }
@@ -146,6 +155,7 @@ impl Duplex {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             self.wbuf.advance(n);
+            self.bytes_written += n as u64;
         }
         self.stream.flush().await?;
         self.needs_flush = false;

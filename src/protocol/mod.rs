@@ -9,7 +9,7 @@ mod build;
 mod frame;
 mod messages;
 pub mod sqlstate;
-mod values;
+pub mod values;
 
 pub use build::*;
 pub use frame::{Frame, FrameError, StartupPacket, frame_header, read_startup_frame, try_parse_frame};

@@ -10,14 +10,20 @@ pub const INT2_OID: i32 = 21;
 pub const INT4_OID: i32 = 23;
 pub const INT8_OID: i32 = 20;
 pub const TIMESTAMPTZ_OID: i32 = 1184;
+pub const BOOL_OID: i32 = 16;
+pub const FLOAT8_OID: i32 = 701;
 
 /// A result value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Int4(i32),
     Int8(i64),
     /// Unix milliseconds, shown in UTC.
     Timestamptz(i64),
+    Text(String),
+    Bool(bool),
+    Float8(f64),
+    Null,
 }
 
 /// A result column: its name and type.
@@ -36,7 +42,8 @@ impl Column {
         match self.type_oid {
             INT2_OID => 2,
             INT4_OID => 4,
-            INT8_OID | TIMESTAMPTZ_OID => 8,
+            INT8_OID | TIMESTAMPTZ_OID | FLOAT8_OID => 8,
+            BOOL_OID => 1,
             _ => -1, // variable size
         }
     }
@@ -89,23 +96,45 @@ pub fn data_row(buf: &mut BytesMut, values: &[Value], formats: &[i16]) {
     put_message(buf, b'D', |b| {
         b.put_i16(values.len() as i16);
         for (i, v) in values.iter().enumerate() {
+            if *v == Value::Null {
+                b.put_i32(-1);
+                continue;
+            }
             let at = b.len();
             b.put_i32(0);
-            encode(b, *v, is_binary(formats, i));
+            encode(b, v, is_binary(formats, i));
             let len = (b.len() - at - 4) as i32;
             b[at..at + 4].copy_from_slice(&len.to_be_bytes());
         }
     });
 }
 
-fn encode(b: &mut BytesMut, v: Value, binary: bool) {
+fn encode(b: &mut BytesMut, v: &Value, binary: bool) {
     match (v, binary) {
-        (Value::Int4(x), true) => b.put_i32(x),
-        (Value::Int8(x), true) => b.put_i64(x),
-        (Value::Timestamptz(ms), true) => b.put_i64(unix_ms_to_pg_micros(ms)),
-        (Value::Int4(x), false) => b.put_slice(itoa::Buffer::new().format(x).as_bytes()),
-        (Value::Int8(x), false) => b.put_slice(itoa::Buffer::new().format(x).as_bytes()),
-        (Value::Timestamptz(ms), false) => b.put_slice(timestamptz_text(ms).as_bytes()),
+        (Value::Int4(x), true) => b.put_i32(*x),
+        (Value::Int8(x), true) => b.put_i64(*x),
+        (Value::Timestamptz(ms), true) => b.put_i64(unix_ms_to_pg_micros(*ms)),
+        (Value::Bool(x), true) => b.put_u8(*x as u8),
+        (Value::Float8(x), true) => b.put_f64(*x),
+        (Value::Int4(x), false) => b.put_slice(itoa::Buffer::new().format(*x).as_bytes()),
+        (Value::Int8(x), false) => b.put_slice(itoa::Buffer::new().format(*x).as_bytes()),
+        (Value::Timestamptz(ms), false) => b.put_slice(timestamptz_text(*ms).as_bytes()),
+        (Value::Bool(x), false) => b.put_slice(if *x { b"t" } else { b"f" }),
+        // PostgreSQL's shortest exact form; Rust's Display is the same for finite values.
+        (Value::Float8(x), false) => b.put_slice(float8_text(*x).as_bytes()),
+        // Text is the same in both formats.
+        (Value::Text(t), _) => b.put_slice(t.as_bytes()),
+        (Value::Null, _) => {}
+    }
+}
+
+fn float8_text(x: f64) -> String {
+    if x.is_nan() {
+        "NaN".into()
+    } else if x.is_infinite() {
+        if x > 0.0 { "Infinity".into() } else { "-Infinity".into() }
+    } else {
+        x.to_string()
     }
 }
 

@@ -414,6 +414,16 @@ impl Router {
     pub fn routing_version(&self) -> i64 {
         self.directory.version()
     }
+
+    /// The directory's source and cache, for operators.
+    pub fn directory_status(&self) -> crate::directory::DirectoryStatus {
+        self.directory.status()
+    }
+
+    /// Whether `tenant`'s placement is answered from the directory's cache now.
+    pub fn is_cached(&self, tenant: &TenantId) -> bool {
+        self.directory.cached(tenant).is_some()
+    }
 }
 
 fn log_route(route: &Route, why: Why) {

@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod admin;
 mod adversarial;
 mod catalog;
 mod cli;

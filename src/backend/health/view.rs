@@ -369,6 +369,30 @@ impl HealthView {
         Some(fresh[turn % fresh.len()].clone())
     }
 
+    /// How far `node` (a replica that answers) is behind: WAL bytes behind the most
+    /// advanced node of its shard, and time as `replica_of` counts it.
+    pub fn lag_of(&self, shard: &Shard, node: &NodeConfig) -> Option<(u64, u64)> {
+        let nodes = self.read();
+        let key = NodeKey::of(shard.id, node);
+        let Some(NodeState::Up { role: ObservedRole::Replica, lsn, .. }) = nodes.states.get(&key) else {
+            return None;
+        };
+        let newest = shard
+            .nodes
+            .iter()
+            .filter_map(|n| match nodes.states.get(&NodeKey::of(shard.id, n)) {
+                Some(NodeState::Up { lsn, .. }) => Some(*lsn),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(*lsn);
+        let ms = match (nodes.shards.get(&shard.id), nodes.answered_ms.get(&key)) {
+            (Some(wal), Some(at)) => wal.lag_ms(*lsn, *at),
+            _ => 0,
+        };
+        Some((newest.saturating_sub(*lsn), ms))
+    }
+
     /// Whether `shard` has lost its primary and has a replica up that could replace it
     /// (what auto_promote acts on): no node answers as primary on the newest timeline,
     /// the configured primary has been checked (and is not answering), a replica is up.

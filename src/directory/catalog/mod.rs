@@ -15,7 +15,7 @@ use std::time::Duration;
 use cache::{Entry, TenantCache};
 use load::LoadError;
 
-use super::{Directory, DirectoryError, Lookup, Placement, TenantId, TenantKey, Topology};
+use super::{Directory, DirectoryError, DirectoryStatus, Lookup, Placement, TenantId, TenantKey, Topology};
 use crate::config::CatalogConfig;
 
 pub struct CatalogDirectory {
@@ -35,6 +35,11 @@ struct Inner {
     lookups: deadpool_postgres::Pool,
     /// bigint or text keys: which map table is read, and how NOTIFY payloads parse.
     kind: TenantKey,
+    /// Where the catalog is (`host:port/dbname`), for operators.
+    source: String,
+    /// Placements answered from the cache, and asked of the catalog.
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +84,9 @@ impl CatalogDirectory {
             listening: AtomicBool::new(false),
             lookups,
             kind,
+            source: format!("{addr}/{}", config.dbname),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         });
         tokio::spawn(watch::run(Arc::downgrade(&inner), pg, addr));
         Ok(Self { inner })
@@ -165,8 +173,22 @@ impl Inner {
 
 impl Directory for CatalogDirectory {
     fn cached(&self, tenant: &TenantId) -> Option<Result<Placement, DirectoryError>> {
-        let entry = self.inner.cache.get(tenant)?;
+        let Some(entry) = self.inner.cache.get(tenant) else {
+            self.inner.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        self.inner.hits.fetch_add(1, Ordering::Relaxed);
         Some(self.inner.answer(tenant, entry))
+    }
+
+    fn status(&self) -> DirectoryStatus {
+        DirectoryStatus {
+            source: format!("catalog {}", self.inner.source),
+            listening: Some(self.is_listening()),
+            cached_tenants: Some(self.cached_tenants()),
+            cache_hits: self.inner.hits.load(Ordering::Relaxed),
+            cache_misses: self.inner.misses.load(Ordering::Relaxed),
+        }
     }
 
     fn lookup(&self, tenant: &TenantId) -> Lookup<'_> {

@@ -38,6 +38,7 @@ use crate::backend::{Pending, PooledConn, PreparedStatement, ServerPool, Setting
 use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
+use crate::observe::conns::{ConnHandle, ConnInfo, ConnState, unix_ms};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
 use named::NamedStatements;
@@ -61,7 +62,7 @@ enum ClientTx {
 }
 
 /// A named prepared statement of this client.
-struct ClientStatement {
+struct ConnStatement {
     stmt: Arc<PreparedStatement>,
     analysis: Arc<Analysis>,
 }
@@ -108,6 +109,8 @@ pub struct Session {
     /// session, else as at login.
     target: TargetMode,
     login_target: TargetMode,
+    /// This client's line in the admin console's `SHOW CLIENTS`.
+    listed: ConnHandle,
     /// The session tenant before a SET of it at the start of the open transaction,
     /// restored if the transaction does not commit (as a server undoes a SET).
     tenant_before_tx: Option<Option<TenantId>>,
@@ -189,6 +192,8 @@ pub struct SessionStart {
     pub target: TargetMode,
     pub settings: Arc<Settings>,
     pub cancel: CancelKey,
+    /// The client's address, for the admin console.
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 enum Event {
@@ -205,6 +210,19 @@ impl Session {
         let max_message = shared.config.proxy.max_message_size;
         let topology = shared.router.topology();
         let generation = shared.router.generation();
+        let listed = shared.clients.register(
+            ConnInfo {
+                user: start.user.name.clone(),
+                database: start.database.clone(),
+                addr: start.peer.map_or_else(|| "unix".into(), |p| p.ip().to_string()),
+                port: start.peer.map_or(0, |p| p.port()),
+                tls: client.stream.is_tls(),
+                application_name: application_name(&start.settings),
+                connect_unix_ms: unix_ms(),
+                pid: start.cancel.pid,
+            },
+            start.tenant.as_ref().map(ToString::to_string),
+        );
         Self {
             client,
             shared,
@@ -215,6 +233,7 @@ impl Session {
             tenant: start.tenant,
             target: start.target,
             login_target: start.target,
+            listed,
             tenant_before_tx: None,
             startup_settings: start.settings.clone(),
             settings: start.settings,
@@ -487,6 +506,10 @@ impl Session {
     /// Answers a request with an error; `ready` adds the ReadyForQuery a simple query owes.
     fn reply_error(&mut self, err: &FrontendError, ready: bool) {
         tracing::debug!(error = %err, "request refused");
+        if self.server.is_none() {
+            // A checkout that failed left it listed as waiting.
+            self.listed.set_state(ConnState::Idle, None);
+        }
         let mut b = BytesMut::new();
         write_error(&mut b, err);
         if ready {
@@ -498,4 +521,16 @@ impl Session {
         }
         self.reply(b);
     }
+}
+
+/// The `application_name` a client logged in with ("" when none).
+fn application_name(settings: &Settings) -> String {
+    settings
+        .list
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("application_name"))
+        .map(|(_, value)| match value {
+            crate::backend::SettingValue::Config(v) | crate::backend::SettingValue::Sql(v) => v.clone(),
+        })
+        .unwrap_or_default()
 }

@@ -18,6 +18,7 @@ use crate::config::{IsolationMode, NodeConfig, PoolMode};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
+use crate::observe::conns::ConnState;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
     Analysis, NodeTarget, Route, Router, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
@@ -54,6 +55,7 @@ impl Session {
                 tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
                 settings: Some(self.settings.version),
             };
+            self.listed.set_state(ConnState::Waiting, Some(route.shard));
             let replica = match route.target {
                 NodeTarget::Replica { fallback } => match self.checkout_replica(&route, wanted).await? {
                     Some(conn) => Some(conn),
@@ -188,6 +190,7 @@ impl Session {
 
     /// Makes `conn` this client's server for a transaction on `route`.
     pub(super) fn attach(&mut self, conn: PooledConn, route: &Route) {
+        self.listed.set_state(ConnState::Active, Some(route.shard));
         self.cancel.set_target(Some(conn.cancel.clone()));
         self.server = Some(Attached {
             conn,
@@ -479,6 +482,7 @@ impl Session {
         let Some(a) = self.server.take() else {
             return;
         };
+        self.listed.set_state(ConnState::Idle, None);
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.is_reusable() {
             a.conn.discard();

@@ -222,6 +222,7 @@ impl Session {
             self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
         }
         tracing::debug!(?tenant, "session tenant set");
+        self.listed.set_tenant(tenant.as_ref().map(ToString::to_string));
         let before = std::mem::replace(&mut self.tenant, tenant);
         if untouched_tx {
             self.tenant_before_tx.get_or_insert(before);
@@ -236,6 +237,7 @@ impl Session {
             && !committed
         {
             tracing::debug!(tenant = ?before, "session tenant restored: its transaction did not commit");
+            self.listed.set_tenant(before.as_ref().map(ToString::to_string));
             self.tenant = before;
         }
     }

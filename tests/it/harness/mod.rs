@@ -37,6 +37,21 @@ impl Proxy {
         self.running.shutdown().await;
     }
 
+    /// Where the proxy serves `/metrics`, `/healthz`, `/readyz` (`[observe] listen`).
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.running.http_addr
+    }
+
+    /// A libpq connection string to the admin console as the demo's admin user.
+    pub fn admin_conninfo(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={} password={} dbname=pgtenant sslmode=disable",
+            self.addr.port(),
+            demo::ADMIN_USER,
+            demo::ADMIN_PASSWORD
+        )
+    }
+
     /// A libpq connection string; `extra` is appended.
     pub fn conninfo(&self, extra: &str) -> String {
         format!(

@@ -1,0 +1,239 @@
+//! The admin console's protocol loop, once an admin has logged in to the virtual
+//! database: simple queries, and the extended protocol as drivers use it (Parse, Bind,
+//! Describe, Execute, Close, Sync, Flush), every answer built by the proxy. The
+//! statements and portals a client may keep are bounded.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use bytes::BytesMut;
+
+use super::AdminView;
+use super::command::{Command, CommandError, parse};
+use super::show::show;
+use super::table::Table;
+use crate::net::Duplex;
+use crate::protocol::{self, Frame, Severity, TxStatus, sqlstate};
+
+/// Named statements and portals a console client may keep at once.
+const MAX_KEPT: usize = 64;
+
+/// A Bind's portal: its statement's text, the result formats asked for, and the
+/// result once a Describe or Execute computed it.
+struct Portal {
+    sql: String,
+    formats: Vec<i16>,
+    result: Option<Result<Option<Table>, CommandError>>,
+}
+
+#[derive(Default)]
+struct ConsoleState {
+    statements: HashMap<Vec<u8>, String>,
+    portals: HashMap<Vec<u8>, Portal>,
+    /// An extended-protocol message failed: the rest up to Sync is skipped.
+    skipping: bool,
+}
+
+/// Serves the console until the client leaves (or breaks the protocol), or the proxy
+/// shuts down (`shutdown` turns true), which ends it as PostgreSQL ends an idle session.
+pub async fn serve_console(
+    client: &mut Duplex,
+    view: &AdminView<'_>,
+    max_message: usize,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut state = ConsoleState::default();
+    loop {
+        client.flush().await?;
+        let frame = tokio::select! {
+            frame = client.read_frame(max_message) => frame?,
+            _ = async {
+                if shutdown.wait_for(|stop| *stop).await.is_err() {
+                    // No one can stop the proxy any more: serve on.
+                    std::future::pending::<()>().await;
+                }
+            } => {
+                let message = "terminating connection due to administrator command";
+                protocol::error_response(&mut client.wbuf, Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, message);
+                return client.flush().await;
+            }
+        };
+        let Some(frame) = frame else { return Ok(()) };
+        if frame.tag == b'X' {
+            return Ok(());
+        }
+        let mut out = BytesMut::new();
+        if let Err(message) = on_message(&mut state, view, &frame, &mut out).await {
+            protocol::error_response(&mut out, Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, &message);
+            client.wbuf.extend_from_slice(&out);
+            return client.flush().await;
+        }
+        client.wbuf.extend_from_slice(&out);
+    }
+}
+
+/// Runs one statement: its table, `None` for an empty one.
+async fn run(view: &AdminView<'_>, sql: &str) -> Result<Option<Table>, CommandError> {
+    let started = Instant::now();
+    let result = match parse(sql)? {
+        Command::Empty => Ok(None),
+        Command::Show(what) => Ok(Some(show(view, &what).await)),
+    };
+    let us = started.elapsed().as_micros() as u64;
+    view.console.request_done(us, Some(us));
+    result
+}
+
+fn write_error(out: &mut BytesMut, e: &CommandError) {
+    protocol::error_response(out, Severity::Error, e.sqlstate(), &format!("pgtenant admin console: {e}"));
+}
+
+/// Handles one message; `Err` ends the session (a malformed message).
+async fn on_message(
+    state: &mut ConsoleState,
+    view: &AdminView<'_>,
+    frame: &Frame,
+    out: &mut BytesMut,
+) -> Result<(), String> {
+    let body = frame.body();
+    match frame.tag {
+        b'S' => {
+            state.skipping = false;
+            state.portals.remove(&b""[..]);
+            protocol::ready_for_query(out, TxStatus::Idle);
+        }
+        b'H' => {}
+        _ if state.skipping => {}
+        b'Q' => {
+            let sql = protocol::query_text(body).ok_or("Query without terminator")?;
+            let sql = String::from_utf8_lossy(sql);
+            match run(view, &sql).await {
+                Ok(Some(table)) => {
+                    table.describe(out, &[]);
+                    table.write_rows(out, &[]);
+                    protocol::command_complete(out, table.tag());
+                }
+                Ok(None) => protocol::put_message(out, b'I', |_| {}),
+                Err(e) => write_error(out, &e),
+            }
+            protocol::ready_for_query(out, TxStatus::Idle);
+        }
+        b'P' => {
+            let p = protocol::parse_view(body).ok_or("malformed Parse")?;
+            if !p.name.is_empty()
+                && state.statements.len() >= MAX_KEPT
+                && !state.statements.contains_key(p.name)
+            {
+                fail(
+                    state,
+                    out,
+                    sqlstate::PROGRAM_LIMIT_EXCEEDED,
+                    "too many prepared statements (64 at most)",
+                );
+                return Ok(());
+            }
+            state.statements.insert(p.name.to_vec(), String::from_utf8_lossy(p.query).into_owned());
+            protocol::parse_complete(out);
+        }
+        b'B' => {
+            let b = protocol::bind_view(body).ok_or("malformed Bind")?;
+            let Some(sql) = state.statements.get(b.statement).cloned() else {
+                let name = String::from_utf8_lossy(b.statement).into_owned();
+                fail(
+                    state,
+                    out,
+                    sqlstate::INVALID_SQL_STATEMENT_NAME,
+                    &format!("prepared statement \"{name}\" does not exist"),
+                );
+                return Ok(());
+            };
+            if !b.portal.is_empty()
+                && state.portals.len() >= MAX_KEPT
+                && !state.portals.contains_key(b.portal)
+            {
+                fail(state, out, sqlstate::PROGRAM_LIMIT_EXCEEDED, "too many portals (64 at most)");
+                return Ok(());
+            }
+            let formats = protocol::bind_result_formats(b.rest).ok_or("malformed Bind")?;
+            state.portals.insert(b.portal.to_vec(), Portal { sql, formats, result: None });
+            protocol::bind_complete(out);
+        }
+        b'D' => {
+            let (kind, name) = protocol::target_view(body).ok_or("malformed Describe")?;
+            if kind == b'S' {
+                let Some(sql) = state.statements.get(name).cloned() else {
+                    fail(
+                        state,
+                        out,
+                        sqlstate::INVALID_SQL_STATEMENT_NAME,
+                        "prepared statement does not exist",
+                    );
+                    return Ok(());
+                };
+                protocol::parameter_description(out, &[]);
+                match run(view, &sql).await {
+                    Ok(Some(table)) => table.describe(out, &[]),
+                    Ok(None) => protocol::put_message(out, b'n', |_| {}),
+                    Err(e) => {
+                        write_error(out, &e);
+                        state.skipping = true;
+                    }
+                }
+            } else {
+                let Some(portal) = state.portals.get_mut(name) else {
+                    fail(state, out, sqlstate::INVALID_SQL_STATEMENT_NAME, "portal does not exist");
+                    return Ok(());
+                };
+                if portal.result.is_none() {
+                    portal.result = Some(run(view, &portal.sql).await);
+                }
+                match &portal.result {
+                    Some(Ok(Some(table))) => table.describe(out, &portal.formats),
+                    Some(Ok(None)) | None => protocol::put_message(out, b'n', |_| {}),
+                    Some(Err(e)) => {
+                        write_error(out, e);
+                        state.skipping = true;
+                    }
+                }
+            }
+        }
+        b'E' => {
+            let (portal_name, _) = protocol::split_cstr(body).ok_or("malformed Execute")?;
+            let Some(portal) = state.portals.get_mut(portal_name) else {
+                fail(state, out, sqlstate::INVALID_SQL_STATEMENT_NAME, "portal does not exist");
+                return Ok(());
+            };
+            let result = match portal.result.take() {
+                Some(result) => result,
+                None => run(view, &portal.sql).await,
+            };
+            match result {
+                Ok(Some(table)) => {
+                    table.write_rows(out, &portal.formats);
+                    protocol::command_complete(out, table.tag());
+                }
+                Ok(None) => protocol::put_message(out, b'I', |_| {}),
+                Err(e) => {
+                    write_error(out, &e);
+                    state.skipping = true;
+                }
+            }
+        }
+        b'C' => {
+            let (kind, name) = protocol::target_view(body).ok_or("malformed Close")?;
+            if kind == b'S' {
+                state.statements.remove(name);
+            } else {
+                state.portals.remove(name);
+            }
+            protocol::close_complete(out);
+        }
+        tag => return Err(format!("unexpected message type '{}' in the admin console", tag as char)),
+    }
+    Ok(())
+}
+
+fn fail(state: &mut ConsoleState, out: &mut BytesMut, code: &str, message: &str) {
+    protocol::error_response(out, Severity::Error, code, &format!("pgtenant admin console: {message}"));
+    state.skipping = true;
+}

@@ -1,0 +1,140 @@
+//! `/metrics`: every scrape reads the same snapshots as the console and writes them
+//! into this proxy's Prometheus recorder (`metrics` with `metrics-exporter-prometheus`,
+//! a recorder per proxy, used only here), so the data path keeps its plain atomic
+//! counters and never pays for a metrics call. Series are per shard, node, database
+//! and user; never per tenant. The checkout-wait histogram comes from the pools'
+//! fixed buckets, written out after the recorder's text.
+
+use std::fmt::Write;
+
+use metrics::{counter, gauge, with_local_recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+use super::AdminView;
+use super::show::{POOL_USE_CRITICAL, POOL_USE_WARNING, clients_by_state};
+use crate::backend::health::{NodeKey, NodeState, ObservedRole, PrimaryChoice};
+use crate::observe::conns::ConnState;
+use crate::observe::stats::WAIT_BUCKETS_US;
+
+pub struct Exposition {
+    recorder: PrometheusRecorder,
+}
+
+impl Default for Exposition {
+    fn default() -> Self {
+        Self { recorder: PrometheusBuilder::new().build_recorder() }
+    }
+}
+
+impl Exposition {
+    /// The Prometheus text of everything now.
+    pub fn render(&self, view: &AdminView<'_>) -> String {
+        with_local_recorder(&self.recorder, || record(view));
+        let mut text = self.recorder.handle().render();
+        checkout_histogram(view, &mut text);
+        text
+    }
+}
+
+fn record(view: &AdminView<'_>) {
+    for (state, n) in clients_by_state(view) {
+        gauge!("pgtenant_clients", "state" => state).set(n as f64);
+    }
+    let servers = view.pools.servers.rows();
+    for pool in view.pools.snapshot() {
+        let node = format!("{}:{}", pool.host, pool.port);
+        let labels = [
+            ("shard", pool.shard.to_string()),
+            ("node", node.clone()),
+            ("database", pool.database.clone()),
+            ("user", pool.user.clone()),
+        ];
+        let s = pool.stats;
+        counter!("pgtenant_queries_total", &labels).absolute(s.queries);
+        counter!("pgtenant_transactions_total", &labels).absolute(s.xacts);
+        counter!("pgtenant_query_errors_total", &labels).absolute(s.errors);
+        counter!("pgtenant_bytes_to_servers_total", &labels).absolute(s.to_servers);
+        counter!("pgtenant_bytes_from_servers_total", &labels).absolute(s.from_servers);
+        counter!("pgtenant_query_time_microseconds_total", &labels).absolute(s.query_us);
+        counter!("pgtenant_transaction_time_microseconds_total", &labels).absolute(s.xact_us);
+        counter!("pgtenant_checkouts_total", &labels).absolute(s.checkouts);
+        counter!("pgtenant_checkout_wait_microseconds_total", &labels).absolute(s.wait_us);
+        gauge!("pgtenant_pool_size", &labels).set(pool.size as f64);
+        gauge!("pgtenant_pool_waiting", &labels).set(pool.waiting as f64);
+        let ratio = if pool.size > 0 { pool.active as f64 / pool.size as f64 } else { 0.0 };
+        gauge!("pgtenant_pool_use_ratio", &labels).set(ratio);
+        for state in [ConnState::Active, ConnState::Idle] {
+            let n = servers
+                .iter()
+                .filter(|c| {
+                    c.state == state
+                        && c.info.addr == pool.host
+                        && c.info.port == pool.port
+                        && c.info.user == pool.user
+                })
+                .count();
+            gauge!("pgtenant_server_connections", "shard" => pool.shard.to_string(), "node" => node.clone(), "user" => pool.user.clone(), "state" => state.name()).set(n as f64);
+        }
+    }
+    gauge!("pgtenant_pool_use_warning_ratio").set(POOL_USE_WARNING);
+    gauge!("pgtenant_pool_use_critical_ratio").set(POOL_USE_CRITICAL);
+    let topology = view.router.topology();
+    for id in topology.shard_ids() {
+        let Some(shard) = topology.shard(id) else { continue };
+        let has_primary = matches!(view.health.primary_of(shard), PrimaryChoice::Node(_));
+        gauge!("pgtenant_shard_has_primary", "shard" => id.to_string()).set(f64::from(u8::from(has_primary)));
+        for node in &shard.nodes {
+            let labels = [("shard", id.to_string()), ("node", format!("{}:{}", node.host, node.port))];
+            let (up, primary) = match view.health.state(&NodeKey::of(id, node)) {
+                NodeState::Up { role, .. } => (1.0, f64::from(u8::from(role == ObservedRole::Primary))),
+                _ => (0.0, 0.0),
+            };
+            gauge!("pgtenant_node_up", &labels).set(up);
+            gauge!("pgtenant_node_is_primary", &labels).set(primary);
+            if let Some((bytes, ms)) = view.health.lag_of(shard, node) {
+                gauge!("pgtenant_replica_lag_bytes", &labels).set(bytes as f64);
+                gauge!("pgtenant_replica_lag_seconds", &labels).set(ms as f64 / 1000.0);
+            }
+        }
+    }
+    gauge!("pgtenant_routing_version").set(view.router.routing_version() as f64);
+    let status = view.router.directory_status();
+    counter!("pgtenant_directory_cache_hits_total").absolute(status.cache_hits);
+    counter!("pgtenant_directory_cache_misses_total").absolute(status.cache_misses);
+    if let Some(listening) = status.listening {
+        gauge!("pgtenant_catalog_listening").set(f64::from(u8::from(listening)));
+    }
+    gauge!("pgtenant_ready").set(f64::from(u8::from(super::not_ready(view).is_empty())));
+}
+
+/// `pgtenant_checkout_wait_seconds`, per shard and node, from the pools' buckets.
+fn checkout_histogram(view: &AdminView<'_>, out: &mut String) {
+    let name = "pgtenant_checkout_wait_seconds";
+    let _ = writeln!(out, "# HELP {name} Time from asking for a server connection to holding one.");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for pool in view.pools.snapshot() {
+        let labels = format!(
+            "shard=\"{}\",node=\"{}:{}\",database=\"{}\",user=\"{}\"",
+            pool.shard,
+            pool.host,
+            pool.port,
+            escape(&pool.database),
+            escape(&pool.user)
+        );
+        let s = pool.stats;
+        let mut cumulative = 0;
+        for (i, bound) in WAIT_BUCKETS_US.iter().enumerate() {
+            cumulative += s.wait_buckets[i];
+            let le = *bound as f64 / 1e6;
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        cumulative += s.wait_buckets[WAIT_BUCKETS_US.len()];
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", s.wait_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    }
+}
+
+fn escape(label: &str) -> String {
+    label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

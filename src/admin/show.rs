@@ -1,0 +1,776 @@
+//! The console's views, built from snapshots the layers expose (pools, connections,
+//! health, directory), never from their internals. Where PgBouncer has the same
+//! command, the columns keep its names, order and meaning, so that its exporters and
+//! dashboards read them; pgtenant's own columns come after PgBouncer's.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::AdminView;
+use super::command::{HELP, Show};
+use super::table::{Kind, Table, int, opt_text, text};
+use crate::backend::PoolView;
+use crate::backend::health::{NodeKey, NodeState, ObservedRole, PrimaryChoice};
+use crate::config::{HealthConfig, NodeRole, ObserveConfig, PoolMode, ProxyConfig};
+use crate::directory::{PlacementRule, TenantId};
+use crate::observe::conns::{ConnRow, ConnState, unix_ms};
+use crate::observe::stats::StatsSnapshot;
+use crate::protocol::values::Value;
+
+/// The seed's pool-use thresholds (`seeds/003_…`): warning above 70 %, critical above 90 %.
+pub const POOL_USE_WARNING: f64 = 0.7;
+pub const POOL_USE_CRITICAL: f64 = 0.9;
+
+pub async fn show(view: &AdminView<'_>, what: &Show) -> Table {
+    match what {
+        Show::Pools => pools(view),
+        Show::Clients => connections(view, &view.clients.rows(), "C"),
+        Show::Servers => connections(view, &view.pools.servers.rows(), "S"),
+        Show::Stats => stats(view, StatsColumns::Both),
+        Show::StatsTotals => stats(view, StatsColumns::Totals),
+        Show::StatsAverages => stats(view, StatsColumns::Averages),
+        Show::Databases => databases(view),
+        Show::Config => config(view),
+        Show::Version => version(),
+        Show::Lists => lists(view),
+        Show::Users => users(view),
+        Show::Shards => shards(view),
+        Show::Nodes => nodes(view),
+        Show::Tenant(id) => tenant(view, id).await,
+        Show::Routing => routing(view),
+        Show::Lanes => lanes(view),
+        Show::Help => help(),
+    }
+}
+
+fn pool_mode_name(mode: PoolMode) -> &'static str {
+    match mode {
+        PoolMode::Transaction => "transaction",
+        PoolMode::Session => "session",
+    }
+}
+
+/// The console's own "pool", as PgBouncer lists its admin database among the others.
+const CONSOLE_MODE: &str = "statement";
+
+fn pools(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("database", Kind::Text),
+        ("user", Kind::Text),
+        ("cl_active", Kind::Int8),
+        ("cl_waiting", Kind::Int8),
+        ("cl_active_cancel_req", Kind::Int8),
+        ("cl_waiting_cancel_req", Kind::Int8),
+        ("sv_active", Kind::Int8),
+        ("sv_active_cancel", Kind::Int8),
+        ("sv_being_canceled", Kind::Int8),
+        ("sv_idle", Kind::Int8),
+        ("sv_used", Kind::Int8),
+        ("sv_tested", Kind::Int8),
+        ("sv_login", Kind::Int8),
+        ("maxwait", Kind::Int8),
+        ("maxwait_us", Kind::Int8),
+        ("pool_mode", Kind::Text),
+        ("cl_idle", Kind::Int8),
+        ("sv_size", Kind::Int8),
+    ]);
+    #[derive(Default)]
+    struct Pool {
+        cl_active: u64,
+        cl_waiting: u64,
+        cl_idle: u64,
+        sv_active: u64,
+        sv_idle: u64,
+        size: u64,
+        oldest_wait_ms: Option<u64>,
+    }
+    let mut by_key: BTreeMap<(String, String), Pool> = BTreeMap::new();
+    let now = unix_ms();
+    for c in view.clients.rows() {
+        let p = by_key.entry((c.info.database.clone(), c.info.user.clone())).or_default();
+        match c.state {
+            ConnState::Active => p.cl_active += 1,
+            ConnState::Idle => p.cl_idle += 1,
+            ConnState::Waiting => {
+                p.cl_waiting += 1;
+                let waited = now.saturating_sub(c.since_unix_ms);
+                p.oldest_wait_ms = Some(p.oldest_wait_ms.map_or(waited, |w| w.max(waited)));
+            }
+        }
+    }
+    for pool in view.pools.snapshot() {
+        let p = by_key.entry((pool.database.clone(), pool.user.clone())).or_default();
+        p.sv_active += pool.active as u64;
+        p.sv_idle += pool.idle as u64;
+        p.size += pool.size as u64;
+    }
+    for ((database, user), p) in by_key {
+        let mode = if super::is_console(&database) {
+            CONSOLE_MODE
+        } else {
+            let user_mode = view.config.user(&user).and_then(|u| u.pool_mode);
+            pool_mode_name(user_mode.unwrap_or(view.config.proxy.pool_mode))
+        };
+        let wait_ms = p.oldest_wait_ms.unwrap_or(0);
+        t.push(vec![
+            text(database),
+            text(user),
+            int(p.cl_active),
+            int(p.cl_waiting),
+            int(0),
+            int(0),
+            int(p.sv_active),
+            int(0),
+            int(0),
+            int(p.sv_idle),
+            int(0),
+            int(0),
+            int(0),
+            int(wait_ms / 1000),
+            int((wait_ms % 1000) * 1000),
+            text(mode),
+            int(p.cl_idle),
+            int(p.size),
+        ]);
+    }
+    t
+}
+
+/// SHOW CLIENTS (`kind` "C") and SHOW SERVERS ("S").
+fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
+    let mut t = Table::new(&[
+        ("type", Kind::Text),
+        ("user", Kind::Text),
+        ("database", Kind::Text),
+        ("state", Kind::Text),
+        ("addr", Kind::Text),
+        ("port", Kind::Int8),
+        ("local_addr", Kind::Text),
+        ("local_port", Kind::Int8),
+        ("connect_time", Kind::Timestamptz),
+        ("request_time", Kind::Timestamptz),
+        ("wait", Kind::Int8),
+        ("wait_us", Kind::Int8),
+        ("close_needed", Kind::Int8),
+        ("ptr", Kind::Text),
+        ("link", Kind::Text),
+        ("remote_pid", Kind::Int8),
+        ("tls", Kind::Text),
+        ("application_name", Kind::Text),
+        ("prepared_statements", Kind::Int8),
+        ("id", Kind::Int8),
+        ("tenant", Kind::Text),
+        ("shard", Kind::Int8),
+    ]);
+    let now = unix_ms();
+    let (local_addr, local_port) =
+        view.local_addr.map_or((Value::Null, Value::Null), |a| (text(a.ip().to_string()), int(a.port())));
+    for c in rows {
+        let waited_ms = if c.state == ConnState::Waiting { now.saturating_sub(c.since_unix_ms) } else { 0 };
+        t.push(vec![
+            text(kind),
+            text(&c.info.user),
+            text(&c.info.database),
+            text(c.state.name()),
+            text(&c.info.addr),
+            int(c.info.port),
+            if kind == "C" { local_addr.clone() } else { Value::Null },
+            if kind == "C" { local_port.clone() } else { Value::Null },
+            Value::Timestamptz(c.info.connect_unix_ms as i64),
+            Value::Timestamptz(c.request_unix_ms as i64),
+            int(waited_ms / 1000),
+            int((waited_ms % 1000) * 1000),
+            int(0),
+            text(format!("{:x}", c.id)),
+            text(""),
+            int(c.info.pid),
+            text(if c.info.tls { "TLS" } else { "" }),
+            text(&c.info.application_name),
+            int(0),
+            int(c.id),
+            opt_text(c.tenant.clone()),
+            c.shard.map_or(Value::Null, int),
+        ]);
+    }
+    t
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StatsColumns {
+    Both,
+    Totals,
+    Averages,
+}
+
+/// Totals per database (the console's own included, as PgBouncer lists its own).
+pub fn totals_by_database(view: &AdminView<'_>) -> BTreeMap<String, StatsSnapshot> {
+    let mut by_db: BTreeMap<String, StatsSnapshot> = BTreeMap::new();
+    by_db.insert(super::CONSOLE_DATABASE.to_string(), view.console.snapshot());
+    for pool in view.pools.snapshot() {
+        let entry = by_db.entry(pool.database.clone()).or_default();
+        *entry = *entry + pool.stats;
+    }
+    by_db
+}
+
+fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
+    const TOTALS: [&str; 8] = [
+        "xact_count",
+        "query_count",
+        "received",
+        "sent",
+        "xact_time",
+        "query_time",
+        "wait_time",
+        "server_assignment_count",
+    ];
+    const AVERAGES: [&str; 7] =
+        ["xact_count", "query_count", "recv", "sent", "xact_time", "query_time", "wait_time"];
+    let mut names: Vec<String> = vec!["database".into()];
+    match columns {
+        StatsColumns::Both => {
+            names.extend(TOTALS.iter().map(|c| format!("total_{c}")));
+            names.extend(AVERAGES.iter().map(|c| format!("avg_{c}")));
+        }
+        // PgBouncer names these without a prefix, and bytes_received / bytes_sent.
+        StatsColumns::Totals | StatsColumns::Averages => {
+            names.extend(
+                [
+                    "xact_count",
+                    "query_count",
+                    "bytes_received",
+                    "bytes_sent",
+                    "xact_time",
+                    "query_time",
+                    "wait_time",
+                ]
+                .map(String::from),
+            );
+        }
+    }
+    let cols: Vec<(&str, Kind)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), if i == 0 { Kind::Text } else { Kind::Int8 }))
+        .collect();
+    let mut t = Table::new(&cols);
+    for (database, s) in totals_by_database(view) {
+        let totals = [
+            int(s.xacts),
+            int(s.queries),
+            int(s.to_servers),
+            int(s.from_servers),
+            int(s.xact_us),
+            int(s.query_us),
+            int(s.wait_us),
+        ];
+        let a = view.history.averages(&database, &s);
+        let averages = [
+            int(a.xact_count),
+            int(a.query_count),
+            int(a.recv),
+            int(a.sent),
+            int(a.xact_time),
+            int(a.query_time),
+            int(a.wait_time),
+        ];
+        let mut row = vec![text(database)];
+        match columns {
+            StatsColumns::Both => {
+                row.extend(totals);
+                row.push(int(s.checkouts));
+                row.extend(averages);
+            }
+            StatsColumns::Totals => row.extend(totals),
+            StatsColumns::Averages => row.extend(averages),
+        }
+        t.push(row);
+    }
+    t
+}
+
+fn databases(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("name", Kind::Text),
+        ("host", Kind::Text),
+        ("port", Kind::Int8),
+        ("database", Kind::Text),
+        ("force_user", Kind::Text),
+        ("pool_size", Kind::Int8),
+        ("min_pool_size", Kind::Int8),
+        ("reserve_pool", Kind::Int8),
+        ("server_lifetime", Kind::Int8),
+        ("pool_mode", Kind::Text),
+        ("max_connections", Kind::Int8),
+        ("current_connections", Kind::Int8),
+        ("paused", Kind::Int8),
+        ("disabled", Kind::Int8),
+        ("shard", Kind::Int8),
+        ("role", Kind::Text),
+    ]);
+    let console_port = view.local_addr.map_or(Value::Null, |a| int(a.port()));
+    t.push(vec![
+        text(super::CONSOLE_DATABASE),
+        Value::Null,
+        console_port,
+        text(super::CONSOLE_DATABASE),
+        Value::Null,
+        int(0),
+        int(0),
+        int(0),
+        int(0),
+        text(CONSOLE_MODE),
+        int(0),
+        int(0),
+        int(0),
+        int(0),
+        Value::Null,
+        Value::Null,
+    ]);
+    // One row per database and node: pgtenant's "databases" are the client's database
+    // on every node of every shard.
+    /// (database, shard, host, port) -> (server database, pool sizes, connections).
+    type NodeRows = BTreeMap<(String, u16, String, u16), (String, u64, u64)>;
+    let mut rows = NodeRows::new();
+    let topology = view.router.topology();
+    for pool in view.pools.snapshot() {
+        let e = rows.entry((pool.database.clone(), pool.shard, pool.host.clone(), pool.port)).or_insert((
+            pool.server_database.clone(),
+            0,
+            0,
+        ));
+        e.1 += pool.size as u64;
+        e.2 += (pool.active + pool.idle) as u64;
+    }
+    for ((database, shard, host, port), (server_database, size, current)) in rows {
+        let role = topology
+            .shard(shard)
+            .and_then(|s| s.nodes.iter().find(|n| n.host == host && n.port == port))
+            .map_or("gone", |n| if n.role == NodeRole::Primary { "primary" } else { "replica" });
+        t.push(vec![
+            text(format!("{database}@{host}:{port}")),
+            text(host),
+            int(port),
+            text(server_database),
+            Value::Null,
+            int(size),
+            int(0),
+            int(0),
+            int(view.config.proxy.server_lifetime_ms / 1000),
+            text(pool_mode_name(view.config.proxy.pool_mode)),
+            int(0),
+            int(current),
+            int(0),
+            int(0),
+            int(shard),
+            text(role),
+        ]);
+    }
+    t
+}
+
+/// Every setting of `[proxy]`, `[health]` and `[observe]`, flattened to text, with
+/// PgBouncer's names for the ones its exporters read.
+fn config(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("key", Kind::Text),
+        ("value", Kind::Text),
+        ("default", Kind::Text),
+        ("changeable", Kind::Text),
+    ]);
+    let c = view.config;
+    let pool_size = c.users.iter().map(|u| u.pool_size).max().unwrap_or(0);
+    let aliases = [
+        ("max_client_conn", c.proxy.max_clients.to_string(), ProxyConfig::default().max_clients.to_string()),
+        ("max_user_connections", "0".into(), "0".into()),
+        ("default_pool_size", pool_size.to_string(), "20".into()),
+        ("pool_mode", pool_mode_name(c.proxy.pool_mode).into(), "transaction".into()),
+    ];
+    for (key, value, default) in aliases {
+        t.push(vec![text(key), text(value), text(default), text("no")]);
+    }
+    let sections = [
+        ("", flatten(&c.proxy), flatten(&ProxyConfig::default())),
+        ("health.", flatten(&c.health), flatten(&HealthConfig::default())),
+        ("observe.", flatten(&c.observe), flatten(&ObserveConfig::default())),
+    ];
+    for (prefix, values, defaults) in sections {
+        for (key, value) in values {
+            if key.contains("password") || key.contains("secret") || key.contains("key") {
+                continue;
+            }
+            let default = defaults.get(&key).cloned().unwrap_or_default();
+            t.push(vec![text(format!("{prefix}{key}")), text(value), text(default), text("no")]);
+        }
+    }
+    t
+}
+
+fn flatten(section: &impl serde::Serialize) -> BTreeMap<String, String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::to_value(section) else { return BTreeMap::new() };
+    map.into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                serde_json::Value::String(s) => s,
+                serde_json::Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            (k, v)
+        })
+        .collect()
+}
+
+pub fn version_text() -> String {
+    // PgBouncer's exporters look for "PgBouncer x.y.z" in this text.
+    format!("pgtenant {} (PgBouncer 1.23.0 console compatible)", env!("CARGO_PKG_VERSION"))
+}
+
+fn version() -> Table {
+    let mut t = Table::new(&[("version", Kind::Text)]);
+    t.push(vec![text(version_text())]);
+    t
+}
+
+fn lists(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[("list", Kind::Text), ("items", Kind::Int8)]);
+    let pools = view.pools.snapshot();
+    let clients = view.clients.rows();
+    let servers = view.pools.servers.rows();
+    let databases: BTreeSet<&str> = pools.iter().map(|p| p.database.as_str()).collect();
+    let used_servers = servers.iter().filter(|s| s.state == ConnState::Active).count();
+    let counts = [
+        ("databases", databases.len() + 1),
+        ("users", view.config.users.len()),
+        ("pools", pools.len() + 1),
+        ("free_clients", 0),
+        ("used_clients", clients.len()),
+        ("login_clients", 0),
+        ("free_servers", 0),
+        ("used_servers", servers.len()),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+        ("active_servers", used_servers),
+    ];
+    for (list, items) in counts {
+        t.push(vec![text(list), int(items)]);
+    }
+    t
+}
+
+fn users(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("name", Kind::Text),
+        ("pool_size", Kind::Int8),
+        ("pool_mode", Kind::Text),
+        ("max_user_connections", Kind::Int8),
+        ("current_connections", Kind::Int8),
+        ("admin", Kind::Bool),
+        ("target", Kind::Text),
+    ]);
+    let servers = view.pools.servers.rows();
+    for u in &view.config.users {
+        let current = servers.iter().filter(|s| s.info.user == u.server_user()).count();
+        let target = match u.target.unwrap_or_default() {
+            crate::config::ReadTarget::Primary => "primary",
+            crate::config::ReadTarget::PreferReplica => "prefer-replica",
+            crate::config::ReadTarget::Replica => "replica",
+        };
+        t.push(vec![
+            text(&u.name),
+            int(u.pool_size),
+            text(pool_mode_name(u.pool_mode.unwrap_or(view.config.proxy.pool_mode))),
+            int(0),
+            int(current),
+            Value::Bool(u.admin),
+            text(target),
+        ]);
+    }
+    t
+}
+
+/// Pool use of a shard's primary pools: connections held over the pool sizes.
+fn use_level(ratio: f64) -> &'static str {
+    if ratio > POOL_USE_CRITICAL {
+        "critical"
+    } else if ratio > POOL_USE_WARNING {
+        "warning"
+    } else {
+        "ok"
+    }
+}
+
+fn shards(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("shard", Kind::Int8),
+        ("status", Kind::Text),
+        ("nodes", Kind::Int8),
+        ("healthy_nodes", Kind::Int8),
+        ("primary", Kind::Text),
+        ("replicas", Kind::Int8),
+        ("pool_size", Kind::Int8),
+        ("sv_active", Kind::Int8),
+        ("sv_idle", Kind::Int8),
+        ("cl_waiting", Kind::Int8),
+        ("pool_use", Kind::Float8),
+        ("pool_use_level", Kind::Text),
+        ("clients", Kind::Int8),
+        ("active_tenants", Kind::Int8),
+        ("ranges", Kind::Text),
+    ]);
+    let topology = view.router.topology();
+    let pools = view.pools.snapshot();
+    let clients = view.clients.rows();
+    for id in topology.shard_ids() {
+        let Some(shard) = topology.shard(id) else { continue };
+        let healthy = shard
+            .nodes
+            .iter()
+            .filter(|n| matches!(view.health.state(&NodeKey::of(id, n)), NodeState::Up { failing: 0, .. }))
+            .count();
+        let primary = match view.health.primary_of(shard) {
+            PrimaryChoice::Node(n) => format!("{}:{}", n.host, n.port),
+            PrimaryChoice::Holding(reason) => format!("none: {}", reason.describe()),
+        };
+        let mine: Vec<&PoolView> = pools.iter().filter(|p| p.shard == id).collect();
+        let size: usize = mine.iter().map(|p| p.size).sum();
+        let active: usize = mine.iter().map(|p| p.active).sum();
+        let ratio = if size > 0 { active as f64 / size as f64 } else { 0.0 };
+        let on_shard: Vec<&ConnRow> = clients.iter().filter(|c| c.shard == Some(u32::from(id))).collect();
+        let tenants: BTreeSet<&str> = clients
+            .iter()
+            .filter(|c| c.shard == Some(u32::from(id)))
+            .filter_map(|c| c.tenant.as_deref())
+            .collect();
+        let ranges: Vec<String> = topology
+            .ranges()
+            .iter()
+            .filter(|r| r.2 == id)
+            .map(|(min, max, _)| format!("{min}..={max}"))
+            .collect();
+        t.push(vec![
+            int(id),
+            text(shard.status.describe()),
+            int(shard.nodes.len()),
+            int(healthy),
+            text(primary),
+            int(shard.nodes.iter().filter(|n| n.role == NodeRole::Replica).count()),
+            int(size),
+            int(active),
+            int(mine.iter().map(|p| p.idle).sum::<usize>()),
+            int(mine.iter().map(|p| p.waiting).sum::<usize>()),
+            Value::Float8(ratio),
+            text(use_level(ratio)),
+            int(on_shard.len()),
+            int(tenants.len()),
+            text(ranges.join(", ")),
+        ]);
+    }
+    t
+}
+
+fn nodes(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("shard", Kind::Int8),
+        ("host", Kind::Text),
+        ("port", Kind::Int8),
+        ("role", Kind::Text),
+        ("priority", Kind::Int8),
+        ("state", Kind::Text),
+        ("observed_role", Kind::Text),
+        ("timeline", Kind::Int8),
+        ("lsn", Kind::Text),
+        ("lag_bytes", Kind::Int8),
+        ("lag_ms", Kind::Int8),
+        ("serves", Kind::Text),
+    ]);
+    let topology = view.router.topology();
+    for id in topology.shard_ids() {
+        let Some(shard) = topology.shard(id) else { continue };
+        let writer = match view.health.primary_of(shard) {
+            PrimaryChoice::Node(n) => Some((n.host, n.port)),
+            PrimaryChoice::Holding(_) => None,
+        };
+        for node in &shard.nodes {
+            let state = view.health.state(&NodeKey::of(id, node));
+            let (state_name, observed, timeline, lsn) = match state {
+                NodeState::Unchecked => ("unchecked", Value::Null, Value::Null, Value::Null),
+                NodeState::Down => ("down", Value::Null, Value::Null, Value::Null),
+                NodeState::Up { role, timeline, lsn, failing } => (
+                    if failing > 0 { "failing" } else { "up" },
+                    text(if role == ObservedRole::Primary { "primary" } else { "replica" }),
+                    int(timeline),
+                    text(format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)),
+                ),
+            };
+            let lag = view.health.lag_of(shard, node);
+            let serves = if writer.as_ref().is_some_and(|(h, p)| *h == node.host && *p == node.port) {
+                "writes"
+            } else if matches!(state, NodeState::Up { role: ObservedRole::Replica, failing: 0, .. }) {
+                "reads"
+            } else {
+                "nothing"
+            };
+            t.push(vec![
+                int(id),
+                text(&node.host),
+                int(node.port),
+                text(if node.role == NodeRole::Primary { "primary" } else { "replica" }),
+                int(node.priority),
+                text(state_name),
+                observed,
+                timeline,
+                lsn,
+                lag.map_or(Value::Null, |(bytes, _)| int(bytes)),
+                lag.map_or(Value::Null, |(_, ms)| int(ms)),
+                text(serves),
+            ]);
+        }
+    }
+    t
+}
+
+async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
+    let mut t = Table::new(&[
+        ("tenant", Kind::Text),
+        ("placed", Kind::Bool),
+        ("source", Kind::Text),
+        ("shard", Kind::Int8),
+        ("state", Kind::Text),
+        ("node", Kind::Text),
+        ("routing_version", Kind::Int8),
+        ("cached", Kind::Bool),
+        ("clients", Kind::Int8),
+        ("error", Kind::Text),
+    ]);
+    let version = int(view.router.routing_version());
+    let Some(tenant) = TenantId::parse(id, view.config.proxy.tenant_key) else {
+        let error = format!("\"{id}\" is not a tenant id of this proxy's key type");
+        t.push(vec![
+            text(id),
+            Value::Bool(false),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            version,
+            Value::Bool(false),
+            int(0),
+            text(error),
+        ]);
+        return t;
+    };
+    let cached = view.router.is_cached(&tenant);
+    let clients = view.clients.rows().iter().filter(|c| c.tenant.as_deref() == Some(id)).count();
+    let topology = view.router.topology();
+    match view.router.placement(&tenant).await {
+        Ok(placement) => {
+            let source = match topology.rule_for(&tenant) {
+                Some((PlacementRule::Range { min, max }, shard)) if shard == placement.shard => {
+                    format!("range {min}..={max}")
+                }
+                Some((PlacementRule::HashGroup(group), shard)) if shard == placement.shard => {
+                    format!("hash group {group}")
+                }
+                _ => "map".to_string(),
+            };
+            let node = topology.shard(placement.shard).map(|s| match view.health.primary_of(s) {
+                PrimaryChoice::Node(n) => format!("{}:{}", n.host, n.port),
+                PrimaryChoice::Holding(reason) => format!("none: {}", reason.describe()),
+            });
+            t.push(vec![
+                text(id),
+                Value::Bool(true),
+                text(source),
+                int(placement.shard),
+                text(placement.state.describe()),
+                opt_text(node),
+                version,
+                Value::Bool(cached),
+                int(clients),
+                Value::Null,
+            ]);
+        }
+        Err(e) => t.push(vec![
+            text(id),
+            Value::Bool(false),
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            version,
+            Value::Bool(cached),
+            int(clients),
+            text(e.to_string()),
+        ]),
+    }
+    t
+}
+
+fn routing(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("routing_version", Kind::Int8),
+        ("source", Kind::Text),
+        ("catalog_listening", Kind::Bool),
+        ("cached_tenants", Kind::Int8),
+        ("cache_hits", Kind::Int8),
+        ("cache_misses", Kind::Int8),
+        ("cache_hit_rate", Kind::Float8),
+        ("shards", Kind::Int8),
+    ]);
+    let status = view.router.directory_status();
+    let asked = status.cache_hits + status.cache_misses;
+    let rate = if asked > 0 { Value::Float8(status.cache_hits as f64 / asked as f64) } else { Value::Null };
+    t.push(vec![
+        int(view.router.routing_version()),
+        text(status.source),
+        status.listening.map_or(Value::Null, Value::Bool),
+        status.cached_tenants.map_or(Value::Null, int),
+        int(status.cache_hits),
+        int(status.cache_misses),
+        rate,
+        int(view.router.topology().shard_ids().count()),
+    ]);
+    t
+}
+
+fn lanes(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[
+        ("shard", Kind::Int8),
+        ("host", Kind::Text),
+        ("port", Kind::Int8),
+        ("user", Kind::Text),
+        ("database", Kind::Text),
+        ("lanes", Kind::Int8),
+        ("pipeline_depth", Kind::Int8),
+    ]);
+    for pool in view.pools.snapshot() {
+        t.push(vec![
+            int(pool.shard),
+            text(&pool.host),
+            int(pool.port),
+            text(&pool.user),
+            text(&pool.database),
+            int(pool.lanes),
+            int(view.config.proxy.pipeline_depth),
+        ]);
+    }
+    t
+}
+
+fn help() -> Table {
+    let mut t = Table::new(&[("command", Kind::Text), ("shows", Kind::Text)]);
+    for (command, shows) in HELP {
+        t.push(vec![text(*command), text(*shows)]);
+    }
+    t
+}
+
+/// Client counts per state, for the metrics.
+pub fn clients_by_state(view: &AdminView<'_>) -> HashMap<&'static str, u64> {
+    let mut counts = HashMap::from([("active", 0), ("idle", 0), ("waiting", 0)]);
+    for c in view.clients.rows() {
+        *counts.entry(c.state.name()).or_default() += 1;
+    }
+    counts
+}

@@ -1,0 +1,215 @@
+//! Open connections, as the admin console lists them: clients (`SHOW CLIENTS`, the
+//! client counts of `SHOW POOLS`) and server connections (`SHOW SERVERS`), one
+//! registry each. Who each is, and what it is doing now: its owner (a session, a
+//! server connection) holds the entry and updates its state with relaxed atomic stores
+//! at the moments it changes (waiting, active, idle); dropping the handle removes it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What a connection is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    /// A client between transactions, holding no server; a server in its pool.
+    Idle = 0,
+    /// A client waiting for a server connection (a pool's place, a primary after a
+    /// failover).
+    Waiting = 1,
+    /// A client holding a server connection; a server held by a client.
+    Active = 2,
+}
+
+impl ConnState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => ConnState::Waiting,
+            2 => ConnState::Active,
+            _ => ConnState::Idle,
+        }
+    }
+
+    /// PgBouncer's words (`cl_idle`, `cl_waiting`, `cl_active`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnState::Idle => "idle",
+            ConnState::Waiting => "waiting",
+            ConnState::Active => "active",
+        }
+    }
+}
+
+/// What is fixed at login.
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    pub user: String,
+    pub database: String,
+    pub addr: String,
+    pub port: u16,
+    pub tls: bool,
+    pub application_name: String,
+    pub connect_unix_ms: u64,
+    /// A client: the process id pgtenant gave it (its cancel key's); a server: its
+    /// backend's.
+    pub pid: u32,
+}
+
+/// What changes while the client is connected.
+#[derive(Debug)]
+struct Live {
+    state: AtomicU8,
+    /// The shard it holds or waits for, or belongs to (`u32::MAX`: none).
+    shard: AtomicU32,
+    /// When its current state began (unix ms).
+    since_unix_ms: AtomicU64,
+    /// When it last sent a request (unix ms).
+    request_unix_ms: AtomicU64,
+    /// The session tenant, changed only by its SET/RESET (rare).
+    tenant: Mutex<Option<String>>,
+}
+
+struct Entry {
+    info: ConnInfo,
+    live: Arc<Live>,
+}
+
+/// Every open connection of one kind, by id.
+#[derive(Default)]
+pub struct ConnRegistry {
+    next_id: AtomicU64,
+    entries: Mutex<BTreeMap<u64, Entry>>,
+}
+
+/// A connection's entry: updates it, removes it when dropped.
+pub struct ConnHandle {
+    id: u64,
+    live: Arc<Live>,
+    registry: Arc<ConnRegistry>,
+}
+
+/// One connection as listed.
+#[derive(Clone, Debug)]
+pub struct ConnRow {
+    pub id: u64,
+    pub info: ConnInfo,
+    pub state: ConnState,
+    pub shard: Option<u32>,
+    pub since_unix_ms: u64,
+    pub request_unix_ms: u64,
+    pub tenant: Option<String>,
+}
+
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl ConnRegistry {
+    pub fn register(self: &Arc<Self>, info: ConnInfo, tenant: Option<String>) -> ConnHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = unix_ms();
+        let live = Arc::new(Live {
+            state: AtomicU8::new(ConnState::Idle as u8),
+            shard: AtomicU32::new(u32::MAX),
+            since_unix_ms: AtomicU64::new(now),
+            request_unix_ms: AtomicU64::new(info.connect_unix_ms),
+            tenant: Mutex::new(tenant),
+        });
+        self.lock().insert(id, Entry { info, live: live.clone() });
+        ConnHandle { id, live, registry: self.clone() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every client, by id.
+    pub fn rows(&self) -> Vec<ConnRow> {
+        self.lock()
+            .iter()
+            .map(|(id, e)| {
+                let shard = e.live.shard.load(Ordering::Relaxed);
+                ConnRow {
+                    id: *id,
+                    info: e.info.clone(),
+                    state: ConnState::from_u8(e.live.state.load(Ordering::Relaxed)),
+                    shard: (shard != u32::MAX).then_some(shard),
+                    since_unix_ms: e.live.since_unix_ms.load(Ordering::Relaxed),
+                    request_unix_ms: e.live.request_unix_ms.load(Ordering::Relaxed),
+                    tenant: e.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                }
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ConnHandle {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The client now does `state` (on `shard`, when it waits for or holds one).
+    #[inline]
+    pub fn set_state(&self, state: ConnState, shard: Option<u16>) {
+        if self.live.state.swap(state as u8, Ordering::Relaxed) != state as u8 {
+            self.live.since_unix_ms.store(unix_ms(), Ordering::Relaxed);
+        }
+        self.live.shard.store(shard.map_or(u32::MAX, u32::from), Ordering::Relaxed);
+    }
+
+    /// The client sent a request now.
+    #[inline]
+    pub fn request_at(&self, unix_ms: u64) {
+        self.live.request_unix_ms.store(unix_ms, Ordering::Relaxed);
+    }
+
+    pub fn set_tenant(&self, tenant: Option<String>) {
+        *self.live.tenant.lock().unwrap_or_else(|p| p.into_inner()) = tenant;
+    }
+}
+
+impl Drop for ConnHandle {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(user: &str) -> ConnInfo {
+        ConnInfo {
+            user: user.into(),
+            database: "app".into(),
+            addr: "127.0.0.1".into(),
+            port: 5000,
+            tls: false,
+            application_name: String::new(),
+            connect_unix_ms: 1,
+            pid: 7,
+        }
+    }
+
+    #[test]
+    fn clients_are_listed_with_their_state_until_their_handle_drops() {
+        let registry = Arc::new(ConnRegistry::default());
+        let a = registry.register(info("a"), Some("7".into()));
+        let b = registry.register(info("b"), None);
+        b.set_state(ConnState::Waiting, Some(2));
+        let rows = registry.rows();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].state, rows[0].tenant.as_deref()), (ConnState::Idle, Some("7")));
+        assert_eq!((rows[1].state, rows[1].shard), (ConnState::Waiting, Some(2)));
+        drop(a);
+        assert_eq!(registry.rows().iter().map(|r| r.id).collect::<Vec<_>>(), vec![b.id()]);
+    }
+}

@@ -1,0 +1,250 @@
+//! The admin console and the HTTP endpoints (issue 24): SHOW commands through psql
+//! (simple protocol) and tokio-postgres (extended protocol, binary results) return
+//! typed rows that match what the test did; a non-admin is refused; `/metrics` parses
+//! as Prometheus text and moves with traffic; a real PgBouncer exporter (PyPI's
+//! prometheus-pgbouncer-exporter) scrapes the console and reports it up.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::harness::clusters::free_port;
+use crate::harness::{Proxy, connect, eventually, sqlstate, start_proxy, stdout};
+
+async fn start() -> Proxy {
+    start_proxy(|c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await
+}
+
+/// `GET path` on the proxy's HTTP port: status code and body.
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("HTTP port");
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn show_commands_answer_typed_rows_that_match_the_traffic() {
+    let proxy = start().await;
+    // Three application clients: two of tenant 7 (shard 1), one of tenant 1001 (shard 2).
+    let a = proxy.connect(Some(7)).await;
+    let b = proxy.connect(Some(7)).await;
+    let c = proxy.connect(Some(1001)).await;
+    for client in [&a, &b, &c] {
+        client.simple_query("SELECT 1").await.unwrap();
+    }
+    for _ in 0..10 {
+        a.query_one("SELECT $1::int8", &[&1i64]).await.unwrap();
+    }
+
+    let admin = connect(&proxy.admin_conninfo()).await.expect("an admin reaches the console");
+    // Extended protocol, binary results: typed columns.
+    let clients = admin.query("SHOW CLIENTS", &[]).await.unwrap();
+    let apps: Vec<_> = clients.iter().filter(|r| r.get::<_, String>("database") == "app").collect();
+    assert_eq!(apps.len(), 3, "three application clients");
+    let tenant_7: Vec<_> =
+        apps.iter().filter(|r| r.get::<_, Option<String>>("tenant").as_deref() == Some("7")).collect();
+    assert_eq!(tenant_7.len(), 2);
+    assert!(apps.iter().all(|r| r.get::<_, i64>("port") > 0 && r.get::<_, String>("user") == "app"));
+    assert!(apps.iter().all(|r| r.get::<_, String>("state") == "idle"), "between transactions");
+    let consoles = clients.iter().filter(|r| r.get::<_, String>("database") == "pgtenant").count();
+    assert_eq!(consoles, 1, "the console client lists itself");
+
+    let stats = admin.query("SHOW STATS", &[]).await.unwrap();
+    let app = stats.iter().find(|r| r.get::<_, String>("database") == "app").expect("a row for app");
+    assert!(app.get::<_, i64>("total_query_count") >= 13, "13 requests at least");
+    assert!(app.get::<_, i64>("total_xact_count") >= 13);
+    assert!(app.get::<_, i64>("total_received") > 0 && app.get::<_, i64>("total_sent") > 0);
+    assert!(app.get::<_, i64>("total_query_time") > 0);
+
+    let tenant = admin.query_one("SHOW TENANT 1001", &[]).await.unwrap();
+    assert_eq!(tenant.get::<_, i64>("shard"), 2);
+    assert_eq!(tenant.get::<_, String>("source"), "range 1001..=2000");
+    assert!(tenant.get::<_, bool>("placed"));
+    assert_eq!(tenant.get::<_, i64>("clients"), 1);
+    let mapped = admin.query_one("SHOW TENANT 42", &[]).await.unwrap();
+    assert_eq!((mapped.get::<_, i64>("shard"), mapped.get::<_, String>("source")), (2, "map".to_string()));
+    let unplaced = admin.query_one("SHOW TENANT 999999", &[]).await.unwrap();
+    assert!(!unplaced.get::<_, bool>("placed"));
+    assert!(unplaced.get::<_, String>("error").contains("not placed"));
+
+    let shards = admin.query("SHOW SHARDS", &[]).await.unwrap();
+    assert_eq!(shards.iter().map(|r| r.get::<_, i64>("shard")).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(shards.iter().all(|r| r.get::<_, String>("status") == "active"));
+    let nodes = admin.query("SHOW NODES", &[]).await.unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.iter().all(|r| r.get::<_, String>("serves") == "writes"));
+
+    let pools = admin.query("SHOW POOLS", &[]).await.unwrap();
+    let app_pool = pools.iter().find(|r| r.get::<_, String>("database") == "app").expect("the app pool");
+    assert_eq!(app_pool.get::<_, i64>("cl_idle"), 3);
+    assert!(app_pool.get::<_, i64>("sv_idle") >= 2, "a connection per shard at least");
+    assert_eq!(app_pool.get::<_, String>("pool_mode"), "transaction");
+
+    let config = admin.query("SHOW CONFIG", &[]).await.unwrap();
+    let max_client_conn = config.iter().find(|r| r.get::<_, String>("key") == "max_client_conn").unwrap();
+    assert_eq!(max_client_conn.get::<_, String>("value"), proxy.config.proxy.max_clients.to_string());
+    assert!(!config.iter().any(|r| r.get::<_, String>("key").contains("password")), "no secrets");
+    let version: String = admin.query_one("SHOW VERSION", &[]).await.unwrap().get(0);
+    assert!(version.starts_with("pgtenant ") && version.contains("PgBouncer 1."), "{version}");
+
+    // Simple protocol through psql, an unknown command and a not-yet command.
+    let out = Command::new("psql")
+        .args(["-X", "-A", "-t", "-d", &proxy.admin_conninfo(), "-c", "SHOW LISTS", "-c", "show databases;"])
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("used_clients|5"), "three applications, this console and psql's: {text}");
+    assert!(text.contains("pgtenant||"), "the console's own database row: {text}");
+    let e = admin.simple_query("SHOW NOTHING").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42704");
+    let e = admin.simple_query("PAUSE").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "0A000");
+    assert_eq!(
+        admin.query("SHOW LANES", &[]).await.unwrap().len(),
+        pools_on_app(&admin).await,
+        "a row per pool"
+    );
+    proxy.shutdown().await;
+}
+
+async fn pools_on_app(admin: &tokio_postgres::Client) -> usize {
+    admin.query("SHOW DATABASES", &[]).await.unwrap().len() - 1
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_admin_users_reach_the_console() {
+    let proxy = start().await;
+    let conninfo = format!("host=127.0.0.1 port={} user=app password=app dbname=pgtenant", proxy.addr.port());
+    let e = connect(&conninfo).await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42501");
+    let wrong = proxy.admin_conninfo().replace("password=admin", "password=nope");
+    assert_eq!(sqlstate(&connect(&wrong).await.unwrap_err()), "28P01");
+    // PgBouncer's name for the console works too.
+    let alias =
+        connect(&proxy.admin_conninfo().replace("dbname=pgtenant", "dbname=pgbouncer")).await.unwrap();
+    let rows = alias.simple_query("SHOW VERSION").await.unwrap();
+    let rows = rows.iter().filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_))).count();
+    assert_eq!(rows, 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_parse_as_prometheus_text_and_move_with_traffic() {
+    let proxy = start().await;
+    let http = proxy.http_addr().expect("the HTTP port is on");
+    assert_eq!(http_get(http, "/healthz").await.0, 200);
+    let ready =
+        eventually(Duration::from_secs(5), || async { http_get(http, "/readyz").await.0 == 200 }).await;
+    assert!(ready.is_some(), "ready once the shards' primaries are checked");
+    assert_eq!(http_get(http, "/nothing").await.0, 404);
+    let client = proxy.connect(Some(7)).await;
+    client.simple_query("SELECT 1").await.unwrap();
+    let before = queries_on_shard_1(&http_get(http, "/metrics").await.1);
+    for _ in 0..5 {
+        client.simple_query("SELECT 1").await.unwrap();
+    }
+    let (status, body) = http_get(http, "/metrics").await;
+    assert_eq!(status, 200);
+    assert_eq!(queries_on_shard_1(&body) - before, 5.0, "five more queries on shard 1");
+    // A real Prometheus text parser reads all of it.
+    let parsed = python(
+        "import sys\nfrom prometheus_client.parser import text_string_to_metric_families as p\n\
+         names = {f.name for f in p(sys.stdin.read())}\nprint(len(names))\n\
+         assert 'pgtenant_checkout_wait_seconds' in names, names\nassert 'pgtenant_node_up' in names",
+        &body,
+    );
+    assert!(parsed.trim().parse::<u32>().unwrap_or(0) > 10, "{parsed}");
+    proxy.shutdown().await;
+}
+
+/// `pgtenant_queries_total` summed over shard 1's series.
+fn queries_on_shard_1(body: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with("pgtenant_queries_total{") && l.contains("shard=\"1\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn python(script: &str, stdin: &str) -> String {
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child.stdin.take().unwrap().write_all_sync(stdin.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "python failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+trait WriteAllSync {
+    fn write_all_sync(self, bytes: &[u8]);
+}
+
+impl WriteAllSync for std::process::ChildStdin {
+    fn write_all_sync(mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.write_all(bytes).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pgbouncer_exporter_scrapes_the_console() {
+    let proxy = start().await;
+    let client = proxy.connect(Some(7)).await;
+    client.simple_query("SELECT 1").await.unwrap();
+    let port = free_port();
+    let dir = tempdir();
+    let config = dir.join("exporter.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "exporter_host: 127.0.0.1\nexporter_port: {port}\npgbouncers:\n  - dsn: postgresql://admin:admin@127.0.0.1:{}/pgtenant\n",
+            proxy.addr.port()
+        ),
+    )
+    .unwrap();
+    let mut exporter = Command::new("pgbouncer-exporter")
+        .args(["--config", config.to_str().unwrap(), "--log-level", "ERROR"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("pgbouncer-exporter (PyPI prometheus-pgbouncer-exporter)");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let scraped = eventually(Duration::from_secs(20), || async move {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+            && http_get(addr, "/metrics").await.1.contains("pgbouncer_up")
+    })
+    .await;
+    let body = if scraped.is_some() { http_get(addr, "/metrics").await.1 } else { String::new() };
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+    assert!(scraped.is_some(), "the exporter serves its metrics");
+    assert!(body.lines().any(|l| l.starts_with("pgbouncer_up") && l.ends_with(" 1.0")), "up: {body}");
+    let line = |prefix: &str| body.lines().find(|l| l.starts_with(prefix)).map(str::to_string);
+    let idle = line("pgbouncer_pools_client_active_connections{database=\"pgtenant\"");
+    assert!(idle.is_some(), "the console's own pool row: {body}");
+    let queries = line("pgbouncer_stats_queries_total{database=\"app\"}").expect("app's query count");
+    assert!(queries.rsplit(' ').next().unwrap().parse::<f64>().unwrap() >= 1.0, "{queries}");
+    assert!(body.contains("pgbouncer_config_max_client_conn"), "{body}");
+    proxy.shutdown().await;
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("pgtenant-exporter-{}-{}", std::process::id(), rand_suffix()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
