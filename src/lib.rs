@@ -29,6 +29,7 @@ pub mod protocol;
 pub mod router;
 pub mod server;
 pub mod snowflake;
+pub mod tenancy;
 
 #[cfg(test)]
 mod fuzz_tests;

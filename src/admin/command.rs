@@ -21,12 +21,28 @@ pub enum Show {
     Tenant(String),
     Routing,
     Lanes,
+    Pauses,
     Help,
 }
 
+/// What a PAUSE or RESUME names (a tenant as written: its key type is the proxy's).
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Shard(u16),
+    Tenant(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
 pub enum Command {
     Show(Show),
+    /// `PAUSE [[SHARD] n | TENANT id] [TIMEOUT seconds]`.
+    Pause {
+        scope: Scope,
+        timeout_secs: Option<f64>,
+    },
+    /// `RESUME [[SHARD] n | TENANT id]`.
+    Resume(Scope),
     /// An empty statement (only blanks or `;`).
     Empty,
 }
@@ -42,21 +58,36 @@ pub enum CommandError {
     TenantMissing,
     #[error("{0} is not available in the admin console yet")]
     NotYet(String),
+    #[error("shard {0} is not in the directory")]
+    UnknownShard(u16),
+    #[error("\"{0}\" is not a tenant id of this proxy's key type")]
+    BadTenant(String),
+    #[error("{0}")]
+    PauseEnded(String),
+    #[error(
+        "cannot read \"{0}\": PAUSE [[SHARD] n | TENANT id] [TIMEOUT seconds], RESUME [[SHARD] n | TENANT id]"
+    )]
+    BadScope(String),
 }
 
 impl CommandError {
     pub fn sqlstate(&self) -> &'static str {
         use crate::protocol::sqlstate;
         match self {
-            CommandError::Unknown(_) | CommandError::TenantMissing => sqlstate::SYNTAX_ERROR,
+            CommandError::Unknown(_) | CommandError::TenantMissing | CommandError::BadScope(_) => {
+                sqlstate::SYNTAX_ERROR
+            }
             CommandError::UnknownView(_) => sqlstate::UNDEFINED_OBJECT,
             CommandError::NotYet(_) => sqlstate::FEATURE_NOT_SUPPORTED,
+            CommandError::UnknownShard(_) => sqlstate::UNDEFINED_OBJECT,
+            CommandError::BadTenant(_) => sqlstate::INVALID_PARAMETER_VALUE,
+            CommandError::PauseEnded(_) => sqlstate::QUERY_CANCELED,
         }
     }
 }
 
 /// The commands that steer the proxy, which this console does not do yet.
-const NOT_YET: [&str; 7] = ["pause", "resume", "reload", "reconnect", "kill", "shutdown", "set"];
+const NOT_YET: [&str; 5] = ["reload", "reconnect", "kill", "shutdown", "set"];
 
 pub fn parse(sql: &str) -> Result<Command, CommandError> {
     let text = sql.trim().trim_end_matches(';').trim();
@@ -65,6 +96,9 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
     let first = first.to_ascii_lowercase();
     if NOT_YET.contains(&first.as_str()) {
         return Err(CommandError::NotYet(first.to_ascii_uppercase()));
+    }
+    if first == "pause" || first == "resume" {
+        return pause_or_resume(&first, &words[1..]);
     }
     if first != "show" {
         return Err(CommandError::Unknown(text.chars().take(80).collect()));
@@ -86,12 +120,32 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("nodes", 2) => Show::Nodes,
         ("routing", 2) => Show::Routing,
         ("lanes", 2) => Show::Lanes,
+        ("pauses", 2) => Show::Pauses,
         ("help", 2) => Show::Help,
         ("tenant", 3) => Show::Tenant(unquote(words[2])),
         ("tenant", 2) => return Err(CommandError::TenantMissing),
         _ => return Err(CommandError::UnknownView(words[1..].join(" ").chars().take(80).collect())),
     };
     Ok(Command::Show(show))
+}
+
+fn pause_or_resume(verb: &str, words: &[&str]) -> Result<Command, CommandError> {
+    let bad = || CommandError::BadScope(words.join(" ").chars().take(80).collect());
+    let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
+    let (scope, rest) = match lower.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        [] | ["timeout", ..] => (Scope::All, 0),
+        ["shard", n, ..] => (Scope::Shard(n.parse().map_err(|_| bad())?), 2),
+        ["tenant", _, ..] => (Scope::Tenant(unquote(words[1])), 2),
+        [n, ..] => (Scope::Shard(n.parse().map_err(|_| bad())?), 1),
+    };
+    let timeout_secs = match &lower[rest..] {
+        [] => None,
+        [t, secs] if t == "timeout" && verb == "pause" => {
+            Some(secs.parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0).ok_or_else(bad)?)
+        }
+        _ => return Err(bad()),
+    };
+    Ok(if verb == "pause" { Command::Pause { scope, timeout_secs } } else { Command::Resume(scope) })
 }
 
 /// `'acme'` or `acme` as the tenant's text.
@@ -115,6 +169,12 @@ pub const HELP: &[(&str, &str)] = &[
     ("SHOW TENANT <id>", "how a tenant resolves: source, shard, node, routing version, clients"),
     ("SHOW ROUTING", "routing version served and the directory in use"),
     ("SHOW LANES", "pipelined lanes per pool"),
+    ("SHOW PAUSES", "the pauses in force"),
+    (
+        "PAUSE [[SHARD] n | TENANT id] [TIMEOUT s]",
+        "hold new transactions of the scope; answers once running ones end",
+    ),
+    ("RESUME [[SHARD] n | TENANT id]", "lift a pause (RESUME alone lifts every pause)"),
 ];
 
 #[cfg(test)]
@@ -131,6 +191,18 @@ mod tests {
         assert_eq!(parse("show tenant"), Err(CommandError::TenantMissing));
         assert!(matches!(parse("show nothing"), Err(CommandError::UnknownView(_))));
         assert!(matches!(parse("select 1"), Err(CommandError::Unknown(_))));
-        assert_eq!(parse("PAUSE"), Err(CommandError::NotYet("PAUSE".into())));
+        assert_eq!(parse("RELOAD"), Err(CommandError::NotYet("RELOAD".into())));
+        assert_eq!(parse("PAUSE"), Ok(Command::Pause { scope: Scope::All, timeout_secs: None }));
+        assert_eq!(
+            parse("pause 2 timeout 1.5"),
+            Ok(Command::Pause { scope: Scope::Shard(2), timeout_secs: Some(1.5) })
+        );
+        assert_eq!(
+            parse("PAUSE TENANT 42;"),
+            Ok(Command::Pause { scope: Scope::Tenant("42".into()), timeout_secs: None })
+        );
+        assert_eq!(parse("resume shard 1"), Ok(Command::Resume(Scope::Shard(1))));
+        assert!(matches!(parse("PAUSE x"), Err(CommandError::BadScope(_))));
+        assert!(matches!(parse("RESUME 1 TIMEOUT 3"), Err(CommandError::BadScope(_))));
     }
 }

@@ -4,16 +4,18 @@
 //! statements and portals a client may keep are bounded.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
 use super::AdminView;
-use super::command::{Command, CommandError, parse};
+use super::command::{Command, CommandError, Scope, parse};
 use super::show::show;
 use super::table::Table;
+use crate::directory::TenantId;
 use crate::net::Duplex;
 use crate::protocol::{self, Frame, Severity, TxStatus, sqlstate};
+use crate::tenancy::{PauseOutcome, PauseScope};
 
 /// Named statements and portals a console client may keep at once.
 const MAX_KEPT: usize = 64;
@@ -23,7 +25,7 @@ const MAX_KEPT: usize = 64;
 struct Portal {
     sql: String,
     formats: Vec<i16>,
-    result: Option<Result<Option<Table>, CommandError>>,
+    result: Option<Result<Answer, CommandError>>,
 }
 
 #[derive(Default)]
@@ -72,16 +74,66 @@ pub async fn serve_console(
     }
 }
 
-/// Runs one statement: its table, `None` for an empty one.
-async fn run(view: &AdminView<'_>, sql: &str) -> Result<Option<Table>, CommandError> {
+/// What a statement answers: rows, a command tag alone, or nothing (empty).
+enum Answer {
+    Rows(Table),
+    Done(&'static str),
+    Empty,
+}
+
+/// Runs one statement.
+async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
     let started = Instant::now();
     let result = match parse(sql)? {
-        Command::Empty => Ok(None),
-        Command::Show(what) => Ok(Some(show(view, &what).await)),
+        Command::Empty => Ok(Answer::Empty),
+        Command::Show(what) => Ok(Answer::Rows(show(view, &what).await)),
+        Command::Pause { scope, timeout_secs } => {
+            pause(view, scope, timeout_secs).await.map(|()| Answer::Done("PAUSE"))
+        }
+        Command::Resume(scope) => {
+            view.pauses.resume(&pause_scope(view, scope)?);
+            Ok(Answer::Done("RESUME"))
+        }
     };
     let us = started.elapsed().as_micros() as u64;
     view.console.request_done(us, Some(us));
     result
+}
+
+/// The board's scope for a command's; a tenant id read as the proxy's key type.
+fn pause_scope(view: &AdminView<'_>, scope: Scope) -> Result<PauseScope, CommandError> {
+    Ok(match scope {
+        Scope::All => PauseScope::All,
+        Scope::Shard(id) => {
+            if view.router.topology().shard(id).is_none() {
+                return Err(CommandError::UnknownShard(id));
+            }
+            PauseScope::Shard(id)
+        }
+        Scope::Tenant(text) => match TenantId::parse(&text, view.config.proxy.tenant_key) {
+            Some(t) => PauseScope::Tenant(t),
+            None => return Err(CommandError::BadTenant(text)),
+        },
+    })
+}
+
+/// PAUSE: holds new transactions of the scope and answers once running ones ended.
+async fn pause(view: &AdminView<'_>, scope: Scope, timeout_secs: Option<f64>) -> Result<(), CommandError> {
+    let scope = pause_scope(view, scope)?;
+    view.pauses.pause(scope.clone());
+    let timeout = timeout_secs.map(Duration::from_secs_f64);
+    match view.pauses.drain(&scope, view.clients, timeout).await {
+        PauseOutcome::Drained => Ok(()),
+        PauseOutcome::Resumed => Err(CommandError::PauseEnded(format!(
+            "the pause of {} was lifted by a RESUME before its transactions ended",
+            scope.describe()
+        ))),
+        PauseOutcome::TimedOut { running } => Err(CommandError::PauseEnded(format!(
+            "{running} transaction(s) of {} still ran after {} s: the pause was lifted",
+            scope.describe(),
+            timeout_secs.unwrap_or_default()
+        ))),
+    }
 }
 
 fn write_error(out: &mut BytesMut, e: &CommandError) {
@@ -108,12 +160,13 @@ async fn on_message(
             let sql = protocol::query_text(body).ok_or("Query without terminator")?;
             let sql = String::from_utf8_lossy(sql);
             match run(view, &sql).await {
-                Ok(Some(table)) => {
+                Ok(Answer::Rows(table)) => {
                     table.describe(out, &[]);
                     table.write_rows(out, &[]);
                     protocol::command_complete(out, table.tag());
                 }
-                Ok(None) => protocol::put_message(out, b'I', |_| {}),
+                Ok(Answer::Done(tag)) => protocol::command_complete(out, tag),
+                Ok(Answer::Empty) => protocol::put_message(out, b'I', |_| {}),
                 Err(e) => write_error(out, &e),
             }
             protocol::ready_for_query(out, TxStatus::Idle);
@@ -171,9 +224,13 @@ async fn on_message(
                     return Ok(());
                 };
                 protocol::parameter_description(out, &[]);
-                match run(view, &sql).await {
-                    Ok(Some(table)) => table.describe(out, &[]),
-                    Ok(None) => protocol::put_message(out, b'n', |_| {}),
+                // Only SHOW has rows; anything else is described without running it.
+                let shows = matches!(parse(&sql), Ok(Command::Show(_)));
+                let described =
+                    if shows { run(view, &sql).await } else { parse(&sql).map(|_| Answer::Empty) };
+                match described {
+                    Ok(Answer::Rows(table)) => table.describe(out, &[]),
+                    Ok(_) => protocol::put_message(out, b'n', |_| {}),
                     Err(e) => {
                         write_error(out, &e);
                         state.skipping = true;
@@ -184,12 +241,13 @@ async fn on_message(
                     fail(state, out, sqlstate::INVALID_SQL_STATEMENT_NAME, "portal does not exist");
                     return Ok(());
                 };
-                if portal.result.is_none() {
+                let shows = matches!(parse(&portal.sql), Ok(Command::Show(_)));
+                if portal.result.is_none() && shows {
                     portal.result = Some(run(view, &portal.sql).await);
                 }
                 match &portal.result {
-                    Some(Ok(Some(table))) => table.describe(out, &portal.formats),
-                    Some(Ok(None)) | None => protocol::put_message(out, b'n', |_| {}),
+                    Some(Ok(Answer::Rows(table))) => table.describe(out, &portal.formats),
+                    Some(Ok(_)) | None => protocol::put_message(out, b'n', |_| {}),
                     Some(Err(e)) => {
                         write_error(out, e);
                         state.skipping = true;
@@ -208,11 +266,12 @@ async fn on_message(
                 None => run(view, &portal.sql).await,
             };
             match result {
-                Ok(Some(table)) => {
+                Ok(Answer::Rows(table)) => {
                     table.write_rows(out, &portal.formats);
                     protocol::command_complete(out, table.tag());
                 }
-                Ok(None) => protocol::put_message(out, b'I', |_| {}),
+                Ok(Answer::Done(tag)) => protocol::command_complete(out, tag),
+                Ok(Answer::Empty) => protocol::put_message(out, b'I', |_| {}),
                 Err(e) => {
                     write_error(out, &e);
                     state.skipping = true;

@@ -22,6 +22,7 @@ use crate::config::Config;
 use crate::observe::conns::ConnRegistry;
 use crate::observe::stats::PoolStats;
 use crate::router::Router;
+use crate::tenancy::PauseBoard;
 
 /// The console's database name; `pgbouncer` is accepted too, so that tools written
 /// for PgBouncer find it where they look.
@@ -44,6 +45,7 @@ pub struct AdminView<'a> {
     pub console: &'a PoolStats,
     /// The proxy's listen address.
     pub local_addr: Option<SocketAddr>,
+    pub pauses: &'a PauseBoard,
 }
 
 /// Why the proxy should not take traffic now (empty: ready): the catalog's change

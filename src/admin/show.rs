@@ -38,6 +38,7 @@ pub async fn show(view: &AdminView<'_>, what: &Show) -> Table {
         Show::Tenant(id) => tenant(view, id).await,
         Show::Routing => routing(view),
         Show::Lanes => lanes(view),
+        Show::Pauses => pauses(view),
         Show::Help => help(),
     }
 }
@@ -90,7 +91,7 @@ fn pools(view: &AdminView<'_>) -> Table {
         match c.state {
             ConnState::Active => p.cl_active += 1,
             ConnState::Idle => p.cl_idle += 1,
-            ConnState::Waiting => {
+            ConnState::Waiting | ConnState::Paused => {
                 p.cl_waiting += 1;
                 let waited = now.saturating_sub(c.since_unix_ms);
                 p.oldest_wait_ms = Some(p.oldest_wait_ms.map_or(waited, |w| w.max(waited)));
@@ -165,7 +166,8 @@ fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
     let (local_addr, local_port) =
         view.local_addr.map_or((Value::Null, Value::Null), |a| (text(a.ip().to_string()), int(a.port())));
     for c in rows {
-        let waited_ms = if c.state == ConnState::Waiting { now.saturating_sub(c.since_unix_ms) } else { 0 };
+        let waiting = matches!(c.state, ConnState::Waiting | ConnState::Paused);
+        let waited_ms = if waiting { now.saturating_sub(c.since_unix_ms) } else { 0 };
         t.push(vec![
             text(kind),
             text(&c.info.user),
@@ -758,6 +760,14 @@ fn lanes(view: &AdminView<'_>) -> Table {
     t
 }
 
+fn pauses(view: &AdminView<'_>) -> Table {
+    let mut t = Table::new(&[("scope", Kind::Text)]);
+    for scope in view.pauses.paused() {
+        t.push(vec![text(scope.describe())]);
+    }
+    t
+}
+
 fn help() -> Table {
     let mut t = Table::new(&[("command", Kind::Text), ("shows", Kind::Text)]);
     for (command, shows) in HELP {
@@ -768,7 +778,7 @@ fn help() -> Table {
 
 /// Client counts per state, for the metrics.
 pub fn clients_by_state(view: &AdminView<'_>) -> HashMap<&'static str, u64> {
-    let mut counts = HashMap::from([("active", 0), ("idle", 0), ("waiting", 0)]);
+    let mut counts = HashMap::from([("active", 0), ("idle", 0), ("waiting", 0), ("paused", 0)]);
     for c in view.clients.rows() {
         *counts.entry(c.state.name()).or_default() += 1;
     }

@@ -301,6 +301,9 @@ pub struct ProxyConfig {
     pub startup_timeout_ms: u64,
     pub max_message_size: usize,
     pub checkout_timeout_ms: u64,
+    /// How long a transaction waits while an admin PAUSE covers its shard or tenant
+    /// before it fails (57014).
+    pub pause_hold_ms: u64,
     pub connect_timeout_ms: u64,
     /// Name of the session parameter / GUC that carries the tenant.
     pub tenant_parameter: String,
@@ -376,6 +379,7 @@ impl Default for ProxyConfig {
             startup_timeout_ms: 10_000,
             max_message_size: 64 << 20,
             checkout_timeout_ms: 5_000,
+            pause_hold_ms: 60_000,
             connect_timeout_ms: 3_000,
             tenant_parameter: "pgtenant.tenant_id".into(),
             tenant_column: "tenant_id".into(),

@@ -22,6 +22,8 @@ pub enum FrontendError {
         "permission denied for database \"{database}\": the admin console is open to users with admin = true only, not to \"{user}\""
     )]
     NotAdmin { user: String, database: String },
+    #[error(transparent)]
+    Paused(#[from] crate::tenancy::StillPaused),
     #[error("startup did not complete within {ms} ms")]
     StartupTimeout { ms: u64 },
     #[error("{0}")]

@@ -86,6 +86,8 @@ pub struct Shared {
     pub stats_history: crate::admin::StatsHistory,
     pub console_stats: crate::observe::stats::PoolStats,
     pub exposition: crate::admin::exposition::Exposition,
+    /// Admin pauses of shards and tenants, checked as transactions start.
+    pub pauses: crate::tenancy::PauseBoard,
     /// The address the listener is bound to (set once it is).
     pub local_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
@@ -122,6 +124,7 @@ impl Shared {
             console_stats: Default::default(),
             exposition: Default::default(),
             local_addr: Default::default(),
+            pauses: Default::default(),
         }
     }
 
@@ -136,6 +139,7 @@ impl Shared {
             history: &self.stats_history,
             console: &self.console_stats,
             local_addr: self.local_addr.get().copied(),
+            pauses: &self.pauses,
         }
     }
 

@@ -19,6 +19,8 @@ pub enum ConnState {
     Waiting = 1,
     /// A client holding a server connection; a server held by a client.
     Active = 2,
+    /// A client held back by a PAUSE of its shard or tenant.
+    Paused = 3,
 }
 
 impl ConnState {
@@ -26,6 +28,7 @@ impl ConnState {
         match v {
             1 => ConnState::Waiting,
             2 => ConnState::Active,
+            3 => ConnState::Paused,
             _ => ConnState::Idle,
         }
     }
@@ -36,6 +39,7 @@ impl ConnState {
             ConnState::Idle => "idle",
             ConnState::Waiting => "waiting",
             ConnState::Active => "active",
+            ConnState::Paused => "paused",
         }
     }
 }
@@ -61,6 +65,9 @@ struct Live {
     state: AtomicU8,
     /// The shard it holds or waits for, or belongs to (`u32::MAX`: none).
     shard: AtomicU32,
+    /// A tag of the tenant whose transaction it runs or waits to run (0: none), for
+    /// per-tenant pauses.
+    tenant_tag: AtomicU64,
     /// When its current state began (unix ms).
     since_unix_ms: AtomicU64,
     /// When it last sent a request (unix ms).
@@ -95,6 +102,7 @@ pub struct ConnRow {
     pub info: ConnInfo,
     pub state: ConnState,
     pub shard: Option<u32>,
+    pub tenant_tag: u64,
     pub since_unix_ms: u64,
     pub request_unix_ms: u64,
     pub tenant: Option<String>,
@@ -111,6 +119,7 @@ impl ConnRegistry {
         let live = Arc::new(Live {
             state: AtomicU8::new(ConnState::Idle as u8),
             shard: AtomicU32::new(u32::MAX),
+            tenant_tag: AtomicU64::new(0),
             since_unix_ms: AtomicU64::new(now),
             request_unix_ms: AtomicU64::new(info.connect_unix_ms),
             tenant: Mutex::new(tenant),
@@ -136,8 +145,9 @@ impl ConnRegistry {
                 ConnRow {
                     id: *id,
                     info: e.info.clone(),
-                    state: ConnState::from_u8(e.live.state.load(Ordering::Relaxed)),
+                    state: ConnState::from_u8(e.live.state.load(Ordering::SeqCst)),
                     shard: (shard != u32::MAX).then_some(shard),
+                    tenant_tag: e.live.tenant_tag.load(Ordering::SeqCst),
                     since_unix_ms: e.live.since_unix_ms.load(Ordering::Relaxed),
                     request_unix_ms: e.live.request_unix_ms.load(Ordering::Relaxed),
                     tenant: e.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
@@ -156,13 +166,23 @@ impl ConnHandle {
         self.id
     }
 
-    /// The client now does `state` (on `shard`, when it waits for or holds one).
+    /// The connection now does `state` (on `shard`, when it waits for or holds one).
     #[inline]
     pub fn set_state(&self, state: ConnState, shard: Option<u16>) {
-        if self.live.state.swap(state as u8, Ordering::Relaxed) != state as u8 {
+        self.live.shard.store(shard.map_or(u32::MAX, u32::from), Ordering::Relaxed);
+        // Sequentially consistent: a pause that reads the states after raising its flag
+        // sees every client that did not see the flag (see `tenancy::pause`).
+        if self.live.state.swap(state as u8, Ordering::SeqCst) != state as u8 {
             self.live.since_unix_ms.store(unix_ms(), Ordering::Relaxed);
         }
-        self.live.shard.store(shard.map_or(u32::MAX, u32::from), Ordering::Relaxed);
+    }
+
+    /// The client is about to run a transaction of the tenant tagged `tenant_tag` on
+    /// `shard` (0: no tenant): it waits for a server from now on.
+    #[inline]
+    pub fn enter(&self, shard: u16, tenant_tag: u64) {
+        self.live.tenant_tag.store(tenant_tag, Ordering::Relaxed);
+        self.set_state(ConnState::Waiting, Some(shard));
     }
 
     /// The client sent a request now.

@@ -22,3 +22,4 @@ pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const OUT_OF_MEMORY: &str = "53200";
 pub const SYNTAX_ERROR: &str = "42601";
+pub const QUERY_CANCELED: &str = "57014";

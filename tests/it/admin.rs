@@ -103,8 +103,10 @@ async fn show_commands_answer_typed_rows_that_match_the_traffic() {
     assert!(text.contains("pgtenant||"), "the console's own database row: {text}");
     let e = admin.simple_query("SHOW NOTHING").await.unwrap_err();
     assert_eq!(sqlstate(&e), "42704");
-    let e = admin.simple_query("PAUSE").await.unwrap_err();
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
     assert_eq!(sqlstate(&e), "0A000");
+    admin.simple_query("PAUSE").await.expect("nothing runs: paused at once");
+    admin.simple_query("RESUME").await.unwrap();
     assert_eq!(
         admin.query("SHOW LANES", &[]).await.unwrap().len(),
         pools_on_app(&admin).await,
@@ -247,4 +249,88 @@ fn tempdir() -> std::path::PathBuf {
 
 fn rand_suffix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_waits_for_running_transactions_and_holds_only_its_scope() {
+    let proxy = start().await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let running = proxy.connect(Some(7)).await;
+    running.batch_execute("BEGIN; SELECT 1").await.unwrap();
+
+    // PAUSE TENANT 7 waits for tenant 7's open transaction.
+    let pausing = {
+        let conninfo = proxy.admin_conninfo();
+        tokio::spawn(async move {
+            let c = connect(&conninfo).await.unwrap();
+            c.simple_query("PAUSE TENANT 7").await.map(|_| ()).map_err(|e| sqlstate(&e))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pausing.is_finished(), "the PAUSE waits while tenant 7's transaction runs");
+    let other = proxy.connect(Some(1001)).await;
+    other.simple_query("SELECT 1").await.expect("another tenant is not held");
+    let same_shard = proxy.connect(Some(8)).await;
+    same_shard.simple_query("SELECT 1").await.expect("tenant 8, on tenant 7's shard, is not held");
+    running.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(pausing.await.unwrap(), Ok(()), "answered once drained");
+
+    // New work of tenant 7 is held, listed as paused, and runs once resumed.
+    let held = {
+        let conninfo = proxy.conninfo("options='-c pgtenant.tenant_id=7'");
+        tokio::spawn(async move {
+            let c = connect(&conninfo).await.unwrap();
+            c.query_one("SELECT 41 + 1", &[]).await.map(|r| r.get::<_, i32>(0)).map_err(|e| sqlstate(&e))
+        })
+    };
+    let listed = eventually(Duration::from_secs(5), || async {
+        console
+            .query("SHOW CLIENTS", &[])
+            .await
+            .unwrap()
+            .iter()
+            .any(|r| r.get::<_, String>("state") == "paused")
+    })
+    .await;
+    assert!(listed.is_some(), "the held client shows as paused");
+    assert!(!held.is_finished());
+    let pauses = console.query("SHOW PAUSES", &[]).await.unwrap();
+    assert_eq!(
+        pauses.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>(),
+        vec!["tenant 7".to_string()]
+    );
+    console.simple_query("RESUME TENANT 7").await.unwrap();
+    assert_eq!(held.await.unwrap(), Ok(42), "runs once resumed");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_that_times_out_or_meets_a_resume_lifts_itself() {
+    let proxy = start().await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let running = proxy.connect(Some(7)).await;
+    running.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let started = std::time::Instant::now();
+    let e = console.simple_query("PAUSE 1 TIMEOUT 0.3").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "57014");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(console.query("SHOW PAUSES", &[]).await.unwrap().is_empty(), "lifted by its timeout");
+    proxy.connect(Some(8)).await.simple_query("SELECT 1").await.expect("shard 1 takes work again");
+
+    // A RESUME while a PAUSE waits ends the PAUSE: nothing stays held.
+    let pausing = {
+        let conninfo = proxy.admin_conninfo();
+        tokio::spawn(async move {
+            let c = connect(&conninfo).await.unwrap();
+            c.simple_query("PAUSE").await.map(|_| ()).map_err(|e| sqlstate(&e))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    console.simple_query("RESUME").await.unwrap();
+    assert_eq!(pausing.await.unwrap(), Err("57014".into()));
+    running.batch_execute("COMMIT").await.unwrap();
+    proxy.connect(Some(1001)).await.simple_query("SELECT 1").await.expect("nothing held");
+    let e = console.simple_query("PAUSE 99").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42704", "no such shard");
+    proxy.shutdown().await;
 }

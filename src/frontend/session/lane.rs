@@ -14,6 +14,7 @@ use super::{ClientTx, HIGH_WATER, Session};
 use crate::backend::{Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
 use crate::config::PoolMode;
 use crate::frontend::error::FrontendError;
+use crate::observe::conns::ConnState;
 use crate::protocol::{self, TxStatus};
 use crate::router::{Analysis, Route, StatementKind};
 
@@ -75,6 +76,7 @@ impl Session {
             // Lanes run on primaries; a read for a replica takes the usual path there.
             return Ok(false);
         }
+        self.enter_transaction(route).await?;
         let pool = self.pool_of(route.shard).await?;
         let read_only = !route.state.allows_writes();
         let proxy = &self.shared.config.proxy;
@@ -169,6 +171,7 @@ impl Session {
                 }
             }
         }
+        self.listed.set_state(ConnState::Idle, None);
         Ok(true)
     }
 

@@ -23,6 +23,7 @@ use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
     Analysis, NodeTarget, Route, Router, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
 };
+use crate::tenancy::tenant_tag_of;
 
 impl Session {
     /// No transaction is open and nothing is owed: the next request starts a transaction.
@@ -55,7 +56,7 @@ impl Session {
                 tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
                 settings: Some(self.settings.version),
             };
-            self.listed.set_state(ConnState::Waiting, Some(route.shard));
+            self.enter_transaction(&route).await?;
             let replica = match route.target {
                 NodeTarget::Replica { fallback } => match self.checkout_replica(&route, wanted).await? {
                     Some(conn) => Some(conn),
@@ -266,6 +267,26 @@ impl Session {
         tracing::warn!(shard, node = %format!("{host}:{port}"), %error, "shard node gone at checkout");
         let node = NodeKey { shard, host: host.to_string(), port };
         self.shared.health.record(&node, CheckOutcome::Refused);
+    }
+
+    /// The client is about to start a transaction on `route`: listed as waiting for a
+    /// server, and held while an admin PAUSE covers its shard or tenant (at most
+    /// `pause_hold_ms`).
+    pub(super) async fn enter_transaction(&mut self, route: &Route) -> Result<(), FrontendError> {
+        self.listed.enter(route.shard, route.tenant.as_ref().map_or(0, tenant_tag_of));
+        if self.shared.pauses.is_clear() {
+            return Ok(());
+        }
+        let listed = &self.listed;
+        let hold = Duration::from_millis(self.shared.config.proxy.pause_hold_ms);
+        let shard = route.shard;
+        let on_hold =
+            |held| listed.set_state(if held { ConnState::Paused } else { ConnState::Waiting }, Some(shard));
+        self.shared
+            .pauses
+            .wait_open(shard, route.tenant.as_ref(), hold, on_hold)
+            .await
+            .map_err(FrontendError::Paused)
     }
 
     /// A connection to `route`'s shard's primary, and its pool. A primary found gone at
