@@ -96,6 +96,7 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     };
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls, minter));
     let _ = shared.local_addr.set(addr);
+    let _ = shared.stop.set(shutdown.clone());
     tokio::spawn(sample_stats(Arc::downgrade(&shared)));
     let http = match config.observe.listen {
         Some(listen) => Some(serve_http(listen, &shared, rx.clone()).await?),

@@ -43,6 +43,12 @@ pub enum Command {
     },
     /// `RESUME [[SHARD] n | TENANT id]`.
     Resume(Scope),
+    /// `KILL CLIENT id` (or PgBouncer's `KILL_CLIENT id`): ends that client's session.
+    KillClient(u64),
+    /// `RECONNECT [[SHARD] n]`: replace the server connections (all shards': `None`).
+    Reconnect(Option<u16>),
+    /// `SHUTDOWN`: the proxy stops as on SIGTERM.
+    Shutdown,
     /// An empty statement (only blanks or `;`).
     Empty,
 }
@@ -64,9 +70,9 @@ pub enum CommandError {
     BadTenant(String),
     #[error("{0}")]
     PauseEnded(String),
-    #[error(
-        "cannot read \"{0}\": PAUSE [[SHARD] n | TENANT id] [TIMEOUT seconds], RESUME [[SHARD] n | TENANT id]"
-    )]
+    #[error("no client has id {0} (SHOW CLIENTS lists them)")]
+    UnknownClient(u64),
+    #[error("cannot read \"{0}\" (SHOW HELP lists the commands and their arguments)")]
     BadScope(String),
 }
 
@@ -79,7 +85,7 @@ impl CommandError {
             }
             CommandError::UnknownView(_) => sqlstate::UNDEFINED_OBJECT,
             CommandError::NotYet(_) => sqlstate::FEATURE_NOT_SUPPORTED,
-            CommandError::UnknownShard(_) => sqlstate::UNDEFINED_OBJECT,
+            CommandError::UnknownShard(_) | CommandError::UnknownClient(_) => sqlstate::UNDEFINED_OBJECT,
             CommandError::BadTenant(_) => sqlstate::INVALID_PARAMETER_VALUE,
             CommandError::PauseEnded(_) => sqlstate::QUERY_CANCELED,
         }
@@ -87,7 +93,7 @@ impl CommandError {
 }
 
 /// The commands that steer the proxy, which this console does not do yet.
-const NOT_YET: [&str; 5] = ["reload", "reconnect", "kill", "shutdown", "set"];
+const NOT_YET: [&str; 2] = ["reload", "set"];
 
 pub fn parse(sql: &str) -> Result<Command, CommandError> {
     let text = sql.trim().trim_end_matches(';').trim();
@@ -99,6 +105,25 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
     }
     if first == "pause" || first == "resume" {
         return pause_or_resume(&first, &words[1..]);
+    }
+    let rest: Vec<String> = words[1..].iter().map(|w| w.to_ascii_lowercase()).collect();
+    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+    let bad = || CommandError::BadScope(text.chars().take(80).collect());
+    match (first.as_str(), rest.as_slice()) {
+        ("kill", ["client", id]) | ("kill_client", [id]) => {
+            return Ok(Command::KillClient(id.parse().map_err(|_| bad())?));
+        }
+        ("kill", _) | ("kill_client", _) => {
+            return Err(CommandError::NotYet("KILL of anything but one client".into()));
+        }
+        ("reconnect", []) => return Ok(Command::Reconnect(None)),
+        ("reconnect", ["shard", n] | [n]) => {
+            return Ok(Command::Reconnect(Some(n.parse().map_err(|_| bad())?)));
+        }
+        ("reconnect", _) => return Err(bad()),
+        ("shutdown", []) => return Ok(Command::Shutdown),
+        ("shutdown", _) => return Err(CommandError::NotYet("SHUTDOWN WAIT_FOR_CLIENTS".into())),
+        _ => {}
     }
     if first != "show" {
         return Err(CommandError::Unknown(text.chars().take(80).collect()));
@@ -175,6 +200,9 @@ pub const HELP: &[(&str, &str)] = &[
         "hold new transactions of the scope; answers once running ones end",
     ),
     ("RESUME [[SHARD] n | TENANT id]", "lift a pause (RESUME alone lifts every pause)"),
+    ("KILL CLIENT id", "end a client's session (57P01), its transaction rolled back"),
+    ("RECONNECT [[SHARD] n]", "replace server connections: idle ones now, busy ones when given back"),
+    ("SHUTDOWN", "stop as on SIGTERM: stop accepting, let transactions finish, end idle sessions"),
 ];
 
 #[cfg(test)]
@@ -204,5 +232,10 @@ mod tests {
         assert_eq!(parse("resume shard 1"), Ok(Command::Resume(Scope::Shard(1))));
         assert!(matches!(parse("PAUSE x"), Err(CommandError::BadScope(_))));
         assert!(matches!(parse("RESUME 1 TIMEOUT 3"), Err(CommandError::BadScope(_))));
+        assert_eq!(parse("kill client 12"), Ok(Command::KillClient(12)));
+        assert_eq!(parse("KILL_CLIENT 3"), Ok(Command::KillClient(3)));
+        assert_eq!(parse("reconnect shard 2"), Ok(Command::Reconnect(Some(2))));
+        assert_eq!(parse("RECONNECT"), Ok(Command::Reconnect(None)));
+        assert_eq!(parse("shutdown"), Ok(Command::Shutdown));
     }
 }

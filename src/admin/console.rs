@@ -36,15 +36,18 @@ struct ConsoleState {
     skipping: bool,
 }
 
-/// Serves the console until the client leaves (or breaks the protocol), or the proxy
-/// shuts down (`shutdown` turns true), which ends it as PostgreSQL ends an idle session.
+/// Serves the console until the client leaves (or breaks the protocol), the proxy
+/// shuts down (`shutdown` turns true) or an admin KILLs it (`killed` completes), which
+/// end it as PostgreSQL ends an idle session.
 pub async fn serve_console(
     client: &mut Duplex,
     view: &AdminView<'_>,
     max_message: usize,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
+    killed: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut state = ConsoleState::default();
+    tokio::pin!(killed);
     loop {
         client.flush().await?;
         let frame = tokio::select! {
@@ -55,6 +58,11 @@ pub async fn serve_console(
                     std::future::pending::<()>().await;
                 }
             } => {
+                let message = "terminating connection due to administrator command";
+                protocol::error_response(&mut client.wbuf, Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, message);
+                return client.flush().await;
+            }
+            _ = &mut killed => {
                 let message = "terminating connection due to administrator command";
                 protocol::error_response(&mut client.wbuf, Severity::Fatal, sqlstate::ADMIN_SHUTDOWN, message);
                 return client.flush().await;
@@ -93,6 +101,30 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
         Command::Resume(scope) => {
             view.pauses.resume(&pause_scope(view, scope)?);
             Ok(Answer::Done("RESUME"))
+        }
+        Command::KillClient(id) => {
+            if view.clients.kill(id) {
+                Ok(Answer::Done("KILL"))
+            } else {
+                Err(CommandError::UnknownClient(id))
+            }
+        }
+        Command::Reconnect(shard) => {
+            if let Some(id) = shard
+                && view.router.topology().shard(id).is_none()
+            {
+                return Err(CommandError::UnknownShard(id));
+            }
+            let pools = view.pools.reconnect(shard);
+            tracing::info!(?shard, pools, "admin RECONNECT: server connections are being replaced");
+            Ok(Answer::Done("RECONNECT"))
+        }
+        Command::Shutdown => {
+            tracing::warn!("admin SHUTDOWN: stopping");
+            if let Some(stop) = view.stop {
+                let _ = stop.send(true);
+            }
+            Ok(Answer::Done("SHUTDOWN"))
         }
     };
     let us = started.elapsed().as_micros() as u64;

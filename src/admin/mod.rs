@@ -46,6 +46,8 @@ pub struct AdminView<'a> {
     /// The proxy's listen address.
     pub local_addr: Option<SocketAddr>,
     pub pauses: &'a PauseBoard,
+    /// Stops the proxy as SIGTERM does (SHUTDOWN).
+    pub stop: Option<&'a tokio::sync::watch::Sender<bool>>,
 }
 
 /// Why the proxy should not take traffic now (empty: ready): the catalog's change

@@ -89,6 +89,9 @@ struct NodePool {
     /// Where its connections are listed (SHOW SERVERS), and the shard it serves.
     servers: Arc<ConnRegistry>,
     shard: ShardId,
+    /// Connections opened before this (`coarse_clock::now_ms`) are closed as they come
+    /// back (an admin's RECONNECT).
+    retire_before_ms: std::sync::atomic::AtomicU64,
 }
 
 /// How many accepted start-up settings a pool remembers; past that, a login with new
@@ -142,6 +145,7 @@ impl ServerPool {
             stats: Arc::default(),
             servers,
             shard,
+            retire_before_ms: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -274,7 +278,11 @@ impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
             let now = coarse_clock::coarse_ms();
-            if self.pool.lifetime_ms > 0 && now.saturating_sub(conn.opened_ms) >= self.pool.lifetime_ms {
+            let retired =
+                conn.opened_ms < self.pool.retire_before_ms.load(std::sync::atomic::Ordering::Relaxed);
+            if retired
+                || (self.pool.lifetime_ms > 0 && now.saturating_sub(conn.opened_ms) >= self.pool.lifetime_ms)
+            {
                 return;
             }
             conn.idle_since_ms = now;
@@ -515,6 +523,27 @@ impl Pools {
             ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms, listed);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
+    }
+
+    /// Replaces the connections of `shard`'s pools (every pool's: `None`): idle ones
+    /// close now, busy ones when given back; new ones are opened as needed. Returns the
+    /// number of pools.
+    pub fn reconnect(&self, shard: Option<ShardId>) -> usize {
+        let pools: Vec<ServerPool> = self
+            .pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(key, _)| shard.is_none_or(|s| s == key.shard))
+            .map(|(_, pool)| pool.clone())
+            .collect();
+        // Opened in this millisecond or later: kept.
+        let now = coarse_clock::now_ms();
+        for pool in &pools {
+            pool.0.retire_before_ms.store(now, std::sync::atomic::Ordering::Relaxed);
+            pool.close_idle();
+        }
+        pools.len()
     }
 
     /// Every pool as it is now, for the admin console and the metrics.

@@ -32,6 +32,8 @@ pub enum FrontendError {
     BadStartupParameter(String),
     #[error("pgtenant is shutting down")]
     ShuttingDown,
+    #[error("terminating connection due to administrator command (KILL in the admin console)")]
+    Killed,
     #[error("terminating connection: idle in transaction for more than {ms} ms")]
     IdleInTransaction { ms: u64 },
     /// The server refused the login made for this client; its fields go to the client.
@@ -106,6 +108,7 @@ impl FrontendError {
                 | Self::Unsupported(_)
                 | Self::BadStartupParameter(_)
                 | Self::ShuttingDown
+                | Self::Killed
                 | Self::IdleInTransaction { .. }
                 | Self::ServerRefused(_)
                 | Self::Io(_)

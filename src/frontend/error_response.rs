@@ -25,7 +25,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         | E::ExtendedTenantSet { .. }
         | E::TenantSetAmongMany { .. } => sqlstate::FEATURE_NOT_SUPPORTED,
         E::BadStartupParameter(_) | E::BadSettingValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
-        E::ShuttingDown => sqlstate::ADMIN_SHUTDOWN,
+        E::ShuttingDown | E::Killed => sqlstate::ADMIN_SHUTDOWN,
         E::IdleInTransaction { .. } => sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
         E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),
         E::Io(_) => sqlstate::CONNECTION_FAILURE,

@@ -84,7 +84,9 @@ pub async fn serve_connection(
             listed.set_state(ConnState::Active, None);
             let max_message = shared.config.proxy.max_message_size;
             let view = shared.admin_view();
-            if let Err(e) = crate::admin::serve_console(&mut client, &view, max_message, shutdown).await {
+            if let Err(e) =
+                crate::admin::serve_console(&mut client, &view, max_message, shutdown, listed.killed()).await
+            {
                 tracing::debug!(error = %e, "admin console session ends");
             }
         }

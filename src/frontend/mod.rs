@@ -88,6 +88,8 @@ pub struct Shared {
     pub exposition: crate::admin::exposition::Exposition,
     /// Admin pauses of shards and tenants, checked as transactions start.
     pub pauses: crate::tenancy::PauseBoard,
+    /// Stops the proxy as SIGTERM does (the admin console's SHUTDOWN).
+    pub stop: std::sync::OnceLock<tokio::sync::watch::Sender<bool>>,
     /// The address the listener is bound to (set once it is).
     pub local_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
@@ -125,6 +127,7 @@ impl Shared {
             exposition: Default::default(),
             local_addr: Default::default(),
             pauses: Default::default(),
+            stop: Default::default(),
         }
     }
 
@@ -140,6 +143,7 @@ impl Shared {
             console: &self.console_stats,
             local_addr: self.local_addr.get().copied(),
             pauses: &self.pauses,
+            stop: self.stop.get(),
         }
     }
 

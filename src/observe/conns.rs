@@ -5,8 +5,10 @@
 //! at the moments it changes (waiting, active, idle); dropping the handle removes it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 /// What a connection is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +76,9 @@ struct Live {
     request_unix_ms: AtomicU64,
     /// The session tenant, changed only by its SET/RESET (rare).
     tenant: Mutex<Option<String>>,
+    /// An admin asked to end it (KILL): the flag, and the wake-up of its owner.
+    killed: AtomicBool,
+    kill: Notify,
 }
 
 struct Entry {
@@ -123,6 +128,8 @@ impl ConnRegistry {
             since_unix_ms: AtomicU64::new(now),
             request_unix_ms: AtomicU64::new(info.connect_unix_ms),
             tenant: Mutex::new(tenant),
+            killed: AtomicBool::new(false),
+            kill: Notify::new(),
         });
         self.lock().insert(id, Entry { info, live: live.clone() });
         ConnHandle { id, live, registry: self.clone() }
@@ -154,6 +161,15 @@ impl ConnRegistry {
                 }
             })
             .collect()
+    }
+
+    /// Asks the owner of connection `id` to end it; false when no such connection.
+    pub fn kill(&self, id: u64) -> bool {
+        let entries = self.lock();
+        let Some(e) = entries.get(&id) else { return false };
+        e.live.killed.store(true, Ordering::SeqCst);
+        e.live.kill.notify_waiters();
+        true
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
@@ -189,6 +205,27 @@ impl ConnHandle {
     #[inline]
     pub fn request_at(&self, unix_ms: u64) {
         self.live.request_unix_ms.store(unix_ms, Ordering::Relaxed);
+    }
+
+    /// Whether an admin asked to end this connection (a flag; cheap).
+    #[inline]
+    pub fn is_killed(&self) -> bool {
+        self.live.killed.load(Ordering::Relaxed)
+    }
+
+    /// Completes once an admin asks to end this connection (at once if one did
+    /// already). Polled once, it keeps the owner's waker; `is_killed` tells after.
+    pub fn killed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let live = self.live.clone();
+        async move {
+            let notified = live.kill.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if live.killed.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub fn set_tenant(&self, tenant: Option<String>) {

@@ -334,3 +334,40 @@ async fn a_pause_that_times_out_or_meets_a_resume_lifts_itself() {
     assert_eq!(sqlstate(&e), "42704", "no such shard");
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_reconnect_and_shutdown_act_on_the_proxy() {
+    let proxy = start().await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let victim = proxy.connect(Some(7)).await;
+    victim.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let bystander = proxy.connect(Some(8)).await;
+    bystander.simple_query("SELECT 1").await.unwrap();
+    let id: i64 = console
+        .query("SHOW CLIENTS", &[])
+        .await
+        .unwrap()
+        .iter()
+        .find(|r| r.get::<_, String>("state") == "active" && r.get::<_, String>("database") == "app")
+        .map(|r| r.get("id"))
+        .expect("the client in a transaction");
+    console.simple_query(&format!("KILL CLIENT {id}")).await.unwrap();
+    let e = victim.simple_query("SELECT 1").await.unwrap_err();
+    assert!(victim.is_closed() || sqlstate(&e) == "57P01", "{e}");
+    assert!(bystander.simple_query("SELECT 1").await.is_ok(), "the others go on");
+    let e = console.simple_query("KILL CLIENT 999999").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "42704");
+
+    // RECONNECT: the idle server connections are replaced (new backend pids).
+    let pid_before: i32 = bystander.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    console.simple_query("RECONNECT 1").await.unwrap();
+    let pid_after: i32 = bystander.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert_ne!(pid_before, pid_after, "a new server connection after RECONNECT");
+
+    // SHUTDOWN stops the proxy as SIGTERM would: new connections are refused.
+    console.simple_query("SHUTDOWN").await.unwrap();
+    let refused =
+        eventually(Duration::from_secs(10), || async { proxy.try_connect(Some(7)).await.is_err() }).await;
+    assert!(refused.is_some(), "no longer accepting");
+    proxy.shutdown().await;
+}

@@ -201,6 +201,7 @@ enum Event {
     Server(std::io::Result<IoEvent>),
     Shutdown,
     IdleInTransaction,
+    Killed,
 }
 
 impl Session {
@@ -283,6 +284,10 @@ impl Session {
         let stop_signal = shutdown.changed();
         tokio::pin!(stop_signal);
         let mut stop_armed = false;
+        // The same for an admin's KILL of this client.
+        let kill_signal = self.listed.killed();
+        tokio::pin!(kill_signal);
+        let mut kill_armed = false;
         loop {
             if stopping && self.is_idle() {
                 return Err(FrontendError::ShuttingDown);
@@ -307,6 +312,7 @@ impl Session {
             let client = &mut self.client;
             let server = &mut self.server;
             let idle_deadline = &mut self.idle_deadline;
+            let listed = &self.listed;
             // Fixed order: the server's answers first (they free a connection).
             let event = poll_fn(|cx| {
                 if let Some(a) = server.as_mut()
@@ -333,6 +339,15 @@ impl Session {
                 {
                     return Poll::Ready(Event::IdleInTransaction);
                 }
+                let killed = if kill_armed {
+                    listed.is_killed()
+                } else {
+                    kill_armed = true;
+                    kill_signal.as_mut().poll(cx).is_ready()
+                };
+                if killed {
+                    return Poll::Ready(Event::Killed);
+                }
                 Poll::Pending
             })
             .await;
@@ -351,6 +366,7 @@ impl Session {
                 }
                 Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
                 Event::Shutdown => stopping = true,
+                Event::Killed => return Err(FrontendError::Killed),
                 Event::IdleInTransaction => {
                     let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
                     return Err(FrontendError::IdleInTransaction { ms });
