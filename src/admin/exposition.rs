@@ -2,8 +2,8 @@
 //! into this proxy's Prometheus recorder (`metrics` with `metrics-exporter-prometheus`,
 //! a recorder per proxy, used only here), so the data path keeps its plain atomic
 //! counters and never pays for a metrics call. Series are per shard, node, database
-//! and user; never per tenant. The checkout-wait histogram comes from the pools'
-//! fixed buckets, written out after the recorder's text.
+//! and user; never per tenant. The checkout-wait and request-time histograms come from
+//! the pools' fixed buckets, written out after the recorder's text.
 
 use std::fmt::Write;
 
@@ -12,9 +12,10 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use super::AdminView;
 use super::show::{POOL_USE_CRITICAL, POOL_USE_WARNING, clients_by_state};
+use crate::backend::PoolView;
 use crate::backend::health::{NodeKey, NodeState, ObservedRole, PrimaryChoice};
 use crate::observe::conns::ConnState;
-use crate::observe::stats::WAIT_BUCKETS_US;
+use crate::observe::stats::{StatsSnapshot, WAIT_BUCKETS_US};
 
 pub struct Exposition {
     recorder: PrometheusRecorder,
@@ -31,7 +32,21 @@ impl Exposition {
     pub fn render(&self, view: &AdminView<'_>) -> String {
         with_local_recorder(&self.recorder, || record(view));
         let mut text = self.recorder.handle().render();
-        checkout_histogram(view, &mut text);
+        let pools = view.pools.snapshot();
+        histogram(
+            &mut text,
+            "pgtenant_checkout_wait_seconds",
+            "Time from asking for a server connection to holding one.",
+            &pools,
+            |s| (s.wait_buckets, s.wait_us),
+        );
+        histogram(
+            &mut text,
+            "pgtenant_request_seconds",
+            "Time a server took over a request (to its ReadyForQuery): the seed's p99 thresholds are 0.1 s (warning) and 0.5 s (critical).",
+            &pools,
+            |s| (s.query_buckets, s.query_us),
+        );
         text
     }
 }
@@ -105,14 +120,25 @@ fn record(view: &AdminView<'_>) {
         gauge!("pgtenant_catalog_listening").set(f64::from(u8::from(listening)));
     }
     gauge!("pgtenant_ready").set(f64::from(u8::from(super::not_ready(view).is_empty())));
+    for (source, n) in view.router.routes_by_source() {
+        counter!("pgtenant_routes_total", "source" => source).absolute(n);
+    }
+    for (raiser, class, n) in crate::observe::errors::snapshot() {
+        counter!("pgtenant_errors_total", "raised_by" => raiser.name(), "class" => class).absolute(n);
+    }
 }
 
-/// `pgtenant_checkout_wait_seconds`, per shard and node, from the pools' buckets.
-fn checkout_histogram(view: &AdminView<'_>, out: &mut String) {
-    let name = "pgtenant_checkout_wait_seconds";
-    let _ = writeln!(out, "# HELP {name} Time from asking for a server connection to holding one.");
+/// A histogram per pool from its fixed buckets (`bucket_counts_and_sum` of its stats).
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    pools: &[PoolView],
+    bucket_counts_and_sum: impl Fn(&StatsSnapshot) -> ([u64; WAIT_BUCKETS_US.len() + 1], u64),
+) {
+    let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} histogram");
-    for pool in view.pools.snapshot() {
+    for pool in pools {
         let labels = format!(
             "shard=\"{}\",node=\"{}:{}\",database=\"{}\",user=\"{}\"",
             pool.shard,
@@ -121,16 +147,16 @@ fn checkout_histogram(view: &AdminView<'_>, out: &mut String) {
             escape(&pool.database),
             escape(&pool.user)
         );
-        let s = pool.stats;
+        let (buckets, sum_us) = bucket_counts_and_sum(&pool.stats);
         let mut cumulative = 0;
         for (i, bound) in WAIT_BUCKETS_US.iter().enumerate() {
-            cumulative += s.wait_buckets[i];
+            cumulative += buckets[i];
             let le = *bound as f64 / 1e6;
             let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
         }
-        cumulative += s.wait_buckets[WAIT_BUCKETS_US.len()];
+        cumulative += buckets[WAIT_BUCKETS_US.len()];
         let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {cumulative}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", s.wait_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", sum_us as f64 / 1e6);
         let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
     }
 }

@@ -378,6 +378,8 @@ impl ResponseQueue {
         if forward {
             out.extend_from_slice(raw);
             fx.client_error = true;
+            let code = protocol::error_field(raw.get(5..).unwrap_or_default(), b'C').unwrap_or_default();
+            crate::observe::errors::count(crate::observe::errors::Raiser::Server, code);
         }
         if let Some(Pending::Client { reply: Reply::Bind | Reply::Describe, statement: Some(stmt), .. }) =
             self.pending.front()

@@ -78,6 +78,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
 /// Appends the ErrorResponse for `err`, FATAL when the connection ends.
 pub fn write_error(buf: &mut BytesMut, err: &FrontendError) {
     let (code, message) = to_error_info(err);
+    crate::observe::errors::count(crate::observe::errors::Raiser::Proxy, code.as_bytes());
     let severity = if err.is_fatal() { Severity::Fatal } else { Severity::Error };
     protocol::error_response(buf, severity, &code, &message);
 }

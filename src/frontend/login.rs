@@ -65,7 +65,17 @@ pub async fn serve_connection(
     match login {
         Login::Session(mut start) => {
             start.peer = peer;
+            let (pid, since) = (start.cancel.pid, std::time::Instant::now());
+            tracing::info!(
+                client = pid,
+                user = %start.user.name,
+                database = %start.database,
+                tenant = start.tenant.as_ref().map(ToString::to_string),
+                addr = peer.map(|p| p.to_string()),
+                "client connected"
+            );
             Session::new(shared, client, start).run(shutdown).await;
+            tracing::info!(client = pid, seconds = since.elapsed().as_secs_f64(), "client disconnected");
         }
         Login::Console { user, pid, application_name } => {
             let listed = shared.clients.register(
@@ -82,6 +92,7 @@ pub async fn serve_connection(
                 None,
             );
             listed.set_state(ConnState::Active, None);
+            tracing::info!(client = pid, user = %user.name, addr = peer.map(|p| p.to_string()), "admin console connected");
             let max_message = shared.config.proxy.max_message_size;
             let view = shared.admin_view();
             if let Err(e) =

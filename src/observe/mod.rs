@@ -3,6 +3,7 @@
 //! on no other layer: layers feed it, and `admin` reads it.
 
 pub mod conns;
+pub mod errors;
 pub mod http;
 pub mod stats;
 

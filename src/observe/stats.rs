@@ -20,11 +20,13 @@ pub struct PoolStats {
     wait_us: AtomicU64,
     /// Checkouts by how long they took (`WAIT_BUCKETS_US`, then the rest).
     wait_buckets: [AtomicU64; WAIT_BUCKETS_US.len() + 1],
+    /// Requests by how long the server took (the same buckets).
+    query_buckets: [AtomicU64; WAIT_BUCKETS_US.len() + 1],
     /// Requests answered with an ErrorResponse.
     errors: AtomicU64,
 }
 
-/// Upper bounds (µs) of the checkout wait histogram's buckets.
+/// Upper bounds (µs) of the checkout-wait and request-time histograms' buckets.
 pub const WAIT_BUCKETS_US: [u64; 9] =
     [100, 1_000, 5_000, 10_000, 50_000, 100_000, 500_000, 1_000_000, 5_000_000];
 
@@ -41,6 +43,8 @@ pub struct StatsSnapshot {
     pub wait_us: u64,
     /// Checkouts per bucket of `WAIT_BUCKETS_US` (not cumulative), the last unbounded.
     pub wait_buckets: [u64; WAIT_BUCKETS_US.len() + 1],
+    /// Requests per bucket, the same way.
+    pub query_buckets: [u64; WAIT_BUCKETS_US.len() + 1],
     pub errors: u64,
 }
 
@@ -51,6 +55,7 @@ impl PoolStats {
     pub fn request_done(&self, query_us: u64, xact_us: Option<u64>) {
         self.queries.fetch_add(1, Ordering::Relaxed);
         self.query_us.fetch_add(query_us, Ordering::Relaxed);
+        self.query_buckets[bucket_of(query_us)].fetch_add(1, Ordering::Relaxed);
         if let Some(us) = xact_us {
             self.xacts.fetch_add(1, Ordering::Relaxed);
             self.xact_us.fetch_add(us, Ordering::Relaxed);
@@ -95,9 +100,14 @@ impl PoolStats {
             checkouts: get(&self.checkouts),
             wait_us: get(&self.wait_us),
             wait_buckets: std::array::from_fn(|i| get(&self.wait_buckets[i])),
+            query_buckets: std::array::from_fn(|i| get(&self.query_buckets[i])),
             errors: get(&self.errors),
         }
     }
+}
+
+fn bucket_of(us: u64) -> usize {
+    WAIT_BUCKETS_US.iter().position(|&bound| us <= bound).unwrap_or(WAIT_BUCKETS_US.len())
 }
 
 impl std::ops::Add for StatsSnapshot {
@@ -113,6 +123,7 @@ impl std::ops::Add for StatsSnapshot {
             checkouts: self.checkouts + o.checkouts,
             wait_us: self.wait_us + o.wait_us,
             wait_buckets: std::array::from_fn(|i| self.wait_buckets[i] + o.wait_buckets[i]),
+            query_buckets: std::array::from_fn(|i| self.query_buckets[i] + o.query_buckets[i]),
             errors: self.errors + o.errors,
         }
     }
@@ -132,6 +143,9 @@ impl StatsSnapshot {
             wait_us: self.wait_us.saturating_sub(earlier.wait_us),
             wait_buckets: std::array::from_fn(|i| {
                 self.wait_buckets[i].saturating_sub(earlier.wait_buckets[i])
+            }),
+            query_buckets: std::array::from_fn(|i| {
+                self.query_buckets[i].saturating_sub(earlier.query_buckets[i])
             }),
             errors: self.errors.saturating_sub(earlier.errors),
         }

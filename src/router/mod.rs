@@ -123,7 +123,7 @@ impl PlacementMemo {
     const MAX_USES: u32 = 1000;
 }
 
-/// Why a transaction went where it went (for the debug log).
+/// Why a transaction went where it went (the debug log, the routing counters).
 #[derive(Clone, Copy, Debug)]
 enum Why {
     SessionTenant,
@@ -131,6 +131,20 @@ enum Why {
     NamedTenantsShareShard,
     NoTenantNeeded,
     NoTenantPolicyDefault,
+}
+
+impl Why {
+    /// The source a route's tenant came from, as the metrics name it.
+    const SOURCES: [&'static str; 4] = ["session", "statement", "no_tenant", "default"];
+
+    fn source(self) -> usize {
+        match self {
+            Why::SessionTenant => 0,
+            Why::NamedByStatement | Why::NamedTenantsShareShard => 1,
+            Why::NoTenantNeeded => 2,
+            Why::NoTenantPolicyDefault => 3,
+        }
+    }
 }
 
 /// Decides routes; shared by all sessions.
@@ -142,6 +156,8 @@ pub struct Router {
     no_tenant_policy: NoTenantPolicy,
     tenant_key: TenantKey,
     facts: FactsCache,
+    /// Routes decided, by where their tenant came from (`Why::SOURCES`).
+    routes: [std::sync::atomic::AtomicU64; 4],
 }
 
 impl Router {
@@ -158,7 +174,20 @@ impl Router {
                 &config.proxy.tenant_column,
             )
             .with_parse_limit(config.proxy.max_parsed_statement_bytes),
+            routes: Default::default(),
         }
+    }
+
+    /// Routes decided so far, by the source of their tenant: session (the session's
+    /// tenant), statement (a hint, the SQL or a parameter), no_tenant (work that needs
+    /// none), default (the no-tenant policy's shard).
+    pub fn routes_by_source(&self) -> [(&'static str, u64); 4] {
+        std::array::from_fn(|i| (Why::SOURCES[i], self.routes[i].load(std::sync::atomic::Ordering::Relaxed)))
+    }
+
+    fn log_route(&self, route: &Route, why: Why) {
+        self.routes[why.source()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(tenant = ?route.tenant, shard = route.shard, state = ?route.state, ?why, "routed");
     }
 
     /// The tenant column's name, lowercase.
@@ -215,7 +244,7 @@ impl Router {
                 state: placement.state,
                 target: NodeTarget::Primary,
             };
-            log_route(&route, Why::SessionTenant);
+            self.log_route(&route, Why::SessionTenant);
             return Ok(route);
         }
         let Some(first) = named.first() else {
@@ -247,7 +276,7 @@ impl Router {
             }
         }
         let why = if route.tenant.is_some() { Why::NamedByStatement } else { Why::NamedTenantsShareShard };
-        log_route(&route, why);
+        self.log_route(&route, why);
         Ok(route)
     }
 
@@ -289,7 +318,7 @@ impl Router {
             state: TenantState::Active,
             target: NodeTarget::Primary,
         };
-        log_route(&route, why);
+        self.log_route(&route, why);
         Ok(route)
     }
 
@@ -424,10 +453,6 @@ impl Router {
     pub fn is_cached(&self, tenant: &TenantId) -> bool {
         self.directory.cached(tenant).is_some()
     }
-}
-
-fn log_route(route: &Route, why: Why) {
-    tracing::debug!(tenant = ?route.tenant, shard = route.shard, state = ?route.state, ?why, "routed");
 }
 
 /// A tenant key from a Bind parameter: text, binary int2/int4/int8 for bigint keys,

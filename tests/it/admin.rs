@@ -154,6 +154,20 @@ async fn metrics_parse_as_prometheus_text_and_move_with_traffic() {
     let (status, body) = http_get(http, "/metrics").await;
     assert_eq!(status, 200);
     assert_eq!(queries_on_shard_1(&body) - before, 5.0, "five more queries on shard 1");
+    // Errors by class and raiser: a server's 22012, pgtenant's own 42501.
+    let errors = |body: &str, labels: &str| metric(body, &format!("pgtenant_errors_total{{{labels}}}"));
+    let (server_22, proxy_42) = (
+        errors(&body, "raised_by=\"server\",class=\"22\""),
+        errors(&body, "raised_by=\"pgtenant\",class=\"42\""),
+    );
+    assert!(client.simple_query("SELECT 1/0").await.is_err());
+    assert!(client.simple_query("SELECT * FROM accounts WHERE tenant_id = 8").await.is_err());
+    let body = http_get(http, "/metrics").await.1;
+    // Counted process-wide: other tests' errors may add to them.
+    assert!(errors(&body, "raised_by=\"server\",class=\"22\"") - server_22 >= 1.0, "{body}");
+    assert!(errors(&body, "raised_by=\"pgtenant\",class=\"42\"") - proxy_42 >= 1.0);
+    assert!(metric(&body, "pgtenant_routes_total{source=\"session\"}") >= 7.0);
+    assert!(body.contains("pgtenant_request_seconds_bucket{"), "the request-time histogram");
     // A real Prometheus text parser reads all of it.
     let parsed = python(
         "import sys\nfrom prometheus_client.parser import text_string_to_metric_families as p\n\
@@ -163,6 +177,11 @@ async fn metrics_parse_as_prometheus_text_and_move_with_traffic() {
     );
     assert!(parsed.trim().parse::<u32>().unwrap_or(0) > 10, "{parsed}");
     proxy.shutdown().await;
+}
+
+/// The value of the series written exactly `series` (0 when absent).
+fn metric(body: &str, series: &str) -> f64 {
+    body.lines().find_map(|l| l.strip_prefix(series)?.trim().parse::<f64>().ok()).unwrap_or(0.0)
 }
 
 /// `pgtenant_queries_total` summed over shard 1's series.
@@ -369,5 +388,38 @@ async fn kill_reconnect_and_shutdown_act_on_the_proxy() {
     let refused =
         eventually(Duration::from_secs(10), || async { proxy.try_connect(Some(7)).await.is_err() }).await;
     assert!(refused.is_some(), "no longer accepting");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_follows_the_catalog() {
+    let cluster =
+        tokio::task::spawn_blocking(|| crate::harness::private_cluster("ready_catalog", 9)).await.unwrap();
+    let s = crate::harness::shards();
+    pgtenant::dev::demo::setup_catalog(cluster.port, "catalog_ready", s.ports).await.unwrap();
+    let catalog = pgtenant::dev::demo::local_catalog(cluster.port, "catalog_ready");
+    let proxy = crate::harness::start_catalog_proxy(catalog, |c| {
+        c.observe.listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let http = proxy.http_addr().unwrap();
+    let ready =
+        eventually(Duration::from_secs(10), || async { http_get(http, "/readyz").await.0 == 200 }).await;
+    assert!(ready.is_some(), "ready with the catalog up");
+
+    let stopped = cluster.clone();
+    tokio::task::spawn_blocking(move || stopped.stop()).await.unwrap().unwrap();
+    let not_ready =
+        eventually(Duration::from_secs(10), || async { http_get(http, "/readyz").await.0 == 503 }).await;
+    assert!(not_ready.is_some(), "not ready once the catalog is gone");
+    let reasons = http_get(http, "/readyz").await.1;
+    assert!(reasons.contains("catalog"), "{reasons}");
+    assert_eq!(http_get(http, "/healthz").await.0, 200, "alive all the same");
+
+    let started = cluster.clone();
+    tokio::task::spawn_blocking(move || started.start()).await.unwrap().unwrap();
+    let back =
+        eventually(Duration::from_secs(20), || async { http_get(http, "/readyz").await.0 == 200 }).await;
+    assert!(back.is_some(), "ready again once the catalog is back");
     proxy.shutdown().await;
 }

@@ -521,7 +521,12 @@ impl Session {
 
     /// Answers a request with an error; `ready` adds the ReadyForQuery a simple query owes.
     fn reply_error(&mut self, err: &FrontendError, ready: bool) {
-        tracing::debug!(error = %err, "request refused");
+        if matches!(err, FrontendError::Route(_)) {
+            let tenant = self.tenant.as_ref().map(ToString::to_string);
+            tracing::info!(client = self.cancel.pid, tenant, error = %err, "routing error");
+        } else {
+            tracing::debug!(error = %err, "request refused");
+        }
         if self.server.is_none() {
             // A checkout that failed left it listed as waiting.
             self.listed.set_state(ConnState::Idle, None);
