@@ -70,7 +70,7 @@ struct Live {
     /// A tag of the tenant whose transaction it runs or waits to run (0: none), for
     /// per-tenant pauses.
     tenant_tag: AtomicU64,
-    /// When its current state began (unix ms).
+    /// When its current wait began (unix ms), if it waits.
     since_unix_ms: AtomicU64,
     /// When it last sent a request (unix ms).
     request_unix_ms: AtomicU64,
@@ -187,8 +187,11 @@ impl ConnHandle {
     pub fn set_state(&self, state: ConnState, shard: Option<u16>) {
         self.live.shard.store(shard.map_or(u32::MAX, u32::from), Ordering::Relaxed);
         // Sequentially consistent: a pause that reads the states after raising its flag
-        // sees every client that did not see the flag (see `tenancy::pause`).
-        if self.live.state.swap(state as u8, Ordering::SeqCst) != state as u8 {
+        // sees every client that did not see the flag (see `tenancy::pause`). Only a
+        // wait's start is shown (SHOW POOLS' maxwait, SHOW CLIENTS' wait): the clock is
+        // read for those alone.
+        let before = self.live.state.swap(state as u8, Ordering::SeqCst);
+        if before != state as u8 && matches!(state, ConnState::Waiting | ConnState::Paused) {
             self.live.since_unix_ms.store(unix_ms(), Ordering::Relaxed);
         }
     }
