@@ -120,6 +120,10 @@ fn record(view: &AdminView<'_>) {
         gauge!("pgtenant_catalog_listening").set(f64::from(u8::from(listening)));
     }
     gauge!("pgtenant_ready").set(f64::from(u8::from(super::not_ready(view).is_empty())));
+    let (hits, misses) = view.router.parse_cache_hits_and_misses();
+    counter!("pgtenant_parse_cache_hits_total").absolute(hits);
+    counter!("pgtenant_parse_cache_misses_total").absolute(misses);
+    counter!("pgtenant_snowflake_ids_minted_total").absolute(view.minter.minted());
     for (source, n) in view.router.routes_by_source() {
         counter!("pgtenant_routes_total", "source" => source).absolute(n);
     }

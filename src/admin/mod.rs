@@ -48,6 +48,7 @@ pub struct AdminView<'a> {
     pub pauses: &'a PauseBoard,
     /// Stops the proxy as SIGTERM does (SHUTDOWN).
     pub stop: Option<&'a tokio::sync::watch::Sender<bool>>,
+    pub minter: &'a crate::snowflake::Minter,
 }
 
 /// Why the proxy should not take traffic now (empty: ready): the catalog's change

@@ -144,6 +144,7 @@ impl Shared {
             local_addr: self.local_addr.get().copied(),
             pauses: &self.pauses,
             stop: self.stop.get(),
+            minter: &self.minter,
         }
     }
 

@@ -71,6 +71,9 @@ pub struct FactsCache {
     /// sqlparser cannot parse is: parsing costs about a microsecond per byte.
     parse_limit: usize,
     tenant_column: String,
+    /// Shapes found in the cache, and looked for in vain (then parsed).
+    hits: std::sync::atomic::AtomicU64,
+    misses: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -99,6 +102,8 @@ impl FactsCache {
             byte_budget: byte_budget.max(1),
             parse_limit: usize::MAX,
             tenant_column: tenant_column.to_ascii_lowercase(),
+            hits: Default::default(),
+            misses: Default::default(),
         }
     }
 
@@ -114,6 +119,12 @@ impl FactsCache {
         self.shapes.read().unwrap_or_else(|e| e.into_inner()).bytes
     }
 
+    /// Shapes found in the cache and not, so far.
+    pub fn hits_and_misses(&self) -> (u64, u64) {
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+        (get(&self.hits), get(&self.misses))
+    }
+
     pub fn tenant_column(&self) -> &str {
         &self.tenant_column
     }
@@ -123,8 +134,10 @@ impl FactsCache {
     pub fn facts(&self, sql: &str) -> (Arc<SqlFacts>, Vec<Range<usize>>) {
         let (shape, literals) = shape_of(sql);
         if let Some(facts) = self.shapes.read().unwrap_or_else(|e| e.into_inner()).facts.get(shape.as_str()) {
+            self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return (facts.clone(), literals);
         }
+        self.misses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if shape.len() > self.parse_limit {
             let facts = unparsed_facts(sql, &self.tenant_column);
             return (Arc::new(SqlFacts { per_text: true, ..facts }), literals);

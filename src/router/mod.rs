@@ -185,6 +185,11 @@ impl Router {
         std::array::from_fn(|i| (Why::SOURCES[i], self.routes[i].load(std::sync::atomic::Ordering::Relaxed)))
     }
 
+    /// Statement shapes whose parse the cache spared, and those it did not have.
+    pub fn parse_cache_hits_and_misses(&self) -> (u64, u64) {
+        self.facts.hits_and_misses()
+    }
+
     fn log_route(&self, route: &Route, why: Why) {
         self.routes[why.source()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, state = ?route.state, ?why, "routed");

@@ -47,6 +47,8 @@ pub struct Minter {
     max_clock_backwards_ms: i64,
     grant: RwLock<GrantState>,
     shards: Box<[Mutex<Sequence>]>,
+    /// IDs minted so far (the metrics).
+    minted: std::sync::atomic::AtomicU64,
 }
 
 /// What one attempt produced besides IDs.
@@ -66,7 +68,13 @@ impl Minter {
             max_clock_backwards_ms: max_clock_backwards_ms as i64,
             grant: RwLock::new(GrantState::Pending),
             shards: (0..=MAX_SHARD).map(|_| Mutex::new(Sequence::default())).collect(),
+            minted: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// IDs minted so far.
+    pub fn minted(&self) -> u64 {
+        self.minted.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn layout(&self) -> Layout {
@@ -136,6 +144,7 @@ impl Minter {
         let counter = if now_ms > earliest { 0 } else { counter };
         let take = (self.layout.ids_per_ms() - counter).min((n - out.len()) as i64);
         out.extend((counter..counter + take).map(|c| self.layout.compose(now_ms, shard, grant.instance, c)));
+        self.minted.fetch_add(take.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
         seq.ms = now_ms;
         seq.next_counter = counter + take;
         Ok(if out.len() == n { Attempt::Done } else { Attempt::WaitUntil(now_ms + 1 + EPOCH_UNIX_MS) })

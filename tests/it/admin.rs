@@ -168,6 +168,14 @@ async fn metrics_parse_as_prometheus_text_and_move_with_traffic() {
     assert!(errors(&body, "raised_by=\"pgtenant\",class=\"42\"") - proxy_42 >= 1.0);
     assert!(metric(&body, "pgtenant_routes_total{source=\"session\"}") >= 7.0);
     assert!(body.contains("pgtenant_request_seconds_bucket{"), "the request-time histogram");
+    assert!(
+        metric(&body, "pgtenant_parse_cache_hits_total") + metric(&body, "pgtenant_parse_cache_misses_total")
+            > 0.0
+    );
+    let minted = metric(&body, "pgtenant_snowflake_ids_minted_total");
+    client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap();
+    let body = http_get(http, "/metrics").await.1;
+    assert_eq!(metric(&body, "pgtenant_snowflake_ids_minted_total") - minted, 1.0, "one ID minted");
     // A real Prometheus text parser reads all of it.
     let parsed = python(
         "import sys\nfrom prometheus_client.parser import text_string_to_metric_families as p\n\
