@@ -18,8 +18,8 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
-        Command::Serve { config } => {
-            let config = match Config::load(&config) {
+        Command::Serve { config: file } => {
+            let config = match Config::load(&file) {
                 Ok(c) => c,
                 Err(e) => {
                     eprintln!("{e}");
@@ -28,7 +28,8 @@ fn main() -> std::process::ExitCode {
             };
             pgtenant::observe::init_logging_as("info", config.observe.log_format == LogFormat::Json);
             run(config.proxy.workers, async move {
-                let proxy = pgtenant::server::start(config).await.map_err(|e| e.to_string())?;
+                let proxy =
+                    pgtenant::server::start_with_file(config, Some(file)).await.map_err(|e| e.to_string())?;
                 proxy.serve_until_signal().await;
                 Ok(())
             })

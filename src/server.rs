@@ -35,6 +35,7 @@ pub struct RunningProxy {
     pub http_addr: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+    shared: std::sync::Weak<Shared>,
 }
 
 impl RunningProxy {
@@ -56,12 +57,30 @@ impl RunningProxy {
             termination_signal().await;
             let _ = stop.send(true);
         });
+        let shared = self.shared.clone();
+        tokio::spawn(reload_on_sighup(shared));
         self.wait().await;
+    }
+
+    /// Reads the configuration file again, as RELOAD and SIGHUP do.
+    pub fn reload(&self) -> Result<(), Vec<String>> {
+        match self.shared.upgrade() {
+            Some(shared) => shared.reload(),
+            None => Err(vec!["the proxy has stopped".into()]),
+        }
     }
 }
 
 /// Validates `config`, binds its listen address and starts serving.
 pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
+    start_with_file(config, None).await
+}
+
+/// As `start`, for a configuration read from `file`, which RELOAD and SIGHUP read again.
+pub async fn start_with_file(
+    config: Config,
+    file: Option<std::path::PathBuf>,
+) -> Result<RunningProxy, StartError> {
     let problems = config::validate(&config);
     if !problems.is_empty() {
         return Err(StartError::Invalid(problems));
@@ -97,6 +116,9 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     let shared = Arc::new(Shared::new(config.clone(), router, pools, tls, minter));
     let _ = shared.local_addr.set(addr);
     let _ = shared.stop.set(shutdown.clone());
+    if let Some(file) = file {
+        let _ = shared.config_path.set(file);
+    }
     tokio::spawn(sample_stats(Arc::downgrade(&shared)));
     let http = match config.observe.listen {
         Some(listen) => Some(serve_http(listen, &shared, rx.clone()).await?),
@@ -123,6 +145,7 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
     if let Some(shortest) = expiries.min() {
         tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     }
+    let shared_weak = Arc::downgrade(&shared);
     let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
     let http_addr = http.as_ref().map(|(addr, _)| *addr);
     let task = tokio::spawn(async move {
@@ -136,7 +159,25 @@ pub async fn start(config: Config) -> Result<RunningProxy, StartError> {
         }
     });
     tracing::info!(%addr, "pgtenant is serving");
-    Ok(RunningProxy { addr, http_addr, shutdown, task })
+    Ok(RunningProxy { addr, http_addr, shutdown, task, shared: shared_weak })
+}
+
+/// SIGHUP reads the configuration file again (as the console's RELOAD); a refused
+/// file is logged with every problem and the running configuration kept.
+async fn reload_on_sighup(shared: std::sync::Weak<Shared>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else { return };
+        while hangups.recv().await.is_some() {
+            let Some(shared) = shared.upgrade() else { return };
+            if let Err(problems) = shared.reload() {
+                tracing::error!(problems = %problems.join("; "), "SIGHUP: configuration not reloaded; the running one is kept");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = shared;
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listen`; not ready once draining.

@@ -49,6 +49,8 @@ pub enum Command {
     Reconnect(Option<u16>),
     /// `SHUTDOWN`: the proxy stops as on SIGTERM.
     Shutdown,
+    /// `RELOAD`: the configuration file is read again.
+    Reload,
     /// An empty statement (only blanks or `;`).
     Empty,
 }
@@ -72,6 +74,8 @@ pub enum CommandError {
     PauseEnded(String),
     #[error("no client has id {0} (SHOW CLIENTS lists them)")]
     UnknownClient(u64),
+    #[error("the configuration was not reloaded; the running one is kept: {}", .0.join("; "))]
+    ReloadRefused(Vec<String>),
     #[error("cannot read \"{0}\" (SHOW HELP lists the commands and their arguments)")]
     BadScope(String),
 }
@@ -88,12 +92,13 @@ impl CommandError {
             CommandError::UnknownShard(_) | CommandError::UnknownClient(_) => sqlstate::UNDEFINED_OBJECT,
             CommandError::BadTenant(_) => sqlstate::INVALID_PARAMETER_VALUE,
             CommandError::PauseEnded(_) => sqlstate::QUERY_CANCELED,
+            CommandError::ReloadRefused(_) => sqlstate::CONFIG_FILE_ERROR,
         }
     }
 }
 
 /// The commands that steer the proxy, which this console does not do yet.
-const NOT_YET: [&str; 2] = ["reload", "set"];
+const NOT_YET: [&str; 1] = ["set"];
 
 pub fn parse(sql: &str) -> Result<Command, CommandError> {
     let text = sql.trim().trim_end_matches(';').trim();
@@ -122,6 +127,7 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         }
         ("reconnect", _) => return Err(bad()),
         ("shutdown", []) => return Ok(Command::Shutdown),
+        ("reload", []) => return Ok(Command::Reload),
         ("shutdown", _) => return Err(CommandError::NotYet("SHUTDOWN WAIT_FOR_CLIENTS".into())),
         _ => {}
     }
@@ -203,6 +209,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("KILL CLIENT id", "end a client's session (57P01), its transaction rolled back"),
     ("RECONNECT [[SHARD] n]", "replace server connections: idle ones now, busy ones when given back"),
     ("SHUTDOWN", "stop as on SIGTERM: stop accepting, let transactions finish, end idle sessions"),
+    ("RELOAD", "read the configuration file again: users, shards, ranges, tenant map, tenant limits"),
 ];
 
 #[cfg(test)]
@@ -219,7 +226,8 @@ mod tests {
         assert_eq!(parse("show tenant"), Err(CommandError::TenantMissing));
         assert!(matches!(parse("show nothing"), Err(CommandError::UnknownView(_))));
         assert!(matches!(parse("select 1"), Err(CommandError::Unknown(_))));
-        assert_eq!(parse("RELOAD"), Err(CommandError::NotYet("RELOAD".into())));
+        assert_eq!(parse("RELOAD;"), Ok(Command::Reload));
+        assert_eq!(parse("SET x = 1"), Err(CommandError::NotYet("SET".into())));
         assert_eq!(parse("PAUSE"), Ok(Command::Pause { scope: Scope::All, timeout_secs: None }));
         assert_eq!(
             parse("pause 2 timeout 1.5"),

@@ -119,6 +119,10 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
             tracing::info!(?shard, pools, "admin RECONNECT: server connections are being replaced");
             Ok(Answer::Done("RECONNECT"))
         }
+        Command::Reload => match view.reloader.reload() {
+            Ok(()) => Ok(Answer::Done("RELOAD")),
+            Err(problems) => Err(CommandError::ReloadRefused(problems)),
+        },
         Command::Shutdown => {
             tracing::warn!("admin SHUTDOWN: stopping");
             if let Some(stop) = view.stop {

@@ -33,9 +33,16 @@ pub fn is_console(database: &str) -> bool {
     CONSOLE_ALIASES.contains(&database)
 }
 
+/// Reads the configuration file again (RELOAD); `Err` lists every problem, and then
+/// nothing changed.
+pub trait Reloader: Send + Sync {
+    fn reload(&self) -> Result<(), Vec<String>>;
+}
+
 /// What the console and the metrics read.
 pub struct AdminView<'a> {
-    pub config: &'a Config,
+    /// The configuration as last read from its file.
+    pub config: std::sync::Arc<Config>,
     pub router: &'a Router,
     pub pools: &'a Pools,
     pub health: &'a HealthView,
@@ -49,6 +56,7 @@ pub struct AdminView<'a> {
     /// Stops the proxy as SIGTERM does (SHUTDOWN).
     pub stop: Option<&'a tokio::sync::watch::Sender<bool>>,
     pub minter: &'a crate::snowflake::Minter,
+    pub reloader: &'a dyn Reloader,
 }
 
 /// Why the proxy should not take traffic now (empty: ready): the catalog's change

@@ -11,7 +11,7 @@ use super::table::{Kind, Table, int, opt_text, text};
 use crate::backend::PoolView;
 use crate::backend::health::{NodeKey, NodeState, ObservedRole, PrimaryChoice};
 use crate::config::{HealthConfig, NodeRole, ObserveConfig, PoolMode, ProxyConfig};
-use crate::directory::{PlacementRule, TenantId};
+use crate::directory::{PlacementRule, Shard, TenantId};
 use crate::observe::conns::{ConnRow, ConnState, unix_ms};
 use crate::observe::stats::StatsSnapshot;
 use crate::protocol::values::Value;
@@ -379,7 +379,7 @@ fn config(view: &AdminView<'_>) -> Table {
         ("default", Kind::Text),
         ("changeable", Kind::Text),
     ]);
-    let c = view.config;
+    let c = &view.config;
     let pool_size = c.users.iter().map(|u| u.pool_size).max().unwrap_or(0);
     let aliases = [
         ("max_client_conn", c.proxy.max_clients.to_string(), ProxyConfig::default().max_clients.to_string()),
@@ -530,10 +530,7 @@ fn shards(view: &AdminView<'_>) -> Table {
             .iter()
             .filter(|n| matches!(view.health.state(&NodeKey::of(id, n)), NodeState::Up { failing: 0, .. }))
             .count();
-        let primary = match view.health.primary_of(shard) {
-            PrimaryChoice::Node(n) => format!("{}:{}", n.host, n.port),
-            PrimaryChoice::Holding(reason) => format!("none: {}", reason.describe()),
-        };
+        let primary = writes_to(view, shard);
         let mine: Vec<&PoolView> = pools.iter().filter(|p| p.shard == id).collect();
         let size: usize = mine.iter().map(|p| p.size).sum();
         let active: usize = mine.iter().map(|p| p.active).sum();
@@ -569,6 +566,14 @@ fn shards(view: &AdminView<'_>) -> Table {
         ]);
     }
     t
+}
+
+/// The node `shard`'s writes go to now (`host:port`), or why none.
+fn writes_to(view: &AdminView<'_>, shard: &Shard) -> String {
+    match view.health.primary_of(shard) {
+        PrimaryChoice::Node(n) => format!("{}:{}", n.host, n.port),
+        PrimaryChoice::Holding(reason) => format!("none: {}", reason.describe()),
+    }
 }
 
 fn nodes(view: &AdminView<'_>) -> Table {
@@ -676,10 +681,7 @@ async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
                 }
                 _ => "map".to_string(),
             };
-            let node = topology.shard(placement.shard).map(|s| match view.health.primary_of(s) {
-                PrimaryChoice::Node(n) => format!("{}:{}", n.host, n.port),
-                PrimaryChoice::Holding(reason) => format!("none: {}", reason.describe()),
-            });
+            let node = topology.shard(placement.shard).map(|s| writes_to(view, s));
             t.push(vec![
                 text(id),
                 Value::Bool(true),

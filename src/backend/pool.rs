@@ -395,6 +395,8 @@ pub struct Pools {
     tls: Option<Arc<ServerTls>>,
     pools: RwLock<HashMap<PoolKey, ServerPool>>,
     limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
+    /// The file's `[[tenant_limits]]` (replaced by a RELOAD).
+    file_limits: Arc<RwLock<Arc<TenantLimits>>>,
     /// Every open server connection (the admin console's SHOW SERVERS).
     pub servers: Arc<ConnRegistry>,
 }
@@ -415,15 +417,19 @@ impl Pools {
     /// Pools whose tenant limits are the file's and those of `directory`'s topology.
     pub fn new(config: Arc<Config>, tls: Option<ServerTls>, directory: Arc<dyn Directory>) -> Self {
         let file = Arc::new(TenantLimits::from_config(&config.tenant_limits, config.proxy.tenant_key));
+        let file_limits = Arc::new(RwLock::new(file));
+        let in_file = file_limits.clone();
         let limits = Arc::new(move || {
             let catalog = directory.topology().limits().clone();
-            Arc::new(LimitsInForce { file: file.clone(), catalog }) as Arc<dyn LimitSource>
+            let file = in_file.read().unwrap_or_else(|e| e.into_inner()).clone();
+            Arc::new(LimitsInForce { file, catalog }) as Arc<dyn LimitSource>
         });
         Self {
             config,
             tls: tls.map(Arc::new),
             pools: RwLock::new(HashMap::new()),
             limits,
+            file_limits,
             servers: Arc::default(),
         }
     }
@@ -523,6 +529,13 @@ impl Pools {
             ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms, listed);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
         pools.entry(key).or_insert(pool).clone()
+    }
+
+    /// Takes a reloaded file's `[[tenant_limits]]`: the gates plan with them from their
+    /// next round.
+    pub fn reload_limits(&self, config: &Config) {
+        let limits = Arc::new(TenantLimits::from_config(&config.tenant_limits, config.proxy.tenant_key));
+        *self.file_limits.write().unwrap_or_else(|e| e.into_inner()) = limits;
     }
 
     /// Replaces the connections of `shard`'s pools (every pool's: `None`): idle ones

@@ -4,6 +4,7 @@
 //! A `Config` that passed `validate` is what every other layer reads; they never
 //! re-check it.
 
+mod reload;
 mod validate;
 
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use reload::needs_restart;
 pub use validate::validate;
 
 /// The whole configuration file.

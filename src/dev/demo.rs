@@ -39,34 +39,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         },
         tls: tls_dir.map(|d| TlsConfig { cert: d.join("server.crt"), key: d.join("server.key") }),
         server_tls: ServerTlsConfig::default(),
-        users: vec![
-            UserConfig {
-                name: DEMO_USER.into(),
-                password: Some(DEMO_PASSWORD.into()),
-                scram_secret: None,
-                auth: AuthMethod::ScramSha256,
-                server_user: None,
-                server_password: None,
-                pool_size: 20,
-                pool_mode: None,
-                allow_tenant_switch: None,
-                target: None,
-                admin: false,
-            },
-            UserConfig {
-                name: ADMIN_USER.into(),
-                password: Some(ADMIN_PASSWORD.into()),
-                scram_secret: None,
-                auth: AuthMethod::ScramSha256,
-                server_user: None,
-                server_password: None,
-                pool_size: 20,
-                pool_mode: None,
-                allow_tenant_switch: None,
-                target: None,
-                admin: true,
-            },
-        ],
+        users: vec![login(DEMO_USER, DEMO_PASSWORD, false), login(ADMIN_USER, ADMIN_PASSWORD, true)],
         shards: vec![
             ShardConfig { id: 1, nodes: vec![node(shard_ports[0])] },
             ShardConfig { id: 2, nodes: vec![node(shard_ports[1])] },
@@ -81,6 +54,23 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         snowflake: SnowflakeConfig::default(),
         health: Default::default(),
         observe: Default::default(),
+    }
+}
+
+/// A demo login (SCRAM, a pool of 20); `admin` opens the admin console to it.
+fn login(name: &str, password: &str, admin: bool) -> UserConfig {
+    UserConfig {
+        name: name.into(),
+        password: Some(password.into()),
+        scram_secret: None,
+        auth: AuthMethod::ScramSha256,
+        server_user: None,
+        server_password: None,
+        pool_size: 20,
+        pool_mode: None,
+        allow_tenant_switch: None,
+        target: None,
+        admin,
     }
 }
 

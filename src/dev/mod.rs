@@ -81,7 +81,7 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
         config.health.user = Some("postgres".into());
     }
     write_config(&dir, &config)?;
-    let served = serve(config).await;
+    let served = serve(config, dir.join("pgtenant.toml")).await;
     // Replicas first: a primary stopping before them waits for nothing, and they would
     // only retry.
     let stopping: Vec<Cluster> = clusters.iter().rev().cloned().collect();
@@ -91,10 +91,11 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
     served.and(stopped)
 }
 
-async fn serve(config: crate::config::Config) -> Result<(), String> {
+/// Serves `config`, written to `file` (which RELOAD and SIGHUP read again).
+async fn serve(config: crate::config::Config, file: PathBuf) -> Result<(), String> {
     let config_catalog = config.catalog.clone();
     let auto_promote = config.health.auto_promote;
-    let proxy = crate::server::start(config).await.map_err(|e| e.to_string())?;
+    let proxy = crate::server::start_with_file(config, Some(file)).await.map_err(|e| e.to_string())?;
     println!(
         "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
         proxy.addr

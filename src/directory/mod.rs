@@ -230,6 +230,12 @@ pub trait Directory: Send + Sync {
     /// remembered with the same generation is still the directory's answer.
     fn generation(&self) -> u64;
 
+    /// Takes the shards, ranges and tenant map of a reloaded configuration file (a
+    /// catalog is its own source: nothing to take).
+    fn reload_from(&self, _config: &crate::config::Config) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Where placements come from and how that source is doing, for operators.
     fn status(&self) -> DirectoryStatus {
         DirectoryStatus { source: "configuration file".into(), ..DirectoryStatus::default() }

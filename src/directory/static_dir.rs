@@ -1,19 +1,28 @@
 //! The directory of a configuration file: explicit placements, then ranges.
-//! Everything is in memory, so `cached` always answers.
+//! Everything is in memory, so `cached` always answers. A RELOAD of the file replaces
+//! both at once, and bumps the routing version and generation as a catalog change
+//! would, so sessions forget what they remembered.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use super::{Directory, DirectoryError, Lookup, Placement, ShardId, TenantId, TenantState, Topology};
 use crate::config::Config;
 
 pub struct StaticDirectory {
+    layout: RwLock<Layout>,
+    /// Reloads applied: the routing version and the generation.
+    reloads: AtomicU64,
+}
+
+struct Layout {
     explicit: HashMap<TenantId, ShardId>,
     topology: Arc<Topology>,
 }
 
-impl StaticDirectory {
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+impl Layout {
+    fn of(config: &Config) -> Result<Self, String> {
         let kind = config.proxy.tenant_key;
         let explicit = config
             .tenant_map
@@ -22,13 +31,24 @@ impl StaticDirectory {
             .collect();
         Ok(Self { explicit, topology: Arc::new(Topology::from_config(config)?) })
     }
+}
+
+impl StaticDirectory {
+    pub fn from_config(config: &Config) -> Result<Self, String> {
+        Ok(Self { layout: RwLock::new(Layout::of(config)?), reloads: AtomicU64::new(0) })
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Layout> {
+        self.layout.read().unwrap_or_else(|e| e.into_inner())
+    }
 
     fn resolve(&self, tenant: &TenantId) -> Result<Placement, DirectoryError> {
-        let shard = self
+        let layout = self.read();
+        let shard = layout
             .explicit
             .get(tenant)
             .copied()
-            .or_else(|| self.topology.place_by_rules(tenant))
+            .or_else(|| layout.topology.place_by_rules(tenant))
             .ok_or_else(|| DirectoryError::NotPlaced(tenant.clone()))?;
         Ok(Placement { shard, state: TenantState::Active })
     }
@@ -45,16 +65,23 @@ impl Directory for StaticDirectory {
     }
 
     fn topology(&self) -> Arc<Topology> {
-        self.topology.clone()
+        self.read().topology.clone()
     }
 
-    /// A configuration file does not change under a running proxy.
+    /// The number of reloads that changed the file's layout.
     fn version(&self) -> i64 {
-        0
+        self.reloads.load(Ordering::Acquire) as i64
     }
 
     fn generation(&self) -> u64 {
-        0
+        self.reloads.load(Ordering::Acquire)
+    }
+
+    fn reload_from(&self, config: &Config) -> Result<(), String> {
+        let layout = Layout::of(config)?;
+        *self.layout.write().unwrap_or_else(|e| e.into_inner()) = layout;
+        self.reloads.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 }
 

@@ -163,10 +163,11 @@ async fn login(
     if minor > 0 || !params.protocol_options.is_empty() {
         negotiate_protocol_version(&mut client.wbuf, &params.protocol_options);
     }
-    let user = config.user(&params.user).cloned().map(Arc::new);
+    let users = shared.users();
+    let user = users.configs.get(&params.user).cloned();
     // Channel binding to the certificate this client's TLS was set up with.
     let binding = client.stream.is_tls().then(|| shared.tls.as_ref()?.end_point.as_deref()).flatten();
-    let auth = shared.auth.get(&params.user);
+    let auth = users.auth.get(&params.user);
     authenticate(client, &params.user, auth, binding, config.proxy.max_message_size).await?;
     let user = user.ok_or_else(|| FrontendError::AuthFailed { user: params.user.clone() })?;
     let permit = slots

@@ -8,13 +8,13 @@ mod error_response;
 mod listener;
 mod login;
 mod params;
+mod reload;
 mod scram;
 mod session;
 mod startup;
 mod strict;
 mod tls;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -71,7 +71,11 @@ pub struct Shared {
     pub tls: Option<ClientTls>,
     /// Mints the snowflake IDs the sessions answer for.
     pub minter: Arc<Minter>,
-    auth: HashMap<String, auth::UserAuth>,
+    /// The logins in force (replaced by a RELOAD), the file they came from, and the
+    /// configuration as last read from it.
+    users: std::sync::RwLock<Arc<reload::Users>>,
+    pub config_path: std::sync::OnceLock<std::path::PathBuf>,
+    file_config: std::sync::RwLock<Arc<Config>>,
     /// The topology whose departed nodes' pools were last closed (its address).
     pruned_for: AtomicUsize,
     /// Strict isolation's view of the shards' tenant tables.
@@ -102,7 +106,8 @@ impl Shared {
         tls: Option<ClientTls>,
         minter: Arc<Minter>,
     ) -> Self {
-        let auth = config.users.iter().map(|u| (u.name.clone(), auth::UserAuth::from_config(u))).collect();
+        let users = std::sync::RwLock::new(Arc::new(reload::Users::of(&config)));
+        let file_config = std::sync::RwLock::new(config.clone());
         // Statement texts shared by clients get the parse cache's byte budget.
         let statements = StatementRegistry::new(100_000, config.proxy.parse_cache_bytes);
         let health = Arc::new(HealthView::new(config.health.fail_after, config.health.max_held_requests));
@@ -115,7 +120,9 @@ impl Shared {
             cancels: Arc::new(CancelRegistry::default()),
             tls,
             minter,
-            auth,
+            users,
+            config_path: Default::default(),
+            file_config,
             pruned_for: AtomicUsize::new(0),
             strict: strict::StrictCatalog::default(),
             parse_threads: tokio::sync::Semaphore::new(
@@ -134,7 +141,7 @@ impl Shared {
     /// What the admin console, `/metrics` and `/readyz` read.
     pub fn admin_view(&self) -> crate::admin::AdminView<'_> {
         crate::admin::AdminView {
-            config: &self.config,
+            config: self.file_config(),
             router: &self.router,
             pools: &self.pools,
             health: &self.health,
@@ -145,6 +152,7 @@ impl Shared {
             pauses: &self.pauses,
             stop: self.stop.get(),
             minter: &self.minter,
+            reloader: self,
         }
     }
 

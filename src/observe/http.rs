@@ -32,7 +32,11 @@ pub async fn serve(
     let endpoints = Arc::new(endpoints);
     let task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                // Out of descriptors, say: try again shortly rather than spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
             let endpoints = endpoints.clone();
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(READ_TIMEOUT, answer(stream, &endpoints)).await;

@@ -449,6 +449,11 @@ impl Router {
         self.directory.version()
     }
 
+    /// Takes a reloaded file's shards, ranges and tenant map (a file directory).
+    pub fn reload_layout(&self, config: &Config) -> Result<(), String> {
+        self.directory.reload_from(config)
+    }
+
     /// The directory's source and cache, for operators.
     pub fn directory_status(&self) -> crate::directory::DirectoryStatus {
         self.directory.status()

@@ -103,8 +103,10 @@ async fn show_commands_answer_typed_rows_that_match_the_traffic() {
     assert!(text.contains("pgtenant||"), "the console's own database row: {text}");
     let e = admin.simple_query("SHOW NOTHING").await.unwrap_err();
     assert_eq!(sqlstate(&e), "42704");
-    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    let e = admin.simple_query("SET x = 1").await.unwrap_err();
     assert_eq!(sqlstate(&e), "0A000");
+    let e = admin.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "F0000", "not started from a file: nothing to read again");
     admin.simple_query("PAUSE").await.expect("nothing runs: paused at once");
     admin.simple_query("RESUME").await.unwrap();
     assert_eq!(
@@ -429,5 +431,59 @@ async fn readiness_follows_the_catalog() {
     let back =
         eventually(Duration::from_secs(20), || async { http_get(http, "/readyz").await.0 == 200 }).await;
     assert!(back.is_some(), "ready again once the catalog is back");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reload_applies_a_good_file_and_keeps_serving_on_a_bad_one() {
+    let (proxy, file) = crate::harness::start_proxy_from_file("reload", |_| {}).await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let shard_of_42 = |proxy: &Proxy| {
+        let conninfo = proxy.conninfo("options='-c pgtenant.tenant_id=42'");
+        async move {
+            let c = connect(&conninfo).await.unwrap();
+            c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get::<_, i32>(0)
+        }
+    };
+    assert_eq!(shard_of_42(&proxy).await, 2, "mapped to shard 2 at start");
+    console.simple_query("RELOAD").await.expect("the same file reloads");
+
+    // A broken file: refused with its problems, the proxy goes on as it was.
+    let good = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, good.replace("shard = 2", "shard = 9")).unwrap();
+    let e = console.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(sqlstate(&e), "F0000");
+    let message = e.as_db_error().unwrap().message().to_string();
+    assert!(message.contains("shard 9"), "{message}");
+    assert_eq!(shard_of_42(&proxy).await, 2, "still served by the running configuration");
+
+    // A setting fixed for the process: refused, named.
+    let mut config = proxy.config.clone();
+    config.proxy.max_clients += 1;
+    std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
+    let e = console.simple_query("RELOAD").await.unwrap_err();
+    assert!(e.as_db_error().unwrap().message().contains("proxy.max_clients"), "{e}");
+
+    // Live changes: a new login, tenant 42 moved to shard 1.
+    let mut config = proxy.config.clone();
+    let mut newbie = config.users[0].clone();
+    newbie.name = "newbie".into();
+    newbie.password = Some("fresh".into());
+    newbie.server_user = Some("app".into());
+    newbie.server_password = Some("app".into());
+    config.users.push(newbie);
+    config.tenant_map.iter_mut().for_each(|m| m.shard = 1);
+    std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
+    let before: i64 = console.query_one("SHOW ROUTING", &[]).await.unwrap().get("routing_version");
+    console.simple_query("RELOAD").await.expect("a good file applies");
+    let after: i64 = console.query_one("SHOW ROUTING", &[]).await.unwrap().get("routing_version");
+    assert!(after > before, "a new routing version");
+    assert_eq!(shard_of_42(&proxy).await, 1, "tenant 42 follows the new map");
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=newbie password=fresh dbname=app options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
+    );
+    let newbie = connect(&conninfo).await.expect("the new login works");
+    newbie.simple_query("SELECT 1").await.unwrap();
     proxy.shutdown().await;
 }

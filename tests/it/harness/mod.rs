@@ -31,6 +31,23 @@ pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
     Proxy { addr: running.addr, config, running }
 }
 
+/// Starts a proxy over the shared demo shards from a configuration file it writes
+/// (`tweak` may change it first), which RELOAD reads again; returns the file too.
+pub async fn start_proxy_from_file(
+    name: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> (Proxy, std::path::PathBuf) {
+    pgtenant::observe::init_logging("warn");
+    let s = shards();
+    let mut config = demo::demo_config("127.0.0.1:0".parse().unwrap(), s.ports, Some(&s.tls_dir));
+    tweak(&mut config);
+    let file = clusters::base_dir().join(format!("{name}.toml"));
+    std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
+    let running =
+        pgtenant::server::start_with_file(config.clone(), Some(file.clone())).await.expect("proxy starts");
+    (Proxy { addr: running.addr, config, running }, file)
+}
+
 impl Proxy {
     /// Stops the proxy: idle sessions are told 57P01, busy ones finish first.
     pub async fn shutdown(self) {
