@@ -233,6 +233,14 @@ impl ServerPool {
         let idle = std::mem::take(&mut *self.0.lock_shelf());
         drop(idle);
     }
+
+    /// Whether it was made for `user`'s pool size and server credentials.
+    fn serves(&self, user: &UserConfig) -> bool {
+        let target = &self.0.target;
+        self.0.gate.size() == user.pool_size
+            && target.user == user.server_user()
+            && target.password.as_deref() == user.server_password()
+    }
 }
 
 /// A checked-out server connection; dropping it puts it back on its pool's shelf.
@@ -397,6 +405,8 @@ pub struct Pools {
     limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
     /// The file's `[[tenant_limits]]` (replaced by a RELOAD).
     file_limits: Arc<RwLock<Arc<TenantLimits>>>,
+    /// Bumped when users change (see `generation`).
+    generation: std::sync::atomic::AtomicU64,
     /// Every open server connection (the admin console's SHOW SERVERS).
     pub servers: Arc<ConnRegistry>,
 }
@@ -430,6 +440,7 @@ impl Pools {
             pools: RwLock::new(HashMap::new()),
             limits,
             file_limits,
+            generation: Default::default(),
             servers: Arc::default(),
         }
     }
@@ -511,7 +522,9 @@ impl Pools {
             user: user.name.clone(),
             database: database.to_string(),
         };
-        if let Some(p) = self.pools.read().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some(p) = self.pools.read().unwrap_or_else(|e| e.into_inner()).get(&key)
+            && p.serves(user)
+        {
             return p.clone();
         }
         let target = ConnectTarget {
@@ -528,7 +541,42 @@ impl Pools {
         let pool =
             ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms, listed);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
-        pools.entry(key).or_insert(pool).clone()
+        match pools.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut held) if !held.get().serves(user) => {
+                // The user's pool size or server credentials changed (a RELOAD): the new
+                // pool takes over; the old one's connections close as they come back.
+                let old = held.insert(pool.clone());
+                old.0.retire_before_ms.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+                old.close_idle();
+                tracing::info!(shard, user = %user.name, size = user.pool_size, "pool replaced after a configuration change");
+                pool
+            }
+            entry => entry.or_insert(pool).clone(),
+        }
+    }
+
+    /// Changes whenever pools may have been replaced (a RELOAD changed users): sessions
+    /// then look their pool handles up again.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The users are now `users` (a RELOAD): pools whose size or server credentials no
+    /// longer match their user's are dropped (new ones open as sessions look them up
+    /// again; the old ones' connections close as they come back), and sessions are
+    /// told to look again.
+    pub fn users_changed(&self, users: &[UserConfig]) {
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        pools.retain(|key, pool| {
+            let keep = users.iter().find(|u| u.name == key.user).is_none_or(|u| pool.serves(u));
+            if !keep {
+                pool.0.retire_before_ms.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+                pool.close_idle();
+            }
+            keep
+        });
+        drop(pools);
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     /// Takes a reloaded file's `[[tenant_limits]]`: the gates plan with them from their

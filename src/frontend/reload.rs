@@ -2,8 +2,10 @@
 //! validated in full. A bad file, or one that changes a setting fixed for the process
 //! (`config::needs_restart`), is refused with every problem named and the running
 //! configuration kept. A good one replaces the users (new logins see new passwords,
-//! users and rights; connected sessions keep theirs), the file's shards, ranges and
-//! tenant map (sessions route by them from their next transaction) and its tenant limits.
+//! users, rights and pool modes; a user's pools whose size or server credentials
+//! changed are replaced, the old ones draining as their connections come back), the
+//! file's shards, ranges and tenant map (sessions route by them from their next
+//! transaction) and its tenant limits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,6 +53,7 @@ impl Shared {
         self.router.reload_layout(&new).map_err(|e| vec![e])?;
         self.pools.reload_limits(&new);
         *self.users.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Users::of(&new));
+        self.pools.users_changed(&new.users);
         *self.file_config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
         tracing::info!(file = %path.display(), "configuration reloaded");
         Ok(())

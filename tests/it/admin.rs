@@ -473,7 +473,10 @@ async fn reload_applies_a_good_file_and_keeps_serving_on_a_bad_one() {
     newbie.server_password = Some("app".into());
     config.users.push(newbie);
     config.tenant_map.iter_mut().for_each(|m| m.shard = 1);
+    config.users[0].pool_size = 3;
     std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
+    let connected_before = proxy.connect(Some(7)).await;
+    connected_before.simple_query("SELECT 1").await.unwrap();
     let before: i64 = console.query_one("SHOW ROUTING", &[]).await.unwrap().get("routing_version");
     console.simple_query("RELOAD").await.expect("a good file applies");
     let after: i64 = console.query_one("SHOW ROUTING", &[]).await.unwrap().get("routing_version");
@@ -485,5 +488,14 @@ async fn reload_applies_a_good_file_and_keeps_serving_on_a_bad_one() {
     );
     let newbie = connect(&conninfo).await.expect("the new login works");
     newbie.simple_query("SELECT 1").await.unwrap();
+    // app's pools now have 3 connections; a session connected before follows them.
+    connected_before.simple_query("SELECT 1").await.expect("a session from before goes on");
+    let pools = console.query("SHOW POOLS", &[]).await.unwrap();
+    let app = pools
+        .iter()
+        .find(|r| r.get::<_, String>("user") == "app" && r.get::<_, String>("database") == "app")
+        .unwrap();
+    let size = app.get::<_, i64>("sv_size");
+    assert!(size > 0 && size % 3 == 0, "pools of 3 per node: {size}");
     proxy.shutdown().await;
 }

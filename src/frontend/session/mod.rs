@@ -180,6 +180,8 @@ struct SessionPools {
     generation: u64,
     /// The health view's version the handles were chosen by.
     health: u64,
+    /// The pools' generation (users reloaded) they were looked up in.
+    pools: u64,
     topology: Arc<Topology>,
     handles: Vec<(ShardId, ServerPool)>,
 }
@@ -242,7 +244,7 @@ impl Session {
             recent: RecentAnalyses::default(),
             unnamed: None,
             server: None,
-            pools: SessionPools { generation, health: 0, topology, handles: Vec::new() },
+            pools: SessionPools { generation, health: 0, pools: 0, topology, handles: Vec::new() },
             placement: PlacementMemo::default(),
             tx: ClientTx::Idle,
             batch: Vec::new(),

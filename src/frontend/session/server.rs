@@ -211,14 +211,22 @@ impl Session {
     pub(super) async fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
         let generation = self.shared.router.generation();
         let health = self.shared.health.version();
-        if generation != self.pools.generation || health != self.pools.health {
+        let pools = self.shared.pools.generation();
+        if generation != self.pools.generation || health != self.pools.health || pools != self.pools.pools {
             let topology = self.shared.router.topology();
             if !Arc::ptr_eq(&self.pools.topology, &topology) {
                 self.shared.prune_pools(&topology);
                 self.pools.topology = topology;
             }
+            if pools != self.pools.pools
+                && let Some(reloaded) = self.shared.users().configs.get(&self.user.name)
+            {
+                // A RELOAD changed the users: this session's pools follow the new pool
+                // size and server credentials (its login and pool mode stay).
+                self.user = reloaded.clone();
+            }
             self.pools.handles.clear();
-            (self.pools.generation, self.pools.health) = (generation, health);
+            (self.pools.generation, self.pools.health, self.pools.pools) = (generation, health, pools);
         }
         if let Some((_, pool)) = self.pools.handles.iter().find(|(s, _)| *s == shard) {
             return Ok(pool.clone());
