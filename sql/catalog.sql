@@ -14,8 +14,9 @@
 --
 -- Every statement that changes routing bumps routing_state.version in the same
 -- transaction and sends NOTIFY pgtenant_routing with a JSON payload
--- {"version": N, "table": ..., "tenants": [...] | "all_tenants": true}; proxies apply
--- it and report the version they serve (SHOW pgtenant.routing_version).
+-- {"version": N, "table": ..., "tenants": [...] | "all_tenants": true, "at_ms": unix ms};
+-- proxies apply it, report the version they serve (SHOW pgtenant.routing_version) and
+-- how long after "at_ms" they applied it (the catalog-change lag metric).
 
 -- Re-runs drop and recreate triggers; their "does not exist, skipping" notices are noise.
 SET client_min_messages = warning;
@@ -142,7 +143,8 @@ BEGIN
         RETURN NULL;
     END IF;
     UPDATE pgtenant.routing_state SET version = version + 1 RETURNING version INTO v;
-    payload := jsonb_build_object('version', v, 'table', TG_TABLE_NAME, 'op', TG_OP);
+    payload := jsonb_build_object('version', v, 'table', TG_TABLE_NAME, 'op', TG_OP,
+        'at_ms', floor(extract(epoch FROM clock_timestamp()) * 1000));
     IF TG_TABLE_NAME IN ('tenant_shard_map', 'tenant_shard_map_text') THEN
         IF changed > 256 THEN
             payload := payload || jsonb_build_object('all_tenants', true);
@@ -175,7 +177,8 @@ DECLARE
 BEGIN
     UPDATE pgtenant.routing_state SET version = version + 1 RETURNING version INTO v;
     PERFORM pg_notify('pgtenant_routing', jsonb_build_object(
-        'version', v, 'table', TG_TABLE_NAME, 'op', TG_OP, 'all_tenants', true)::text);
+        'version', v, 'table', TG_TABLE_NAME, 'op', TG_OP, 'all_tenants', true,
+        'at_ms', floor(extract(epoch FROM clock_timestamp()) * 1000))::text);
     RETURN NULL;
 END $$;
 
@@ -186,7 +189,8 @@ BEGIN
     IF NEW.hash_group_count IS DISTINCT FROM OLD.hash_group_count THEN
         NEW.version := OLD.version + 1;
         PERFORM pg_notify('pgtenant_routing',
-            jsonb_build_object('version', NEW.version, 'table', 'routing_state', 'op', 'UPDATE')::text);
+            jsonb_build_object('version', NEW.version, 'table', 'routing_state', 'op', 'UPDATE',
+                'at_ms', floor(extract(epoch FROM clock_timestamp()) * 1000))::text);
     END IF;
     RETURN NEW;
 END $$;

@@ -116,6 +116,9 @@ fn record(view: &AdminView<'_>) {
     let status = view.router.directory_status();
     counter!("pgtenant_directory_cache_hits_total").absolute(status.cache_hits);
     counter!("pgtenant_directory_cache_misses_total").absolute(status.cache_misses);
+    if let Some(ms) = status.change_lag_ms {
+        gauge!("pgtenant_catalog_change_lag_seconds").set(ms as f64 / 1000.0);
+    }
     if let Some(listening) = status.listening {
         gauge!("pgtenant_catalog_listening").set(f64::from(u8::from(listening)));
     }

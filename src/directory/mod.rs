@@ -251,6 +251,8 @@ pub struct DirectoryStatus {
     pub cached_tenants: Option<u64>,
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// How long after the catalog sent it the last routing change arrived (ms).
+    pub change_lag_ms: Option<u64>,
 }
 
 #[cfg(test)]

@@ -416,6 +416,27 @@ async fn readiness_follows_the_catalog() {
     let ready =
         eventually(Duration::from_secs(10), || async { http_get(http, "/readyz").await.0 == 200 }).await;
     assert!(ready.is_some(), "ready with the catalog up");
+    let body = http_get(http, "/metrics").await.1;
+    assert!(!body.contains("pgtenant_catalog_change_lag_seconds "), "no change yet, no lag");
+    // A routing change reaches the proxy, which reports how long it took to arrive.
+    let catalog_admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=catalog_ready", cluster.port))
+            .await
+            .unwrap();
+    catalog_admin
+        .batch_execute("UPDATE pgtenant.tenant_shard_map SET shard_id = 1 WHERE tenant_id = 42")
+        .await
+        .unwrap();
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let moved = eventually(Duration::from_secs(5), || async {
+        console.query_one("SHOW TENANT 42", &[]).await.unwrap().get::<_, i64>("shard") == 1
+    })
+    .await;
+    assert!(moved.is_some(), "the change is applied");
+    let body = http_get(http, "/metrics").await.1;
+    assert!(body.contains("pgtenant_catalog_change_lag_seconds "), "exported once a change came");
+    let lag = metric(&body, "pgtenant_catalog_change_lag_seconds");
+    assert!((0.0..5.0).contains(&lag), "lag {lag} s");
 
     let stopped = cluster.clone();
     tokio::task::spawn_blocking(move || stopped.stop()).await.unwrap().unwrap();

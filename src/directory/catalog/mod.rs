@@ -40,6 +40,9 @@ struct Inner {
     /// Placements answered from the cache, and asked of the catalog.
     hits: AtomicU64,
     misses: AtomicU64,
+    /// How long after the catalog sent it the last change was received (ms;
+    /// `u64::MAX` until one came with its time).
+    change_lag_ms: AtomicU64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +90,7 @@ impl CatalogDirectory {
             source: format!("{addr}/{}", config.dbname),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            change_lag_ms: AtomicU64::new(u64::MAX),
         });
         tokio::spawn(watch::run(Arc::downgrade(&inner), pg, addr));
         Ok(Self { inner })
@@ -188,6 +192,8 @@ impl Directory for CatalogDirectory {
             cached_tenants: Some(self.cached_tenants()),
             cache_hits: self.inner.hits.load(Ordering::Relaxed),
             cache_misses: self.inner.misses.load(Ordering::Relaxed),
+            change_lag_ms: Some(self.inner.change_lag_ms.load(Ordering::Relaxed))
+                .filter(|ms| *ms != u64::MAX),
         }
     }
 

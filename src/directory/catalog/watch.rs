@@ -29,6 +29,9 @@ struct Change {
     /// Too many tenants changed to list: forget every cached tenant.
     #[serde(default)]
     all_tenants: bool,
+    /// When the catalog sent it (unix ms; absent from catalogs set up by older SQL).
+    #[serde(default)]
+    at_ms: Option<f64>,
 }
 
 /// Runs until the directory is dropped.
@@ -114,6 +117,13 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
         tracing::warn!(payload, "unreadable routing change; resynchronising");
         return resync(inner, client).await;
     };
+    if let Some(at_ms) = change.at_ms {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_millis() as f64);
+        // Clocks of two hosts may disagree: a change "from the future" counts as 0.
+        inner.change_lag_ms.store((now_ms - at_ms).max(0.0) as u64, Ordering::Relaxed);
+    }
     let served = inner.version.load(Ordering::Acquire);
     if change.version <= served {
         return Ok(());
