@@ -47,8 +47,11 @@ pub enum Command {
     KillClient(u64),
     /// `RECONNECT [[SHARD] n]`: replace the server connections (all shards': `None`).
     Reconnect(Option<u16>),
-    /// `SHUTDOWN`: the proxy stops as on SIGTERM.
-    Shutdown,
+    /// `SHUTDOWN`: the proxy stops as on SIGTERM; `WAIT_FOR_CLIENTS`: it stops
+    /// accepting and ends once every client has left.
+    Shutdown {
+        wait_for_clients: bool,
+    },
     /// `RELOAD`: the configuration file is read again.
     Reload,
     /// An empty statement (only blanks or `;`).
@@ -126,9 +129,10 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
             return Ok(Command::Reconnect(Some(n.parse().map_err(|_| bad())?)));
         }
         ("reconnect", _) => return Err(bad()),
-        ("shutdown", []) => return Ok(Command::Shutdown),
+        ("shutdown", []) => return Ok(Command::Shutdown { wait_for_clients: false }),
+        ("shutdown", ["wait_for_clients"]) => return Ok(Command::Shutdown { wait_for_clients: true }),
         ("reload", []) => return Ok(Command::Reload),
-        ("shutdown", _) => return Err(CommandError::NotYet("SHUTDOWN WAIT_FOR_CLIENTS".into())),
+        ("shutdown", _) => return Err(bad()),
         _ => {}
     }
     if first != "show" {
@@ -209,6 +213,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("KILL CLIENT id", "end a client's session (57P01), its transaction rolled back"),
     ("RECONNECT [[SHARD] n]", "replace server connections: idle ones now, busy ones when given back"),
     ("SHUTDOWN", "stop as on SIGTERM: stop accepting, let transactions finish, end idle sessions"),
+    ("SHUTDOWN WAIT_FOR_CLIENTS", "stop accepting, and stop once every client has left"),
     ("RELOAD", "read the configuration file again: users, shards, ranges, tenant map, tenant limits"),
 ];
 
@@ -244,6 +249,7 @@ mod tests {
         assert_eq!(parse("KILL_CLIENT 3"), Ok(Command::KillClient(3)));
         assert_eq!(parse("reconnect shard 2"), Ok(Command::Reconnect(Some(2))));
         assert_eq!(parse("RECONNECT"), Ok(Command::Reconnect(None)));
-        assert_eq!(parse("shutdown"), Ok(Command::Shutdown));
+        assert_eq!(parse("shutdown"), Ok(Command::Shutdown { wait_for_clients: false }));
+        assert_eq!(parse("SHUTDOWN WAIT_FOR_CLIENTS"), Ok(Command::Shutdown { wait_for_clients: true }));
     }
 }

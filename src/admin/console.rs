@@ -123,7 +123,12 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
             Ok(()) => Ok(Answer::Done("RELOAD")),
             Err(problems) => Err(CommandError::ReloadRefused(problems)),
         },
-        Command::Shutdown => {
+        Command::Shutdown { wait_for_clients: true } => {
+            tracing::warn!("admin SHUTDOWN WAIT_FOR_CLIENTS: no longer accepting");
+            view.wait_for_clients.send_replace(true);
+            Ok(Answer::Done("SHUTDOWN"))
+        }
+        Command::Shutdown { wait_for_clients: false } => {
             tracing::warn!("admin SHUTDOWN: stopping");
             if let Some(stop) = view.stop {
                 let _ = stop.send(true);

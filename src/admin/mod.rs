@@ -53,8 +53,10 @@ pub struct AdminView<'a> {
     /// The proxy's listen address.
     pub local_addr: Option<SocketAddr>,
     pub pauses: &'a PauseBoard,
-    /// Stops the proxy as SIGTERM does (SHUTDOWN).
+    /// Stops the proxy as SIGTERM does (SHUTDOWN), or once every client has left
+    /// (SHUTDOWN WAIT_FOR_CLIENTS).
     pub stop: Option<&'a tokio::sync::watch::Sender<bool>>,
+    pub wait_for_clients: &'a tokio::sync::watch::Sender<bool>,
     pub minter: &'a crate::snowflake::Minter,
     pub reloader: &'a dyn Reloader,
 }

@@ -1,5 +1,6 @@
 //! The accept loop: one task per client, a bound on logged-in clients, and a drain
-//! on shutdown (idle sessions leave at once, busy ones when their transaction ends).
+//! on shutdown (idle sessions leave at once, busy ones when their transaction ends),
+//! or, after SHUTDOWN WAIT_FOR_CLIENTS, a wait for every client to leave by itself.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,8 @@ pub async fn run_listener(
 ) {
     let slots = Arc::new(Semaphore::new(shared.config.proxy.max_clients));
     let tasks = TaskTracker::new();
+    let mut wait_for_clients = shared.wait_for_clients.subscribe();
+    let mut patient = false;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -38,11 +41,34 @@ pub async fn run_listener(
                     break;
                 }
             }
+            // SHUTDOWN WAIT_FOR_CLIENTS: stop accepting, and wait for every client to
+            // leave on its own (a later SHUTDOWN or SIGTERM still ends them).
+            Ok(()) = wait_for_clients.changed(), if !patient => {
+                if *wait_for_clients.borrow() {
+                    patient = true;
+                    break;
+                }
+            }
         }
     }
     drop(listener);
     tasks.close();
-    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+    if patient {
+        tracing::info!(clients = tasks.len(), "no longer accepting; waiting for every client to leave");
+        let stopped = tokio::select! {
+            () = tasks.wait() => false,
+            stopped = async {
+                if shutdown.wait_for(|stop| *stop).await.is_err() {
+                    // Nobody can stop it any more: the clients' leaving ends it.
+                    std::future::pending::<()>().await;
+                }
+                true
+            } => stopped,
+        };
+        if stopped && tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+            tracing::warn!(remaining = tasks.len(), "sessions still busy after the drain timeout");
+        }
+    } else if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
         tracing::warn!(remaining = tasks.len(), "sessions still busy after the drain timeout");
     }
     shared.pools.close();

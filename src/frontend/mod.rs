@@ -94,6 +94,9 @@ pub struct Shared {
     pub pauses: crate::tenancy::PauseBoard,
     /// Stops the proxy as SIGTERM does (the admin console's SHUTDOWN).
     pub stop: std::sync::OnceLock<tokio::sync::watch::Sender<bool>>,
+    /// Turns true on SHUTDOWN WAIT_FOR_CLIENTS: the listener stops accepting and the
+    /// proxy ends once every client has left.
+    pub wait_for_clients: tokio::sync::watch::Sender<bool>,
     /// The address the listener is bound to (set once it is).
     pub local_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
@@ -135,6 +138,7 @@ impl Shared {
             local_addr: Default::default(),
             pauses: Default::default(),
             stop: Default::default(),
+            wait_for_clients: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -151,6 +155,7 @@ impl Shared {
             local_addr: self.local_addr.get().copied(),
             pauses: &self.pauses,
             stop: self.stop.get(),
+            wait_for_clients: &self.wait_for_clients,
             minter: &self.minter,
             reloader: self,
         }

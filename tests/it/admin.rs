@@ -520,3 +520,19 @@ async fn reload_applies_a_good_file_and_keeps_serving_on_a_bad_one() {
     assert!(size > 0 && size % 3 == 0, "pools of 3 per node: {size}");
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_wait_for_clients_stops_accepting_and_lets_clients_finish() {
+    let proxy = start().await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let staying = proxy.connect(Some(7)).await;
+    console.simple_query("SHUTDOWN WAIT_FOR_CLIENTS").await.unwrap();
+    let refused =
+        eventually(Duration::from_secs(10), || async { proxy.try_connect(Some(7)).await.is_err() }).await;
+    assert!(refused.is_some(), "no longer accepting");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows = staying.simple_query("SELECT 1").await.expect("a connected client is not ended");
+    assert_eq!(rows.iter().filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_))).count(), 1);
+    assert!(console.simple_query("SHOW VERSION").await.is_ok(), "nor is the console");
+    proxy.shutdown().await;
+}
