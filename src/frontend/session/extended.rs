@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use super::snowflake::snowflake_select;
-use super::{BoundChanges, ClientTx, ConnStatement, Session};
+use super::{BoundChanges, ClientStatement, ClientTx, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply, ServerConn, quote_literal};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
@@ -157,7 +157,7 @@ impl Session {
             match frame.tag {
                 b'P' => {
                     if let Some((name, stmt, analysis)) = parsed.next() {
-                        self.statements.insert(name, ConnStatement { stmt, analysis });
+                        self.statements.insert(name, ClientStatement { stmt, analysis });
                     }
                     protocol::parse_complete(&mut reply);
                 }
@@ -390,7 +390,7 @@ impl Session {
     ) -> (Arc<PreparedStatement>, Arc<Analysis>) {
         let stmt = self.shared.statements.intern(query, param_types);
         let analysis = self.recent.get_or_analyze(&self.shared.router, query);
-        let statement = ConnStatement { stmt: stmt.clone(), analysis: analysis.clone() };
+        let statement = ClientStatement { stmt: stmt.clone(), analysis: analysis.clone() };
         self.statements.insert(Bytes::copy_from_slice(name), statement);
         (stmt, analysis)
     }

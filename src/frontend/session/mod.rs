@@ -62,7 +62,7 @@ enum ClientTx {
 }
 
 /// A named prepared statement of this client.
-struct ConnStatement {
+struct ClientStatement {
     stmt: Arc<PreparedStatement>,
     analysis: Arc<Analysis>,
 }

@@ -6,14 +6,14 @@
 
 use bytes::Bytes;
 
-use super::ConnStatement;
+use super::ClientStatement;
 
 /// What one entry costs beyond its texts (map slot, Arcs, analysis), roughly: it keeps
 /// a client naming endless empty statements within the budget too.
 const ENTRY_OVERHEAD: usize = 256;
 
 pub(super) struct NamedStatements {
-    map: super::FastMap<Bytes, ConnStatement>,
+    map: super::FastMap<Bytes, ClientStatement>,
     bytes: usize,
     budget: usize,
 }
@@ -29,7 +29,7 @@ fn cost(name: &[u8], query: &[u8], param_types: &[u8]) -> usize {
     name.len() + query.len() + param_types.len() + ENTRY_OVERHEAD
 }
 
-fn cost_of(name: &[u8], s: &ConnStatement) -> usize {
+fn cost_of(name: &[u8], s: &ClientStatement) -> usize {
     cost(name, &s.stmt.query, &s.stmt.param_types)
 }
 
@@ -49,22 +49,22 @@ impl NamedStatements {
     }
 
     /// Defines `name` (checked with `check_room` first).
-    pub fn insert(&mut self, name: Bytes, statement: ConnStatement) {
+    pub fn insert(&mut self, name: Bytes, statement: ClientStatement) {
         self.bytes += cost_of(&name, &statement);
         if let Some(old) = self.map.insert(name.clone(), statement) {
             self.bytes -= cost_of(&name, &old);
         }
     }
 
-    pub fn get(&self, name: &[u8]) -> Option<&ConnStatement> {
+    pub fn get(&self, name: &[u8]) -> Option<&ClientStatement> {
         self.map.get(name)
     }
 
-    pub fn get_key_value(&self, name: &[u8]) -> Option<(&Bytes, &ConnStatement)> {
+    pub fn get_key_value(&self, name: &[u8]) -> Option<(&Bytes, &ClientStatement)> {
         self.map.get_key_value(name)
     }
 
-    pub fn remove(&mut self, name: &[u8]) -> Option<ConnStatement> {
+    pub fn remove(&mut self, name: &[u8]) -> Option<ClientStatement> {
         let (key, old) = self.map.remove_entry(name)?;
         self.bytes -= cost_of(&key, &old);
         Some(old)
