@@ -45,6 +45,9 @@ pub enum Command {
     Resume(Scope),
     /// `KILL CLIENT id` (or PgBouncer's `KILL_CLIENT id`): ends that client's session.
     KillClient(u64),
+    /// `KILL db` (PgBouncer's): ends every client of that database and closes its
+    /// server connections.
+    KillDatabase(String),
     /// `RECONNECT [[SHARD] n]`: replace the server connections (all shards': `None`).
     Reconnect(Option<u16>),
     /// `SHUTDOWN`: the proxy stops as on SIGTERM; `WAIT_FOR_CLIENTS`: it stops
@@ -121,9 +124,8 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("kill", ["client", id]) | ("kill_client", [id]) => {
             return Ok(Command::KillClient(id.parse().map_err(|_| bad())?));
         }
-        ("kill", _) | ("kill_client", _) => {
-            return Err(CommandError::NotYet("KILL of anything but one client".into()));
-        }
+        ("kill", [_]) => return Ok(Command::KillDatabase(unquote(words[1]))),
+        ("kill", _) | ("kill_client", _) => return Err(bad()),
         ("reconnect", []) => return Ok(Command::Reconnect(None)),
         ("reconnect", ["shard", n] | [n]) => {
             return Ok(Command::Reconnect(Some(n.parse().map_err(|_| bad())?)));
@@ -211,6 +213,7 @@ pub const HELP: &[(&str, &str)] = &[
     ),
     ("RESUME [[SHARD] n | TENANT id]", "lift a pause (RESUME alone lifts every pause)"),
     ("KILL CLIENT id", "end a client's session (57P01), its transaction rolled back"),
+    ("KILL db", "end every client of a database and close its server connections"),
     ("RECONNECT [[SHARD] n]", "replace server connections: idle ones now, busy ones when given back"),
     ("SHUTDOWN", "stop as on SIGTERM: stop accepting, let transactions finish, end idle sessions"),
     ("SHUTDOWN WAIT_FOR_CLIENTS", "stop accepting, and stop once every client has left"),
@@ -247,6 +250,7 @@ mod tests {
         assert!(matches!(parse("RESUME 1 TIMEOUT 3"), Err(CommandError::BadScope(_))));
         assert_eq!(parse("kill client 12"), Ok(Command::KillClient(12)));
         assert_eq!(parse("KILL_CLIENT 3"), Ok(Command::KillClient(3)));
+        assert_eq!(parse("KILL app"), Ok(Command::KillDatabase("app".into())));
         assert_eq!(parse("reconnect shard 2"), Ok(Command::Reconnect(Some(2))));
         assert_eq!(parse("RECONNECT"), Ok(Command::Reconnect(None)));
         assert_eq!(parse("shutdown"), Ok(Command::Shutdown { wait_for_clients: false }));

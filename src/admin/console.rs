@@ -109,6 +109,15 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
                 Err(CommandError::UnknownClient(id))
             }
         }
+        Command::KillDatabase(database) => {
+            if super::is_console(&database) {
+                return Err(CommandError::BadScope("KILL of the admin console itself".into()));
+            }
+            let clients = view.clients.kill_database(&database);
+            let pools = view.pools.reconnect_where(|_, db| db == database);
+            tracing::warn!(database, clients, pools, "admin KILL of a database");
+            Ok(Answer::Done("KILL"))
+        }
         Command::Reconnect(shard) => {
             if let Some(id) = shard
                 && view.router.topology().shard(id).is_none()

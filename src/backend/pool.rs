@@ -590,12 +590,17 @@ impl Pools {
     /// close now, busy ones when given back; new ones are opened as needed. Returns the
     /// number of pools.
     pub fn reconnect(&self, shard: Option<ShardId>) -> usize {
+        self.reconnect_where(|s, _| shard.is_none_or(|wanted| wanted == s))
+    }
+
+    /// The same for the pools for which `pick(shard, database)` says yes.
+    pub fn reconnect_where(&self, pick: impl Fn(ShardId, &str) -> bool) -> usize {
         let pools: Vec<ServerPool> = self
             .pools
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .filter(|(key, _)| shard.is_none_or(|s| s == key.shard))
+            .filter(|(key, _)| pick(key.shard, &key.database))
             .map(|(_, pool)| pool.clone())
             .collect();
         // Opened in this millisecond or later: kept.

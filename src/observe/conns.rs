@@ -163,6 +163,13 @@ impl ConnRegistry {
             .collect()
     }
 
+    /// Asks the owners of every connection to `database` to end them; how many.
+    pub fn kill_database(&self, database: &str) -> usize {
+        let ids: Vec<u64> =
+            self.lock().iter().filter(|(_, e)| e.info.database == database).map(|(id, _)| *id).collect();
+        ids.into_iter().filter(|id| self.kill(*id)).count()
+    }
+
     /// Asks the owner of connection `id` to end it; false when no such connection.
     pub fn kill(&self, id: u64) -> bool {
         let entries = self.lock();

@@ -370,8 +370,8 @@ async fn kill_reconnect_and_shutdown_act_on_the_proxy() {
     let console = connect(&proxy.admin_conninfo()).await.unwrap();
     let victim = proxy.connect(Some(7)).await;
     victim.batch_execute("BEGIN; SELECT 1").await.unwrap();
-    let bystander = proxy.connect(Some(8)).await;
-    bystander.simple_query("SELECT 1").await.unwrap();
+    let first_bystander = proxy.connect(Some(8)).await;
+    first_bystander.simple_query("SELECT 1").await.unwrap();
     let id: i64 = console
         .query("SHOW CLIENTS", &[])
         .await
@@ -383,9 +383,18 @@ async fn kill_reconnect_and_shutdown_act_on_the_proxy() {
     console.simple_query(&format!("KILL CLIENT {id}")).await.unwrap();
     let e = victim.simple_query("SELECT 1").await.unwrap_err();
     assert!(victim.is_closed() || sqlstate(&e) == "57P01", "{e}");
-    assert!(bystander.simple_query("SELECT 1").await.is_ok(), "the others go on");
+    assert!(first_bystander.simple_query("SELECT 1").await.is_ok(), "the others go on");
     let e = console.simple_query("KILL CLIENT 999999").await.unwrap_err();
     assert_eq!(sqlstate(&e), "42704");
+
+    // KILL of a database ends each of its clients.
+    let other = proxy.connect(Some(9)).await;
+    console.simple_query("KILL app").await.unwrap();
+    let ended =
+        eventually(Duration::from_secs(5), || async { other.simple_query("SELECT 1").await.is_err() }).await;
+    assert!(ended.is_some(), "KILL app ended app's clients");
+    let bystander = proxy.connect(Some(8)).await;
+    bystander.simple_query("SELECT 1").await.expect("new clients are taken");
 
     // RECONNECT: the idle server connections are replaced (new backend pids).
     let pid_before: i32 = bystander.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
