@@ -295,7 +295,12 @@ async fn pause_waits_for_running_transactions_and_holds_only_its_scope() {
             c.simple_query("PAUSE TENANT 7").await.map(|_| ()).map_err(|e| sqlstate(&e))
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let paused = eventually(Duration::from_secs(10), || async {
+        !console.query("SHOW PAUSES", &[]).await.unwrap().is_empty()
+    })
+    .await;
+    assert!(paused.is_some(), "the PAUSE is in force");
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!pausing.is_finished(), "the PAUSE waits while tenant 7's transaction runs");
     let other = proxy.connect(Some(1001)).await;
     other.simple_query("SELECT 1").await.expect("another tenant is not held");
@@ -354,7 +359,12 @@ async fn a_pause_that_times_out_or_meets_a_resume_lifts_itself() {
             c.simple_query("PAUSE").await.map(|_| ()).map_err(|e| sqlstate(&e))
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the PAUSE is in force (its connection and login may take a while).
+    let paused = eventually(Duration::from_secs(10), || async {
+        !console.query("SHOW PAUSES", &[]).await.unwrap().is_empty()
+    })
+    .await;
+    assert!(paused.is_some());
     console.simple_query("RESUME").await.unwrap();
     assert_eq!(pausing.await.unwrap(), Err("57014".into()));
     running.batch_execute("COMMIT").await.unwrap();

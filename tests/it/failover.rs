@@ -164,3 +164,58 @@ async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter)
 async fn rows_in(client: &tokio_postgres::Client) -> i64 {
     client.query_one("SELECT count(*) FROM failover_writes", &[]).await.unwrap().get(0)
 }
+
+/// With a catalog, a proxy promotes only while it holds the catalog's promotion lock
+/// for the shard: here the test holds it (as another proxy that is promoting would),
+/// and the replica stays a replica until the test lets go.
+#[tokio::test(flavor = "multi_thread")]
+async fn auto_promote_waits_for_the_catalog_promotion_lock() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("promote_lock", 1)).await.unwrap();
+    let s = crate::harness::shards();
+    let catalog_db = "catalog_promote_lock";
+    pgtenant::dev::demo::setup_catalog(s.ports[0], catalog_db, [primary.port, s.ports[1]]).await.unwrap();
+    pgtenant::dev::demo::add_replicas(
+        s.ports[0],
+        catalog_db,
+        &[(1, "promote_lock_replica".into(), replica.port, 1)],
+    )
+    .await
+    .unwrap();
+    let catalog = pgtenant::dev::demo::local_catalog(s.ports[0], catalog_db);
+    let proxy = crate::harness::start_catalog_proxy(catalog, |c| {
+        c.health.interval_ms = 200;
+        c.health.fail_after = 2;
+        c.health.failover_hold_ms = 20_000;
+        c.health.auto_promote = true;
+        c.health.user = Some("postgres".into());
+    })
+    .await;
+    let writer = proxy.connect(Some(7)).await;
+    let port: i32 = writer.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+    assert_eq!(port, i32::from(primary.port));
+
+    // "Another proxy" holds the lock of shard 1 ('pgtp' = 0x70677470).
+    let holder = connect(&format!("host=127.0.0.1 port={} user=postgres dbname={catalog_db}", s.ports[0]))
+        .await
+        .unwrap();
+    holder.execute("SELECT pg_advisory_lock(1885828208, 1)", &[]).await.unwrap();
+    let killed = primary.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
+    let on_replica =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", replica.port)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let in_recovery: bool = on_replica.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get(0);
+    assert!(in_recovery, "no promotion while another holds the lock");
+
+    holder.execute("SELECT pg_advisory_unlock(1885828208, 1)", &[]).await.unwrap();
+    let promoted = crate::harness::eventually(Duration::from_secs(15), || async {
+        !on_replica.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get::<_, bool>(0)
+    })
+    .await;
+    assert!(promoted.is_some(), "promoted once the lock is free");
+    let after = proxy.connect(Some(7)).await;
+    let port: i32 = after.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+    assert_eq!(port, i32::from(replica.port), "writes go to the promoted replica");
+    proxy.shutdown().await;
+}

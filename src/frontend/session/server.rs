@@ -209,6 +209,19 @@ impl Session {
     /// The pool of `shard`'s primary, from this session's handles while the topology
     /// they were taken from and the health view they were chosen by still hold.
     pub(super) async fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
+        self.refresh_pool_handles();
+        if let Some((_, pool)) = self.pools.handles.iter().find(|(s, _)| *s == shard) {
+            return Ok(pool.clone());
+        }
+        let node = self.primary_or_wait(shard).await?;
+        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
+        self.pools.handles.push((shard, pool.clone()));
+        Ok(pool)
+    }
+
+    /// Forgets the pool handles kept when the routing, the nodes' health or the users
+    /// (a RELOAD) changed since they were looked up.
+    fn refresh_pool_handles(&mut self) {
         let generation = self.shared.router.generation();
         let health = self.shared.health.version();
         let pools = self.shared.pools.generation();
@@ -228,13 +241,6 @@ impl Session {
             self.pools.handles.clear();
             (self.pools.generation, self.pools.health, self.pools.pools) = (generation, health, pools);
         }
-        if let Some((_, pool)) = self.pools.handles.iter().find(|(s, _)| *s == shard) {
-            return Ok(pool.clone());
-        }
-        let node = self.primary_or_wait(shard).await?;
-        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
-        self.pools.handles.push((shard, pool.clone()));
-        Ok(pool)
     }
 
     /// Points `route` at a replica when this session's target allows it for
@@ -251,6 +257,7 @@ impl Session {
         route: &Route,
         wanted: Wanted<'_>,
     ) -> Result<Option<PooledConn>, FrontendError> {
+        self.refresh_pool_handles();
         let topology = self.shared.router.topology();
         let Some(shard) = topology.shard(route.shard) else { return Ok(None) };
         let Some(node) = self.shared.health.replica_of(shard, LagBound::of(&self.shared.config.health))
