@@ -72,7 +72,7 @@ struct Live {
     tenant_tag: AtomicU64,
     /// When its current wait began (unix ms), if it waits.
     since_unix_ms: AtomicU64,
-    /// When it last sent a request (unix ms).
+    /// When it last asked for a server (unix ms; its connect time before that).
     request_unix_ms: AtomicU64,
     /// The session tenant, changed only by its SET/RESET (rare).
     tenant: Mutex<Option<String>>,
@@ -209,12 +209,9 @@ impl ConnHandle {
     pub fn enter(&self, shard: u16, tenant_tag: u64) {
         self.live.tenant_tag.store(tenant_tag, Ordering::Relaxed);
         self.set_state(ConnState::Waiting, Some(shard));
-    }
-
-    /// The client sent a request now.
-    #[inline]
-    pub fn request_at(&self, unix_ms: u64) {
-        self.live.request_unix_ms.store(unix_ms, Ordering::Relaxed);
+        // Its wait began now too: one clock read for both columns.
+        let now = self.live.since_unix_ms.load(Ordering::Relaxed);
+        self.live.request_unix_ms.store(now, Ordering::Relaxed);
     }
 
     /// Whether an admin asked to end this connection (a flag; cheap).
@@ -271,8 +268,9 @@ mod tests {
         let registry = Arc::new(ConnRegistry::default());
         let a = registry.register(info("a"), Some("7".into()));
         let b = registry.register(info("b"), None);
-        b.set_state(ConnState::Waiting, Some(2));
+        b.enter(2, 0);
         let rows = registry.rows();
+        assert!(rows[1].request_unix_ms > 1, "asked for a server now, after connecting at 1");
         assert_eq!(rows.len(), 2);
         assert_eq!((rows[0].state, rows[0].tenant.as_deref()), (ConnState::Idle, Some("7")));
         assert_eq!((rows[1].state, rows[1].shard), (ConnState::Waiting, Some(2)));
