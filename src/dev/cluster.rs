@@ -62,11 +62,20 @@ impl RunAs {
         find("postgres").or_else(|| find("nobody"))
     }
 
-    /// Gives `path` and everything below it to this user.
+    /// Gives `path` and everything below it to this user. An entry that vanishes
+    /// meanwhile (a running cluster's temporary file) is skipped.
     pub fn chown_tree(&self, path: &Path) -> std::io::Result<()> {
-        std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid))?;
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        match std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid)) {
+            Err(e) if gone(&e) => return Ok(()),
+            other => other?,
+        }
         if path.is_dir() {
-            for entry in std::fs::read_dir(path)? {
+            let entries = match std::fs::read_dir(path) {
+                Err(e) if gone(&e) => return Ok(()),
+                other => other?,
+            };
+            for entry in entries {
                 self.chown_tree(&entry?.path())?;
             }
         }
@@ -157,7 +166,10 @@ impl Cluster {
         let parent = self.data_dir.parent().unwrap_or(Path::new("/"));
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         if let Some(r) = self.run_as {
-            r.chown_tree(parent).map_err(|e| format!("chown {}: {e}", parent.display()))?;
+            // The directory alone: pg_basebackup, run as that user, creates the data
+            // directory in it. (Its other clusters may be running: not theirs to touch.)
+            std::os::unix::fs::chown(parent, Some(r.uid), Some(r.gid))
+                .map_err(|e| format!("chown {}: {e}", parent.display()))?;
         }
         let out = self
             .command("pg_basebackup")
