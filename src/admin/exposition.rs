@@ -30,9 +30,9 @@ impl Default for Exposition {
 impl Exposition {
     /// The Prometheus text of everything now.
     pub fn render(&self, view: &AdminView<'_>) -> String {
-        with_local_recorder(&self.recorder, || record(view));
-        let mut text = self.recorder.handle().render();
         let pools = view.pools.snapshot();
+        with_local_recorder(&self.recorder, || record(view, &pools));
+        let mut text = self.recorder.handle().render();
         histogram(
             &mut text,
             "pgtenant_checkout_wait_seconds",
@@ -51,12 +51,12 @@ impl Exposition {
     }
 }
 
-fn record(view: &AdminView<'_>) {
+fn record(view: &AdminView<'_>, pools: &[PoolView]) {
     for (state, n) in clients_by_state(view) {
         gauge!("pgtenant_clients", "state" => state).set(n as f64);
     }
     let servers = view.pools.servers.rows();
-    for pool in view.pools.snapshot() {
+    for pool in pools {
         let node = format!("{}:{}", pool.host, pool.port);
         let labels = [
             ("shard", pool.shard.to_string()),

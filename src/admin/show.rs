@@ -536,11 +536,7 @@ fn shards(view: &AdminView<'_>) -> Table {
         let active: usize = mine.iter().map(|p| p.active).sum();
         let ratio = if size > 0 { active as f64 / size as f64 } else { 0.0 };
         let on_shard: Vec<&ConnRow> = clients.iter().filter(|c| c.shard == Some(u32::from(id))).collect();
-        let tenants: BTreeSet<&str> = clients
-            .iter()
-            .filter(|c| c.shard == Some(u32::from(id)))
-            .filter_map(|c| c.tenant.as_deref())
-            .collect();
+        let tenants: BTreeSet<&str> = on_shard.iter().filter_map(|c| c.tenant.as_deref()).collect();
         let ranges: Vec<String> = topology
             .ranges()
             .iter()

@@ -21,7 +21,7 @@ use crate::backend::{
     send_cancel, settings_sql, tenant_sql,
 };
 use crate::net::Duplex;
-use crate::observe::conns::{ConnInfo, ConnState, unix_ms};
+use crate::observe::conns::ConnState;
 use crate::protocol::{self, TxStatus};
 
 /// Serves one accepted connection from startup to the end of its session.
@@ -78,19 +78,15 @@ pub async fn serve_connection(
             tracing::info!(client = pid, seconds = since.elapsed().as_secs_f64(), "client disconnected");
         }
         Login::Console { user, pid, application_name } => {
-            let listed = shared.clients.register(
-                ConnInfo {
-                    user: user.name.clone(),
-                    database: crate::admin::CONSOLE_DATABASE.into(),
-                    addr: peer.map_or_else(|| "unix".into(), |p| p.ip().to_string()),
-                    port: peer.map_or(0, |p| p.port()),
-                    tls: client.stream.is_tls(),
-                    application_name,
-                    connect_unix_ms: unix_ms(),
-                    pid,
-                },
-                None,
+            let info = super::client_info(
+                &user.name,
+                crate::admin::CONSOLE_DATABASE,
+                peer,
+                client.stream.is_tls(),
+                application_name,
+                pid,
             );
+            let listed = shared.clients.register(info, None);
             listed.set_state(ConnState::Active, None);
             tracing::info!(client = pid, user = %user.name, addr = peer.map(|p| p.to_string()), "admin console connected");
             let max_message = shared.config.proxy.max_message_size;
@@ -177,14 +173,7 @@ async fn login(
         if !user.admin {
             return Err(FrontendError::NotAdmin { user: user.name.clone(), database: params.database });
         }
-        let application_name = params
-            .settings
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case("application_name"))
-            .map(|(_, v)| match v {
-                SettingValue::Config(v) | SettingValue::Sql(v) => v.clone(),
-            })
-            .unwrap_or_default();
+        let application_name = super::params::application_name(&params.settings);
         let cancel = shared.cancels.register();
         for (name, value) in console_parameters(&application_name) {
             protocol::parameter_status_msg(&mut client.wbuf, name, &value);

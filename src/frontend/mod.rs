@@ -101,6 +101,27 @@ pub struct Shared {
     pub local_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
+/// A client's line in the connection registry (SHOW CLIENTS), as it logs in.
+pub(crate) fn client_info(
+    user: &str,
+    database: &str,
+    peer: Option<std::net::SocketAddr>,
+    tls: bool,
+    application_name: String,
+    pid: u32,
+) -> crate::observe::conns::ConnInfo {
+    crate::observe::conns::ConnInfo {
+        user: user.to_string(),
+        database: database.to_string(),
+        addr: peer.map_or_else(|| "unix".into(), |p| p.ip().to_string()),
+        port: peer.map_or(0, |p| p.port()),
+        tls,
+        application_name,
+        connect_unix_ms: crate::observe::conns::unix_ms(),
+        pid,
+    }
+}
+
 impl Shared {
     pub fn new(
         config: Arc<Config>,

@@ -118,6 +118,17 @@ fn parse_options(options: &str) -> Result<Vec<(String, String)>, FrontendError> 
     Ok(out)
 }
 
+/// The `application_name` among start-up settings ("" when none).
+pub fn application_name(settings: &[(String, SettingValue)]) -> String {
+    settings
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("application_name"))
+        .map(|(_, value)| match value {
+            SettingValue::Config(v) | SettingValue::Sql(v) => v.clone(),
+        })
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,7 +107,6 @@ pub struct ConnRow {
     pub info: ConnInfo,
     pub state: ConnState,
     pub shard: Option<u32>,
-    pub tenant_tag: u64,
     pub since_unix_ms: u64,
     pub request_unix_ms: u64,
     pub tenant: Option<String>,
@@ -154,13 +153,28 @@ impl ConnRegistry {
                     info: e.info.clone(),
                     state: ConnState::from_u8(e.live.state.load(Ordering::SeqCst)),
                     shard: (shard != u32::MAX).then_some(shard),
-                    tenant_tag: e.live.tenant_tag.load(Ordering::SeqCst),
                     since_unix_ms: e.live.since_unix_ms.load(Ordering::Relaxed),
                     request_unix_ms: e.live.request_unix_ms.load(Ordering::Relaxed),
                     tenant: e.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
                 }
             })
             .collect()
+    }
+
+    /// How many connections `pick(state, shard, tenant_tag)` says yes to, read without
+    /// copying any (a PAUSE asks this every few milliseconds while it waits).
+    pub fn count(&self, pick: impl Fn(ConnState, Option<u32>, u64) -> bool) -> usize {
+        self.lock()
+            .values()
+            .filter(|e| {
+                let shard = e.live.shard.load(Ordering::Relaxed);
+                pick(
+                    ConnState::from_u8(e.live.state.load(Ordering::SeqCst)),
+                    (shard != u32::MAX).then_some(shard),
+                    e.live.tenant_tag.load(Ordering::SeqCst),
+                )
+            })
+            .count()
     }
 
     /// Asks the owners of every connection to `database` to end them; how many.

@@ -151,12 +151,9 @@ impl PauseBoard {
             if !self.lock().contains(scope) {
                 return PauseOutcome::Resumed;
             }
-            let running = clients
-                .rows()
-                .iter()
-                .filter(|c| matches!(c.state, ConnState::Active | ConnState::Waiting))
-                .filter(|c| scope.may_cover(c.shard, c.tenant_tag))
-                .count();
+            let running = clients.count(|state, shard, tenant_tag| {
+                matches!(state, ConnState::Active | ConnState::Waiting) && scope.may_cover(shard, tenant_tag)
+            });
             if running == 0 {
                 return PauseOutcome::Drained;
             }

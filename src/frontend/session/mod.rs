@@ -38,7 +38,7 @@ use crate::backend::{Pending, PooledConn, PreparedStatement, ServerPool, Setting
 use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
-use crate::observe::conns::{ConnHandle, ConnInfo, ConnState, unix_ms};
+use crate::observe::conns::{ConnHandle, ConnState};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
 use named::NamedStatements;
@@ -213,19 +213,15 @@ impl Session {
         let max_message = shared.config.proxy.max_message_size;
         let topology = shared.router.topology();
         let generation = shared.router.generation();
-        let listed = shared.clients.register(
-            ConnInfo {
-                user: start.user.name.clone(),
-                database: start.database.clone(),
-                addr: start.peer.map_or_else(|| "unix".into(), |p| p.ip().to_string()),
-                port: start.peer.map_or(0, |p| p.port()),
-                tls: client.stream.is_tls(),
-                application_name: application_name(&start.settings),
-                connect_unix_ms: unix_ms(),
-                pid: start.cancel.pid,
-            },
-            start.tenant.as_ref().map(ToString::to_string),
+        let info = crate::frontend::client_info(
+            &start.user.name,
+            &start.database,
+            start.peer,
+            client.stream.is_tls(),
+            crate::frontend::params::application_name(&start.settings.list),
+            start.cancel.pid,
         );
+        let listed = shared.clients.register(info, start.tenant.as_ref().map(ToString::to_string));
         Self {
             client,
             shared,
@@ -544,16 +540,4 @@ impl Session {
         }
         self.reply(b);
     }
-}
-
-/// The `application_name` a client logged in with ("" when none).
-fn application_name(settings: &Settings) -> String {
-    settings
-        .list
-        .iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case("application_name"))
-        .map(|(_, value)| match value {
-            crate::backend::SettingValue::Config(v) | crate::backend::SettingValue::Sql(v) => v.clone(),
-        })
-        .unwrap_or_default()
 }
