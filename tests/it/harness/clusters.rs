@@ -21,9 +21,24 @@ pub struct Shards {
 static SHARDS: OnceLock<Shards> = OnceLock::new();
 static BASE: OnceLock<PathBuf> = OnceLock::new();
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, below the kernel's ephemeral range
+/// (32768 and up on Linux): the tests' own client connections take their local ports
+/// from that range, and one of them could take a port chosen there before the server
+/// that was to listen on it binds it (seen in CI: a replica failed to start).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 20_000;
+    const END: u16 = 32_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = FIRST + (std::process::id() % u32::from(END - FIRST)) as u16;
+    let _ = NEXT.compare_exchange(0, start, Ordering::Relaxed, Ordering::Relaxed);
+    loop {
+        let taken = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = FIRST + taken.wrapping_sub(FIRST) % (END - FIRST);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// The directory of this test binary's clusters and files, removed after it exits.
