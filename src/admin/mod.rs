@@ -7,6 +7,7 @@ mod averages;
 mod command;
 mod console;
 pub mod exposition;
+pub mod scatter;
 mod show;
 mod table;
 

@@ -6,12 +6,14 @@
 //! views only read from a copy-free `Bytes` slice and never re-encode.
 
 mod build;
+mod describe;
 mod frame;
 mod messages;
 pub mod sqlstate;
 pub mod values;
 
 pub use build::*;
+pub use describe::*;
 pub use frame::{Frame, FrameError, StartupPacket, frame_header, read_startup_frame, try_parse_frame};
 pub use messages::*;
 pub use values::{

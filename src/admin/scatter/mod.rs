@@ -1,0 +1,14 @@
+//! Scatter-gather: one read-only SELECT over `all_shards.<table>` runs on every shard
+//! in parallel, and its answer is the one PostgreSQL would give from one database
+//! holding every shard's rows (see `plan` for how, `run` for the I/O).
+
+mod error;
+pub mod plan;
+pub mod run;
+
+pub use error::ScatterError;
+pub use plan::{Plan, Scatter, mentions_all_shards, parse};
+pub use run::{Link, Outcome, Policy, Prepared, Request, execute, prepare, ready};
+
+/// The session setting that picks the failure policy (`strict` or `partial`).
+pub const POLICY_PARAMETER: &str = "pgtenant.scatter";

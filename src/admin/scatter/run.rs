@@ -1,0 +1,659 @@
+//! Running a scatter-gather statement: the probe that describes it on one shard, the
+//! shards' parts in parallel, and either the rows streamed straight to the client or
+//! the partial rows copied (binary COPY, copy-free: a DataRow's body is a COPY tuple)
+//! into the coordinator's table and the final statement's rows streamed back.
+//!
+//! Memory stays flat: rows move in batches through a bounded channel, and the client
+//! (or the coordinator) is written to before more is read.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+use super::plan::{Merge, PARTIAL_TABLE, Plan, ProbeFacts, Scatter, column_name};
+use super::ScatterError;
+use crate::backend::{
+    BackendError, CancelTarget, MAX_SERVER_MESSAGE, PooledConn, ServerConn, Settings, TenantContext, TenantGuc,
+    settings_sql, tenant_sql,
+};
+use crate::directory::ShardId;
+use crate::net::Duplex;
+use crate::protocol::{self, ErrorFields, Frame, TxStatus};
+
+/// A shard's checked-out connection.
+pub struct Link {
+    pub shard: ShardId,
+    pub conn: PooledConn,
+}
+
+/// What happens when a shard cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// The statement fails, naming the shard.
+    #[default]
+    Strict,
+    /// The other shards' rows, with a WARNING naming each missing shard.
+    Partial,
+}
+
+impl Policy {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim().trim_matches('\'').to_ascii_lowercase().as_str() {
+            "strict" => Some(Self::Strict),
+            "partial" => Some(Self::Partial),
+            _ => None,
+        }
+    }
+}
+
+/// A statement described and planned, ready to run with parameters.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    pub plan: Plan,
+    /// The statement's parameter types (ParameterDescription), as the probe found them.
+    pub param_types: Vec<u32>,
+    /// The statement's RowDescription body (all text formats); `None` for NoData.
+    pub row_description: Option<Bytes>,
+    final_sql: Option<String>,
+}
+
+/// One run of a prepared statement.
+pub struct Request<'a> {
+    /// The Bind's parameter part (`protocol::bind_parameters`).
+    pub parameters: &'a [u8],
+    pub result_formats: &'a [i16],
+    /// Send the RowDescription (a simple query; an Execute does not).
+    pub describe: bool,
+    pub policy: Policy,
+    pub timeout: Duration,
+}
+
+/// How a run ended, for the caller's counters.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub rows: u64,
+    pub missing: Vec<(ShardId, String)>,
+    /// How long each shard took to send its part.
+    pub shard_ms: Vec<(ShardId, u64)>,
+}
+
+fn io_error(conn: &ServerConn) -> impl Fn(std::io::Error) -> BackendError + '_ {
+    move |source| BackendError::Io { addr: conn.addr.clone(), source }
+}
+
+/// Gives `conn` the client's settings and no tenant (a scatter reads every tenant's rows).
+pub async fn ready(
+    conn: &mut ServerConn,
+    settings: &Arc<Settings>,
+    context: Option<TenantContext<'_>>,
+) -> Result<(), BackendError> {
+    let refused = |conn: &ServerConn, fields| BackendError::Refused { addr: conn.addr.clone(), fields };
+    if std::mem::take(&mut conn.settings_unknown) {
+        if let Some(fields) = conn.run_sql("RESET ALL").await? {
+            return Err(refused(conn, fields));
+        }
+        conn.settings = Settings::empty();
+        conn.tenant = TenantGuc::Unknown;
+        conn.read_only = false;
+    }
+    if let Some(sql) = settings_sql(&conn.settings, settings) {
+        if let Some(fields) = conn.run_sql(&sql).await? {
+            return Err(refused(conn, fields));
+        }
+        conn.settings = settings.clone();
+    }
+    if let Some(sql) = tenant_sql(&conn.tenant, None, context, conn.cancel.pid) {
+        if let Some(fields) = conn.run_sql(&sql).await? {
+            return Err(refused(conn, fields));
+        }
+        conn.tenant = TenantGuc::Known(None);
+    }
+    Ok(())
+}
+
+fn type_section(types: &[u32]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(2 + 4 * types.len());
+    b.extend_from_slice(&(types.len() as i16).to_be_bytes());
+    for t in types {
+        b.extend_from_slice(&t.to_be_bytes());
+    }
+    b
+}
+
+/// Reads until ReadyForQuery, handing every other message to `each`; the first error's fields.
+async fn read_until_ready(
+    conn: &mut ServerConn,
+    mut each: impl FnMut(&Frame),
+) -> Result<Option<ErrorFields>, BackendError> {
+    let mut error = None;
+    loop {
+        let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn))?;
+        let Some(frame) = frame else {
+            return Err(BackendError::Protocol { addr: conn.addr.clone(), message: "server closed the connection".into() });
+        };
+        match frame.tag {
+            b'Z' => {
+                conn.status = frame.body().first().copied().and_then(TxStatus::from_byte).unwrap_or(TxStatus::Failed);
+                return Ok(error);
+            }
+            b'E' => {
+                error.get_or_insert_with(|| protocol::error_fields(frame.body()));
+            }
+            b'S' => {
+                if let Some((name, value)) = protocol::parameter_status(frame.body()) {
+                    conn.set_param(name, value);
+                }
+            }
+            _ => each(&frame),
+        }
+    }
+}
+
+/// Describes `scatter` on `conn` (a shard's primary) and plans it: the statement's own
+/// errors (a missing column, a type mismatch) come back as PostgreSQL wrote them.
+pub async fn prepare(
+    scatter: &Scatter,
+    conn: &mut ServerConn,
+    declared_types: &[u32],
+) -> Result<Prepared, ScatterError> {
+    let shard_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
+    let w = &mut conn.io.wbuf;
+    protocol::parse(w, b"", scatter.probe_sql().as_bytes(), &type_section(declared_types));
+    protocol::describe_statement(w, b"");
+    protocol::sync(w);
+    for name in &scatter.ambiguous_group_names {
+        protocol::parse(w, b"", scatter.input_column_probe(name).as_bytes(), &[0, 0]);
+        protocol::sync(w);
+    }
+    if !scatter.other_functions.is_empty() {
+        let names: Vec<String> = scatter.other_functions.iter().map(|n| crate::backend::quote_literal(n)).collect();
+        protocol::query(
+            w,
+            &format!(
+                "SELECT DISTINCT proname::text FROM pg_catalog.pg_proc WHERE prokind IN ('a', 'w') AND proname IN ({})",
+                names.join(", ")
+            ),
+        );
+    }
+    conn.io.flush().await.map_err(io_error(conn)).map_err(shard_error)?;
+
+    let mut param_types = Vec::new();
+    let mut row_description = None;
+    let described = read_until_ready(conn, |f| match f.tag {
+        b't' => param_types = protocol::parameter_types(f.body()).unwrap_or_default(),
+        b'T' => row_description = Some(f.body_bytes()),
+        _ => {}
+    })
+    .await
+    .map_err(shard_error)?;
+    let mut facts = ProbeFacts::default();
+    for name in &scatter.ambiguous_group_names {
+        if read_until_ready(conn, |_| {}).await.map_err(shard_error)?.is_none() {
+            facts.input_columns.insert(name.clone());
+        }
+    }
+    if !scatter.other_functions.is_empty() {
+        let mut found = Vec::new();
+        read_until_ready(conn, |f| {
+            if f.tag == b'D'
+                && let Some(v) = first_text_value(f.body())
+            {
+                found.push(v);
+            }
+        })
+        .await
+        .map_err(shard_error)?;
+        facts.aggregates.extend(found);
+    }
+    if let Some(fields) = described {
+        return Err(ScatterError::Statement(fields));
+    }
+    let Some(description) = row_description.clone() else {
+        return Err(ScatterError::Unmergeable("a statement that returns no rows".into()));
+    };
+    let columns = protocol::row_description_columns(&description)
+        .ok_or_else(|| ScatterError::NoCoordinator { reason: "malformed RowDescription".into() })?;
+    facts.output_names = columns.into_iter().map(|c| c.name).collect();
+    let plan = scatter.plan(&facts)?;
+
+    let final_sql = match plan.merge {
+        Merge::Stream => None,
+        Merge::Coordinated { .. } => {
+            let w = &mut conn.io.wbuf;
+            protocol::parse(w, b"", plan.shard_sql(0).as_bytes(), &type_section(&param_types));
+            protocol::describe_statement(w, b"");
+            protocol::sync(w);
+            conn.io.flush().await.map_err(io_error(conn)).map_err(shard_error)?;
+            let mut partial = None;
+            let error = read_until_ready(conn, |f| {
+                if f.tag == b'T' {
+                    partial = protocol::row_description_columns(f.body());
+                }
+            })
+            .await
+            .map_err(shard_error)?;
+            if let Some(fields) = error {
+                // The partial statement is pgtenant's: its error is a planning defect
+                // to report, not the client's.
+                return Err(ScatterError::Unmergeable(format!("this statement ({})", fields.message)));
+            }
+            let types: Vec<u32> = partial.unwrap_or_default().iter().map(|c| c.type_oid).collect();
+            plan.final_sql(&types)?
+        }
+    };
+    Ok(Prepared { plan, param_types, row_description, final_sql })
+}
+
+fn first_text_value(body: &[u8]) -> Option<String> {
+    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?;
+    String::from_utf8(body.get(6..6 + len)?.to_vec()).ok()
+}
+
+/// What a shard's task reports.
+enum Event {
+    Rows(ShardId, Vec<Bytes>),
+    Done(ShardId),
+    Failed(ShardId, ScatterError),
+}
+
+/// Rows per batch sent from a shard's task.
+const BATCH_ROWS: usize = 256;
+/// Batches in flight per statement: with the batch size, what bounds its memory.
+const CHANNEL_BATCHES: usize = 16;
+/// Written out once this much is buffered.
+const FLUSH_BYTES: usize = 64 * 1024;
+
+struct ShardPart {
+    sql: String,
+    types: Arc<[u8]>,
+    parameters: Bytes,
+    formats: Vec<i16>,
+}
+
+/// Runs a shard's part and reports its rows; the connection goes back to its pool
+/// only when the part ended at an idle ReadyForQuery.
+async fn run_shard(mut link: Link, part: Arc<ShardPart>, tx: mpsc::Sender<Event>) {
+    let shard = link.shard;
+    link.conn.broken = true;
+    let result = shard_part(&mut link, &part, &tx).await;
+    match result {
+        Ok(None) => {
+            link.conn.broken = link.conn.status != TxStatus::Idle;
+            let _ = tx.send(Event::Done(shard)).await;
+        }
+        Ok(Some(fields)) => {
+            link.conn.broken = link.conn.status != TxStatus::Idle;
+            let _ = tx.send(Event::Failed(shard, ScatterError::Shard { shard, fields })).await;
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            let _ = tx.send(Event::Failed(shard, ScatterError::Unavailable { shard, reason })).await;
+        }
+    }
+    if link.conn.broken {
+        link.conn.discard();
+    }
+}
+
+async fn shard_part(
+    link: &mut Link,
+    part: &ShardPart,
+    tx: &mpsc::Sender<Event>,
+) -> Result<Option<ErrorFields>, BackendError> {
+    let shard = link.shard;
+    let conn = &mut *link.conn;
+    let w = &mut conn.io.wbuf;
+    // A read-only transaction: nothing a shard runs for a scatter can write.
+    protocol::query(w, "BEGIN READ ONLY");
+    protocol::parse(w, b"", part.sql.as_bytes(), &part.types);
+    protocol::bind_with(w, b"", &part.parameters, &part.formats);
+    protocol::execute(w);
+    protocol::sync(w);
+    protocol::query(w, "COMMIT");
+    conn.io.flush().await.map_err(io_error(conn))?;
+    let mut error = None;
+    for _ in 0..3 {
+        let mut batch = Vec::new();
+        let mut failed = None;
+        loop {
+            let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn))?;
+            let Some(frame) = frame else {
+                return Err(BackendError::Protocol { addr: conn.addr.clone(), message: "server closed the connection".into() });
+            };
+            match frame.tag {
+                b'D' => {
+                    batch.push(frame.body_bytes());
+                    if batch.len() >= BATCH_ROWS {
+                        // A closed channel (the statement gave up) only means the rows go nowhere.
+                        let _ = tx.send(Event::Rows(shard, std::mem::take(&mut batch))).await;
+                    }
+                }
+                b'E' => {
+                    failed.get_or_insert_with(|| protocol::error_fields(frame.body()));
+                }
+                b'Z' => {
+                    conn.status =
+                        frame.body().first().copied().and_then(TxStatus::from_byte).unwrap_or(TxStatus::Failed);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        if !batch.is_empty() {
+            let _ = tx.send(Event::Rows(shard, batch)).await;
+        }
+        if error.is_none() {
+            error = failed;
+        }
+    }
+    Ok(error)
+}
+
+/// Runs `prepared`: the shards in `links`, merged on `coordinator` when the plan says
+/// so, the answer written to `client` up to and including CommandComplete (and the
+/// WARNINGs of a partial result). `missing`: shards that could not even be reached.
+pub async fn execute(
+    prepared: &Prepared,
+    request: &Request<'_>,
+    links: Vec<Link>,
+    mut missing: Vec<(ShardId, String)>,
+    coordinator: Option<&mut ServerConn>,
+    client: &mut Duplex,
+) -> Result<Outcome, ScatterError> {
+    if request.policy == Policy::Strict
+        && let Some((shard, reason)) = missing.first()
+    {
+        return Err(ScatterError::Unavailable { shard: *shard, reason: reason.clone() });
+    }
+    let coordinated = prepared.final_sql.is_some();
+    let formats = if coordinated { vec![1] } else { request.result_formats.to_vec() };
+    let types: Arc<[u8]> = type_section(&prepared.param_types).into();
+    let parameters = Bytes::copy_from_slice(request.parameters);
+    let mut cancels: Vec<(ShardId, CancelTarget)> = Vec::new();
+    let (tx, mut rx) = mpsc::channel(CHANNEL_BATCHES);
+    let started = Instant::now();
+    let mut pending: Vec<ShardId> = Vec::new();
+    for link in links {
+        let part = Arc::new(ShardPart {
+            sql: prepared.plan.shard_sql(link.shard as i64),
+            types: types.clone(),
+            parameters: parameters.clone(),
+            formats: formats.clone(),
+        });
+        cancels.push((link.shard, link.conn.cancel.clone()));
+        pending.push(link.shard);
+        tokio::spawn(run_shard(link, part, tx.clone()));
+    }
+    drop(tx);
+
+    let mut outcome = Outcome::default();
+    if request.describe
+        && let Some(description) = &prepared.row_description
+    {
+        let with_formats = protocol::row_description_with_formats(description, request.result_formats);
+        client.wbuf.extend_from_slice(&with_formats.unwrap_or_default());
+    }
+    let mut merge = match (coordinated, coordinator) {
+        (true, Some(conn)) => Some(Coordinator::start(conn, prepared).await?),
+        (true, None) => return Err(ScatterError::NoCoordinator { reason: "none was given".into() }),
+        (false, _) => None,
+    };
+    let deadline = tokio::time::Instant::now() + request.timeout;
+    let mut failed: Vec<ShardId> = Vec::new();
+    while !pending.is_empty() {
+        let event = match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(event)) => event,
+            Ok(None) => break,
+            Err(_) => {
+                let ms = request.timeout.as_millis() as u64;
+                cancel_all(&cancels, &pending);
+                if request.policy == Policy::Strict {
+                    return Err(abandon(merge, ScatterError::Timeout { shard: pending[0], ms }).await);
+                }
+                for shard in pending.drain(..) {
+                    failed.push(shard);
+                    missing.push((shard, format!("no answer within {ms} ms (scatter_timeout_ms)")));
+                }
+                break;
+            }
+        };
+        match event {
+            Event::Rows(shard, rows) => {
+                if failed.contains(&shard) {
+                    continue;
+                }
+                match &mut merge {
+                    Some(m) => m.copy_rows(shard, &rows).await?,
+                    None => {
+                        outcome.rows += rows.len() as u64;
+                        for row in rows {
+                            protocol::put_message(&mut client.wbuf, b'D', |b| b.put_slice(&row));
+                        }
+                        if client.wbuf.len() >= FLUSH_BYTES {
+                            client.flush().await.map_err(|_| ScatterError::Canceled)?;
+                        }
+                    }
+                }
+            }
+            Event::Done(shard) => {
+                pending.retain(|s| *s != shard);
+                outcome.shard_ms.push((shard, started.elapsed().as_millis() as u64));
+            }
+            Event::Failed(shard, error) => {
+                pending.retain(|s| *s != shard);
+                if request.policy == Policy::Strict {
+                    cancel_all(&cancels, &pending);
+                    return Err(abandon(merge, error).await);
+                }
+                failed.push(shard);
+                missing.push((shard, error.to_string()));
+            }
+        }
+    }
+    if let Some(m) = merge {
+        outcome.rows = m.finish(prepared, request, &failed, client).await?;
+    } else {
+        protocol::command_complete(&mut client.wbuf, &format!("SELECT {}", outcome.rows));
+    }
+    for (shard, why) in &missing {
+        protocol::notice_response(
+            &mut client.wbuf,
+            protocol::Severity::Warning,
+            "01000",
+            &format!("pgtenant: scatter-gather result is partial: shard {shard} is missing ({why})"),
+        );
+    }
+    outcome.missing = missing;
+    Ok(outcome)
+}
+
+fn cancel_all(cancels: &[(ShardId, CancelTarget)], pending: &[ShardId]) {
+    for (shard, target) in cancels {
+        if pending.contains(shard) {
+            let target = target.clone();
+            tokio::spawn(async move {
+                let _ = crate::backend::send_cancel(target).await;
+            });
+        }
+    }
+}
+
+/// Ends a merge that will not finish (its transaction rolls back), returning `error`.
+async fn abandon(merge: Option<Coordinator<'_>>, error: ScatterError) -> ScatterError {
+    if let Some(m) = merge {
+        m.fail().await;
+    }
+    error
+}
+
+/// The coordinator's side of a merge: its table filled by COPY, then the final statement.
+struct Coordinator<'a> {
+    conn: &'a mut ServerConn,
+}
+
+/// The binary COPY header: signature, flags, header extension length.
+const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+
+impl<'a> Coordinator<'a> {
+    async fn start(conn: &'a mut ServerConn, prepared: &Prepared) -> Result<Coordinator<'a>, ScatterError> {
+        let columns = prepared.plan.partial_columns().unwrap_or(0);
+        let names: Vec<String> = (0..columns).map(column_name).collect();
+        let nulls = vec!["NULL"; prepared.param_types.len()];
+        let args = if nulls.is_empty() { String::new() } else { format!("({})", nulls.join(", ")) };
+        conn.broken = true;
+        let w = &mut conn.io.wbuf;
+        protocol::query(w, "BEGIN READ WRITE");
+        protocol::parse(w, b"__pgtenant_partial", prepared.plan.shard_sql(0).as_bytes(), &type_section(&prepared.param_types));
+        protocol::sync(w);
+        // The table takes the partial statement's column types and collations exactly.
+        protocol::query(
+            w,
+            &format!(
+                "CREATE TEMP TABLE {PARTIAL_TABLE} ({}) ON COMMIT DROP AS EXECUTE __pgtenant_partial{args} WITH NO DATA",
+                names.join(", ")
+            ),
+        );
+        protocol::query(w, &format!("DEALLOCATE __pgtenant_partial; ALTER TABLE pg_temp.{PARTIAL_TABLE} ADD COLUMN {FROM_COLUMN} integer"));
+        protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
+        let coordinator_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
+        conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
+        let mut error = None;
+        for _ in 0..4 {
+            if let Some(fields) = read_until_ready(conn, |_| {}).await.map_err(coordinator_error)? {
+                error.get_or_insert(fields);
+            }
+        }
+        // The COPY answers CopyInResponse, or an error and ReadyForQuery.
+        loop {
+            let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn)).map_err(coordinator_error)?;
+            let Some(frame) = frame else {
+                return Err(ScatterError::NoCoordinator { reason: "the coordinator closed the connection".into() });
+            };
+            match frame.tag {
+                b'G' => break,
+                b'E' => {
+                    error.get_or_insert(protocol::error_fields(frame.body()));
+                }
+                b'Z' => {
+                    let _ = conn.run_sql("ROLLBACK").await;
+                    let fields = error.unwrap_or_default();
+                    return Err(ScatterError::Unmergeable(format!("this statement ({})", fields.message)));
+                }
+                _ => {}
+            }
+        }
+        put_copy_data(&mut conn.io.wbuf, |b| b.put_slice(COPY_HEADER));
+        Ok(Coordinator { conn })
+    }
+
+    async fn copy_rows(&mut self, shard: ShardId, rows: &[Bytes]) -> Result<(), ScatterError> {
+        put_copy_data(&mut self.conn.io.wbuf, |b| {
+            for row in rows.iter().filter(|r| r.len() >= 2) {
+                let fields = i16::from_be_bytes([row[0], row[1]]);
+                b.put_i16(fields + 1);
+                b.put_slice(&row[2..]);
+                b.put_i32(4);
+                b.put_i32(shard as i32);
+            }
+        });
+        if self.conn.io.wbuf.len() >= FLUSH_BYTES {
+            let conn = &mut *self.conn;
+            conn.io
+                .flush()
+                .await
+                .map_err(|e| ScatterError::NoCoordinator { reason: e.to_string() })?;
+        }
+        Ok(())
+    }
+
+    async fn fail(self) {
+        let w = &mut self.conn.io.wbuf;
+        protocol::put_message(w, b'f', |b| b.put_slice(b"scatter-gather abandoned\0"));
+        protocol::query(w, "ROLLBACK");
+        if self.conn.io.flush().await.is_ok() {
+            let conn = &mut *self.conn;
+            let ok = matches!(read_until_ready(conn, |_| {}).await, Ok(_))
+                && matches!(read_until_ready(conn, |_| {}).await, Ok(_));
+            conn.broken = !ok || conn.status != TxStatus::Idle;
+        }
+    }
+
+    /// Ends the COPY, runs the final statement and relays its rows: their count.
+    async fn finish(
+        self,
+        prepared: &Prepared,
+        request: &Request<'_>,
+        failed: &[ShardId],
+        client: &mut Duplex,
+    ) -> Result<u64, ScatterError> {
+        let conn = self.conn;
+        let final_sql = prepared.final_sql.as_deref().unwrap_or_default();
+        let w = &mut conn.io.wbuf;
+        put_copy_data(w, |b| b.put_i16(-1));
+        protocol::put_message(w, b'c', |_| {});
+        if !failed.is_empty() {
+            let list: Vec<String> = failed.iter().map(ToString::to_string).collect();
+            protocol::query(w, &format!("DELETE FROM pg_temp.{PARTIAL_TABLE} WHERE {FROM_COLUMN} IN ({})", list.join(", ")));
+        }
+        protocol::parse(w, b"", final_sql.as_bytes(), &type_section(&prepared.param_types));
+        protocol::bind_with(w, b"", request.parameters, request.result_formats);
+        protocol::execute(w);
+        protocol::sync(w);
+        protocol::query(w, "COMMIT");
+        let coordinator_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
+        conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
+        let mut error = None;
+        // The COPY's answer, then the DELETE's.
+        for _ in 0..(1 + usize::from(!failed.is_empty())) {
+            if let Some(fields) = read_until_ready(conn, |_| {}).await.map_err(coordinator_error)? {
+                error.get_or_insert(fields);
+            }
+        }
+        let mut rows = 0u64;
+        let mut final_error = None;
+        loop {
+            let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn)).map_err(coordinator_error)?;
+            let Some(frame) = frame else {
+                return Err(ScatterError::NoCoordinator { reason: "the coordinator closed the connection".into() });
+            };
+            match frame.tag {
+                b'C' | b'N' => {
+                    protocol::put_message(&mut client.wbuf, frame.tag, |b| b.put_slice(frame.body()));
+                }
+                b'D' => {
+                    rows += 1;
+                    protocol::put_message(&mut client.wbuf, b'D', |b| b.put_slice(frame.body()));
+                    if client.wbuf.len() >= FLUSH_BYTES {
+                        client.flush().await.map_err(|_| ScatterError::Canceled)?;
+                    }
+                }
+                b'E' => {
+                    final_error.get_or_insert(protocol::error_fields(frame.body()));
+                }
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        let committed = read_until_ready(conn, |_| {}).await.map_err(coordinator_error)?;
+        conn.broken = committed.is_some() || conn.status != TxStatus::Idle;
+        if let Some(fields) = error {
+            return Err(ScatterError::Unmergeable(format!("this statement ({})", fields.message)));
+        }
+        if let Some(fields) = final_error {
+            // The final statement's own error (an overflow of the merged sum, a division
+            // by zero in HAVING): what PostgreSQL would have said over all the rows.
+            return Err(ScatterError::Statement(fields));
+        }
+        Ok(rows)
+    }
+}
+
+/// Which shard a partial row came from, so a partial result can leave a shard out.
+const FROM_COLUMN: &str = "__pgtenant_from";
+
+fn put_copy_data(buf: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
+    protocol::put_message(buf, b'd', body);
+}
