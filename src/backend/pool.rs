@@ -288,7 +288,10 @@ impl Drop for PooledConn {
             let now = coarse_clock::coarse_ms();
             let retired =
                 conn.opened_ms < self.pool.retire_before_ms.load(std::sync::atomic::Ordering::Relaxed);
+            // A connection left mid-request (a task dropped before its answer ended) is
+            // never handed to another client.
             if retired
+                || conn.broken
                 || (self.pool.lifetime_ms > 0 && now.saturating_sub(conn.opened_ms) >= self.pool.lifetime_ms)
             {
                 return;
@@ -708,6 +711,7 @@ mod tests {
             allow_tenant_switch: None,
             target: None,
             admin: false,
+            scatter_gather: false,
         };
         let node = |port| NodeConfig {
             host: "127.0.0.1".into(),

@@ -306,6 +306,9 @@ pub struct ProxyConfig {
     /// How long a transaction waits while an admin PAUSE covers its shard or tenant
     /// before it fails (57014).
     pub pause_hold_ms: u64,
+    /// How long a scatter-gather waits for each shard's part (57014, or a missing
+    /// shard in a partial result).
+    pub scatter_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     /// Name of the session parameter / GUC that carries the tenant.
     pub tenant_parameter: String,
@@ -382,6 +385,7 @@ impl Default for ProxyConfig {
             max_message_size: 64 << 20,
             checkout_timeout_ms: 5_000,
             pause_hold_ms: 60_000,
+            scatter_timeout_ms: 30_000,
             connect_timeout_ms: 3_000,
             tenant_parameter: "pgtenant.tenant_id".into(),
             tenant_column: "tenant_id".into(),
@@ -498,6 +502,9 @@ pub struct UserConfig {
     /// May use the admin console (the virtual database `pgtenant`).
     #[serde(default)]
     pub admin: bool,
+    /// May run scatter-gather queries (`all_shards.`) without being an admin.
+    #[serde(default)]
+    pub scatter_gather: bool,
 }
 
 /// Where a session's reads may go, as libpq's `target_session_attrs`: all to the

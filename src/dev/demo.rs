@@ -39,7 +39,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         },
         tls: tls_dir.map(|d| TlsConfig { cert: d.join("server.crt"), key: d.join("server.key") }),
         server_tls: ServerTlsConfig::default(),
-        users: vec![login(DEMO_USER, DEMO_PASSWORD, false), login(ADMIN_USER, ADMIN_PASSWORD, true)],
+        users: vec![login(DEMO_USER, DEMO_PASSWORD, false), admin_login()],
         shards: vec![
             ShardConfig { id: 1, nodes: vec![node(shard_ports[0])] },
             ShardConfig { id: 2, nodes: vec![node(shard_ports[1])] },
@@ -71,7 +71,14 @@ fn login(name: &str, password: &str, admin: bool) -> UserConfig {
         allow_tenant_switch: None,
         target: None,
         admin,
+        scatter_gather: false,
     }
+}
+
+/// The demo admin: the console, and scatter-gather as the clusters' superuser (which
+/// row-level security does not bind, so that `all_shards.accounts` sees every tenant).
+fn admin_login() -> UserConfig {
+    UserConfig { server_user: Some("postgres".into()), ..login(ADMIN_USER, ADMIN_PASSWORD, true) }
 }
 
 /// The catalog schema, as in `sql/catalog.sql`.

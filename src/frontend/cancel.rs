@@ -1,5 +1,6 @@
 //! Cancel keys: every client gets a BackendKeyData of pgtenant's own; while a
-//! server connection works for it, its slot holds that server's cancel target.
+//! server connection works for it, its slot holds that server's cancel target (and
+//! while a scatter-gather runs, every shard's).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,21 +10,26 @@ use crate::backend::{CancelSlot as Slot, CancelTarget};
 
 #[derive(Default)]
 pub struct CancelRegistry {
-    clients: Mutex<HashMap<u32, (u32, Slot)>>,
+    clients: Mutex<HashMap<u32, (u32, Slot, ManySlot)>>,
     next_pid: AtomicU32,
 }
+
+/// The servers of a scatter-gather that a cancel reaches all at once.
+type ManySlot = Arc<Mutex<Vec<CancelTarget>>>;
 
 /// A client's key; unregisters itself when dropped.
 pub struct CancelKey {
     pub pid: u32,
     pub key: u32,
     slot: Slot,
+    many: ManySlot,
     registry: Arc<CancelRegistry>,
 }
 
 impl CancelRegistry {
     pub fn register(self: &Arc<Self>) -> CancelKey {
         let slot: Slot = Arc::new(Mutex::new(None));
+        let many: ManySlot = Arc::default();
         let key = rand::random::<u32>();
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let pid = loop {
@@ -32,18 +38,20 @@ impl CancelRegistry {
                 break pid;
             }
         };
-        clients.insert(pid, (key, slot.clone()));
-        CancelKey { pid, key, slot, registry: self.clone() }
+        clients.insert(pid, (key, slot.clone(), many.clone()));
+        CancelKey { pid, key, slot, many, registry: self.clone() }
     }
 
-    /// The server target for a CancelRequest, if the key matches and a query runs.
-    pub fn lookup(&self, pid: u32, key: u32) -> Option<CancelTarget> {
+    /// The server targets for a CancelRequest: none unless the key matches and a query runs.
+    pub fn lookup(&self, pid: u32, key: u32) -> Vec<CancelTarget> {
         let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        let (expected, slot) = clients.get(&pid)?;
+        let Some((expected, slot, many)) = clients.get(&pid) else { return Vec::new() };
         if *expected != key {
-            return None;
+            return Vec::new();
         }
-        slot.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let mut targets = many.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        targets.extend(slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        targets
     }
 }
 
@@ -55,6 +63,11 @@ impl CancelKey {
 
     pub fn set_target(&self, target: Option<CancelTarget>) {
         *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = target;
+    }
+
+    /// The servers a scatter-gather runs on (empty when it ends).
+    pub fn set_targets(&self, targets: Vec<CancelTarget>) {
+        *self.many.lock().unwrap_or_else(|e| e.into_inner()) = targets;
     }
 }
 
@@ -73,14 +86,17 @@ mod tests {
     fn lookup_needs_the_right_key_and_a_target() {
         let reg = Arc::new(CancelRegistry::default());
         let k = reg.register();
-        assert!(reg.lookup(k.pid, k.key).is_none());
+        assert!(reg.lookup(k.pid, k.key).is_empty());
         let target =
             CancelTarget { addr: ServerAddr::Tcp("127.0.0.1:5432".parse().unwrap()), pid: 5, key: 6 };
-        k.set_target(Some(target));
-        assert_eq!(reg.lookup(k.pid, k.key).map(|t| t.pid), Some(5));
-        assert!(reg.lookup(k.pid, k.key.wrapping_add(1)).is_none());
+        k.set_target(Some(target.clone()));
+        assert_eq!(reg.lookup(k.pid, k.key).iter().map(|t| t.pid).collect::<Vec<_>>(), vec![5]);
+        assert!(reg.lookup(k.pid, k.key.wrapping_add(1)).is_empty());
+        k.set_target(None);
+        k.set_targets(vec![target.clone(), CancelTarget { pid: 7, ..target }]);
+        assert_eq!(reg.lookup(k.pid, k.key).iter().map(|t| t.pid).collect::<Vec<_>>(), vec![5, 7]);
         let pid = k.pid;
         drop(k);
-        assert!(reg.lookup(pid, 0).is_none());
+        assert!(reg.lookup(pid, 0).is_empty());
     }
 }

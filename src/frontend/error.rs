@@ -90,6 +90,8 @@ pub enum FrontendError {
     ExtendedTenantSet { param: String },
     #[error("{0}")]
     Snowflake(#[from] SnowflakeError),
+    #[error("{0}")]
+    Scatter(#[from] crate::admin::scatter::ScatterError),
     #[error("SET/RESET {param} must be sent as a statement of its own, not in a multi-statement string")]
     TenantSetAmongMany { param: String },
 }

@@ -4,6 +4,7 @@
 use bytes::BytesMut;
 
 use super::error::FrontendError;
+use crate::admin::scatter::ScatterError;
 use crate::backend::CheckoutError;
 use crate::directory::DirectoryError;
 use crate::protocol::{self, Severity, sqlstate};
@@ -28,6 +29,21 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::ShuttingDown | E::Killed => sqlstate::ADMIN_SHUTDOWN,
         E::IdleInTransaction { .. } => sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
         E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),
+        E::Scatter(ScatterError::Statement(fields)) => return (fields.code.clone(), fields.message.clone()),
+        E::Scatter(ScatterError::Shard { fields, .. }) => fields.code.as_str(),
+        E::Scatter(ScatterError::Unmergeable(_) | ScatterError::Unparsed(_) | ScatterError::RowLimit) => {
+            sqlstate::FEATURE_NOT_SUPPORTED
+        }
+        E::Scatter(ScatterError::NotAllowed { .. } | ScatterError::TenantBound { .. }) => {
+            sqlstate::INSUFFICIENT_PRIVILEGE
+        }
+        E::Scatter(ScatterError::NotReadOnly(_)) => sqlstate::READ_ONLY_SQL_TRANSACTION,
+        E::Scatter(ScatterError::InTransaction { .. }) => sqlstate::ACTIVE_SQL_TRANSACTION,
+        E::Scatter(ScatterError::Timeout { .. } | ScatterError::Canceled) => sqlstate::QUERY_CANCELED,
+        E::Scatter(ScatterError::Unavailable { .. } | ScatterError::NoCoordinator { .. }) => {
+            sqlstate::CONNECTION_FAILURE
+        }
+        E::Scatter(ScatterError::TooManyPortals { .. }) => sqlstate::PROGRAM_LIMIT_EXCEEDED,
         E::Io(_) => sqlstate::CONNECTION_FAILURE,
         E::Route(RouteError::NoTenant { .. }) => sqlstate::INVALID_PARAMETER_VALUE,
         E::Route(RouteError::Directory(

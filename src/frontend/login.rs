@@ -136,13 +136,14 @@ async fn refuse(mut client: Duplex, err: &FrontendError) {
 }
 
 async fn forward_cancel(shared: &Shared, pid: u32, key: u32) {
-    match shared.cancels.lookup(pid, key) {
-        Some(target) => {
-            if let Err(e) = send_cancel(target).await {
-                tracing::warn!(error = %e, "could not forward a cancel request");
-            }
+    let targets = shared.cancels.lookup(pid, key);
+    if targets.is_empty() {
+        tracing::debug!(pid, "cancel request for no running query");
+    }
+    for target in targets {
+        if let Err(e) = send_cancel(target).await {
+            tracing::warn!(error = %e, "could not forward a cancel request");
         }
-        None => tracing::debug!(pid, "cancel request for no running query"),
     }
 }
 

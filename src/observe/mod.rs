@@ -5,6 +5,7 @@
 pub mod conns;
 pub mod errors;
 pub mod http;
+pub mod scatter;
 pub mod stats;
 
 /// Installs the tracing subscriber (text lines); `RUST_LOG` overrides the default level.

@@ -18,6 +18,21 @@ use crate::directory::{TenantId, TenantKey};
 
 /// The parameter that says where a session's provably read-only requests may go.
 pub const TARGET_PARAMETER: &str = "pgtenant.target";
+/// The session setting that says what a scatter-gather does when a shard fails.
+pub const SCATTER_PARAMETER: &str = "pgtenant.scatter";
+/// The pseudo-schema that names a table on every shard (scatter-gather).
+pub const ALL_SHARDS: &str = "all_shards";
+
+/// Whether `sql` may name an `all_shards.` table: the word followed by a dot or a
+/// quote (a cheap test; `StatementKind::Scatter` is decided on tokens).
+pub fn mentions_all_shards(sql: &[u8]) -> bool {
+    let n = ALL_SHARDS.len();
+    sql.windows(n + 1).any(|w| {
+        w[0] | 0x20 == b'a'
+            && w[..n].eq_ignore_ascii_case(ALL_SHARDS.as_bytes())
+            && matches!(w[n], b'.' | b'"')
+    })
+}
 
 /// A value a SET gave one of pgtenant's parameters that it cannot take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +75,8 @@ pub enum StatementKind {
     ShowRoutingVersion,
     /// A snowflake call (`SELECT pgtenant.next_id()` and kin): answered by the proxy.
     Snowflake(SnowflakeSelect),
+    /// A statement naming an `all_shards.` table: the admin scatter-gather runs it.
+    Scatter,
     Other,
 }
 
@@ -282,7 +299,7 @@ impl Analysis {
 
 /// Analyzes a query string; `tenant_param` is the configured parameter name.
 pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
-    if is_plain_dml(sql) {
+    if is_plain_dml(sql) && !mentions_all_shards(sql) {
         return Analysis::plain_dml(text_of(sql));
     }
     let text = String::from_utf8_lossy(sql);
@@ -633,6 +650,19 @@ impl Words<'_> {
     }
 }
 
+/// The word `all_shards` (bare or quoted) followed by a dot: a table on every shard.
+fn names_all_shards(w: &Words) -> bool {
+    w.tokens.windows(2).any(|pair| {
+        let word = &w.sql[pair[0].start..pair[0].end];
+        let named = match pair[0].kind {
+            TokenKind::Word => word.eq_ignore_ascii_case(ALL_SHARDS),
+            TokenKind::QuotedIdent => word == "\"all_shards\"",
+            _ => false,
+        };
+        named && pair[1].kind == TokenKind::Punct && &w.sql[pair[1].start..pair[1].end] == "."
+    })
+}
+
 fn classify(
     w: &Words,
     tenant_param: &str,
@@ -641,6 +671,9 @@ fn classify(
 ) -> StatementKind {
     if w.is(0, "begin") || (w.is(0, "start") && w.is(1, "transaction")) {
         return StatementKind::Begin;
+    }
+    if names_all_shards(w) {
+        return StatementKind::Scatter;
     }
     if (w.is(0, "commit") || w.is(0, "end")) && !w.is(1, "prepared") {
         return StatementKind::Commit;
@@ -766,6 +799,12 @@ fn classify_set(
                 StatementKind::Other
             }
         };
+    }
+    if name.eq_ignore_ascii_case(SCATTER_PARAMETER)
+        && !matches!(value.trim_matches('\'').to_ascii_lowercase().as_str(), "strict" | "partial")
+    {
+        *bad_setting = Some(BadSetting { param: name, value, expected: "one of strict, partial" });
+        return StatementKind::Other;
     }
     if name.eq_ignore_ascii_case(TARGET_PARAMETER) && target_of(&value).is_none() {
         *bad_setting =

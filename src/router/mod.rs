@@ -26,8 +26,8 @@ pub struct Confinement {
 }
 
 pub use analyze::{
-    Analysis, BadSetting, PinReason, ROUTING_VERSION, SessionChange, StatementKind, TARGET_PARAMETER,
-    target_of,
+    ALL_SHARDS, Analysis, BadSetting, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
+    StatementKind, TARGET_PARAMETER, mentions_all_shards, target_of,
 };
 pub use effects::SessionRisk;
 pub use quick::ShapeTiming;

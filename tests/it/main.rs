@@ -17,6 +17,7 @@ mod pipelining;
 mod pooling;
 mod replica_reads;
 mod routing;
+mod scatter;
 mod set_family;
 mod slow_statements;
 mod snowflake;

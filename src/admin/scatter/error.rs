@@ -16,6 +16,10 @@ pub enum ScatterError {
         "scatter-gather (all_shards.) is open to users with admin = true or scatter_gather = true, not to \"{user}\""
     )]
     NotAllowed { user: String },
+    #[error(
+        "scatter-gather (all_shards.) reads every tenant: a session bound to tenant {tenant} cannot run it"
+    )]
+    TenantBound { tenant: String },
     #[error("scatter-gather (all_shards.) runs read-only SELECTs: {0}")]
     NotReadOnly(String),
     #[error("scatter-gather (all_shards.) cannot run in a transaction that already ran on shard {shard}")]

@@ -9,6 +9,3 @@ pub mod run;
 pub use error::ScatterError;
 pub use plan::{Plan, Scatter, mentions_all_shards, parse};
 pub use run::{Link, Outcome, Policy, Prepared, Request, execute, prepare, ready};
-
-/// The session setting that picks the failure policy (`strict` or `partial`).
-pub const POLICY_PARAMETER: &str = "pgtenant.scatter";

@@ -28,8 +28,7 @@ use sqlparser::parser::Parser;
 
 use super::ScatterError;
 
-/// The pseudo-schema that names a table on every shard.
-pub const ALL_SHARDS: &str = "all_shards";
+pub use crate::router::{ALL_SHARDS, mentions_all_shards};
 /// The virtual column holding the shard a row comes from.
 pub const SHARD_COLUMN: &str = "shard_id";
 /// The coordinator's table of partial rows (dropped at the end of its transaction).
@@ -37,13 +36,6 @@ pub const PARTIAL_TABLE: &str = "__pgtenant_scatter";
 /// Names pgtenant writes into the SQL it generates; refused in a client's text.
 const RESERVED_PREFIX: &str = "__pgtenant_";
 const SHARD_PLACEHOLDER: &str = "__pgtenant_shard__";
-
-/// Whether `sql` may name an `all_shards.` table (a cheap test before parsing).
-pub fn mentions_all_shards(sql: &[u8]) -> bool {
-    sql.windows(ALL_SHARDS.len() + 1).any(|w| {
-        w[..ALL_SHARDS.len()].eq_ignore_ascii_case(ALL_SHARDS.as_bytes()) && matches!(w[ALL_SHARDS.len()], b'.' | b'"')
-    })
-}
 
 /// The aggregates pgtenant merges, by how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,7 +250,9 @@ fn unmergeable(what: impl Into<String>) -> ScatterError {
 /// Reads `sql`: `Ok(None)` when it names no `all_shards.` table after all.
 pub fn parse(sql: &str) -> Result<Option<Scatter>, ScatterError> {
     if sql.to_ascii_lowercase().contains(RESERVED_PREFIX) {
-        return Err(unmergeable(format!("a statement containing \"{RESERVED_PREFIX}\" (names pgtenant uses)")));
+        return Err(unmergeable(format!(
+            "a statement containing \"{RESERVED_PREFIX}\" (names pgtenant uses)"
+        )));
     }
     let mut statements =
         Parser::parse_sql(&PostgreSqlDialect {}, sql).map_err(|e| ScatterError::Unparsed(e.to_string()))?;
@@ -516,7 +510,8 @@ impl Scatter {
 
     /// The statement as one shard (shard 0) would run it alone: what a Describe reports.
     pub fn probe_sql(&self) -> String {
-        let distinct = if matches!(self.select.distinct, Some(Distinct::Distinct)) { "DISTINCT " } else { "" };
+        let distinct =
+            if matches!(self.select.distinct, Some(Distinct::Distinct)) { "DISTINCT " } else { "" };
         let group = match &self.select.group_by {
             GroupByExpr::Expressions(keys, _) if !keys.is_empty() => {
                 let list: Vec<String> = keys.iter().map(ToString::to_string).collect();
@@ -626,19 +621,18 @@ impl Scatter {
         partial.push_str(&format!(" FROM {from}{}", self.where_sql()));
         // Rows past LIMIT + OFFSET of one shard can never be among the first LIMIT +
         // OFFSET of all; OFFSET itself is applied once, at the end.
-        if !distinct && self.fetch.is_none() && !self.order_by.is_empty() {
+        if !distinct && self.fetch.is_none() {
             partial.push_str(&Self::order_sql(&self.order_by));
-            if let Some(pushed) = self.pushed_limit() {
-                partial.push_str(&pushed);
-            }
-        } else if !distinct && self.fetch.is_none() && self.order_by.is_empty() {
             if let Some(pushed) = self.pushed_limit() {
                 partial.push_str(&pushed);
             }
         }
         let items: Vec<String> = (0..outputs).map(column_name).collect();
-        let order =
-            if final_order.is_empty() { String::new() } else { format!(" ORDER BY {}", final_order.join(", ")) };
+        let order = if final_order.is_empty() {
+            String::new()
+        } else {
+            format!(" ORDER BY {}", final_order.join(", "))
+        };
         let final_template = format!(
             "SELECT {}{} FROM pg_temp.{PARTIAL_TABLE}{order}{}",
             if distinct { "DISTINCT " } else { "" },
@@ -705,7 +699,9 @@ impl Scatter {
         let mut projection: Vec<Expr> = Vec::new();
         for item in &self.select.projection {
             match item {
-                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => projection.push(e.clone()),
+                SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                    projection.push(e.clone())
+                }
                 _ => return Err(unmergeable("SELECT * with GROUP BY or aggregates")),
             }
         }
@@ -733,7 +729,8 @@ impl Scatter {
         for e in projection.iter().chain(having.iter()) {
             leftover_column(e)?;
         }
-        let distinct_args: Vec<&Expr> = aggs.iter().filter(|a| a.distinct).filter_map(|a| a.arg.as_ref()).collect();
+        let distinct_args: Vec<&Expr> =
+            aggs.iter().filter(|a| a.distinct).filter_map(|a| a.arg.as_ref()).collect();
         if distinct_args.windows(2).any(|w| w[0] != w[1]) {
             return Err(unmergeable("DISTINCT aggregates over different expressions"));
         }
@@ -803,7 +800,8 @@ impl Scatter {
         }
 
         let items: Vec<String> = projection.iter().map(ToString::to_string).collect();
-        let distinct = if matches!(self.select.distinct, Some(Distinct::Distinct)) { "DISTINCT " } else { "" };
+        let distinct =
+            if matches!(self.select.distinct, Some(Distinct::Distinct)) { "DISTINCT " } else { "" };
         let mut final_template =
             format!("SELECT {distinct}{} FROM pg_temp.{PARTIAL_TABLE}", self.final_items(facts, items)?);
         if !keys.is_empty() {
@@ -833,7 +831,9 @@ impl Scatter {
                 Expr::Value(ValueWithSpan { value: Value::Number(n, _), .. }) => {
                     let p: usize = n.parse().map_err(|_| unmergeable(format!("GROUP BY {n}")))?;
                     match p.checked_sub(1).and_then(|i| self.select.projection.get(i)) {
-                        Some(SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) => e.clone(),
+                        Some(SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. }) => {
+                            e.clone()
+                        }
                         _ => return Err(unmergeable(format!("GROUP BY position {p}"))),
                     }
                 }

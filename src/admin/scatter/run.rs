@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::sync::mpsc;
 
-use super::plan::{Merge, PARTIAL_TABLE, Plan, ProbeFacts, Scatter, column_name};
 use super::ScatterError;
+use super::plan::{Merge, PARTIAL_TABLE, Plan, ProbeFacts, Scatter, column_name};
 use crate::backend::{
-    BackendError, CancelTarget, MAX_SERVER_MESSAGE, PooledConn, ServerConn, Settings, TenantContext, TenantGuc,
-    settings_sql, tenant_sql,
+    BackendError, CancelTarget, MAX_SERVER_MESSAGE, PooledConn, ServerConn, Settings, TenantContext,
+    TenantGuc, settings_sql, tenant_sql,
 };
 use crate::directory::ShardId;
 use crate::net::Duplex;
@@ -131,11 +131,15 @@ async fn read_until_ready(
     loop {
         let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn))?;
         let Some(frame) = frame else {
-            return Err(BackendError::Protocol { addr: conn.addr.clone(), message: "server closed the connection".into() });
+            return Err(BackendError::Protocol {
+                addr: conn.addr.clone(),
+                message: "server closed the connection".into(),
+            });
         };
         match frame.tag {
             b'Z' => {
-                conn.status = frame.body().first().copied().and_then(TxStatus::from_byte).unwrap_or(TxStatus::Failed);
+                conn.status =
+                    frame.body().first().copied().and_then(TxStatus::from_byte).unwrap_or(TxStatus::Failed);
                 return Ok(error);
             }
             b'E' => {
@@ -168,7 +172,8 @@ pub async fn prepare(
         protocol::sync(w);
     }
     if !scatter.other_functions.is_empty() {
-        let names: Vec<String> = scatter.other_functions.iter().map(|n| crate::backend::quote_literal(n)).collect();
+        let names: Vec<String> =
+            scatter.other_functions.iter().map(|n| crate::backend::quote_literal(n)).collect();
         protocol::query(
             w,
             &format!(
@@ -321,7 +326,10 @@ async fn shard_part(
         loop {
             let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn))?;
             let Some(frame) = frame else {
-                return Err(BackendError::Protocol { addr: conn.addr.clone(), message: "server closed the connection".into() });
+                return Err(BackendError::Protocol {
+                    addr: conn.addr.clone(),
+                    message: "server closed the connection".into(),
+                });
             };
             match frame.tag {
                 b'D' => {
@@ -335,8 +343,12 @@ async fn shard_part(
                     failed.get_or_insert_with(|| protocol::error_fields(frame.body()));
                 }
                 b'Z' => {
-                    conn.status =
-                        frame.body().first().copied().and_then(TxStatus::from_byte).unwrap_or(TxStatus::Failed);
+                    conn.status = frame
+                        .body()
+                        .first()
+                        .copied()
+                        .and_then(TxStatus::from_byte)
+                        .unwrap_or(TxStatus::Failed);
                     break;
                 }
                 _ => {}
@@ -506,7 +518,12 @@ impl<'a> Coordinator<'a> {
         conn.broken = true;
         let w = &mut conn.io.wbuf;
         protocol::query(w, "BEGIN READ WRITE");
-        protocol::parse(w, b"__pgtenant_partial", prepared.plan.shard_sql(0).as_bytes(), &type_section(&prepared.param_types));
+        protocol::parse(
+            w,
+            b"__pgtenant_partial",
+            prepared.plan.shard_sql(0).as_bytes(),
+            &type_section(&prepared.param_types),
+        );
         protocol::sync(w);
         // The table takes the partial statement's column types and collations exactly.
         protocol::query(
@@ -516,7 +533,12 @@ impl<'a> Coordinator<'a> {
                 names.join(", ")
             ),
         );
-        protocol::query(w, &format!("DEALLOCATE __pgtenant_partial; ALTER TABLE pg_temp.{PARTIAL_TABLE} ADD COLUMN {FROM_COLUMN} integer"));
+        protocol::query(
+            w,
+            &format!(
+                "DEALLOCATE __pgtenant_partial; ALTER TABLE pg_temp.{PARTIAL_TABLE} ADD COLUMN {FROM_COLUMN} integer"
+            ),
+        );
         protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
         let coordinator_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
         conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
@@ -528,9 +550,16 @@ impl<'a> Coordinator<'a> {
         }
         // The COPY answers CopyInResponse, or an error and ReadyForQuery.
         loop {
-            let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn)).map_err(coordinator_error)?;
+            let frame = conn
+                .io
+                .read_frame(MAX_SERVER_MESSAGE)
+                .await
+                .map_err(io_error(conn))
+                .map_err(coordinator_error)?;
             let Some(frame) = frame else {
-                return Err(ScatterError::NoCoordinator { reason: "the coordinator closed the connection".into() });
+                return Err(ScatterError::NoCoordinator {
+                    reason: "the coordinator closed the connection".into(),
+                });
             };
             match frame.tag {
                 b'G' => break,
@@ -561,10 +590,7 @@ impl<'a> Coordinator<'a> {
         });
         if self.conn.io.wbuf.len() >= FLUSH_BYTES {
             let conn = &mut *self.conn;
-            conn.io
-                .flush()
-                .await
-                .map_err(|e| ScatterError::NoCoordinator { reason: e.to_string() })?;
+            conn.io.flush().await.map_err(|e| ScatterError::NoCoordinator { reason: e.to_string() })?;
         }
         Ok(())
     }
@@ -575,8 +601,8 @@ impl<'a> Coordinator<'a> {
         protocol::query(w, "ROLLBACK");
         if self.conn.io.flush().await.is_ok() {
             let conn = &mut *self.conn;
-            let ok = matches!(read_until_ready(conn, |_| {}).await, Ok(_))
-                && matches!(read_until_ready(conn, |_| {}).await, Ok(_));
+            let ok =
+                read_until_ready(conn, |_| {}).await.is_ok() && read_until_ready(conn, |_| {}).await.is_ok();
             conn.broken = !ok || conn.status != TxStatus::Idle;
         }
     }
@@ -596,7 +622,10 @@ impl<'a> Coordinator<'a> {
         protocol::put_message(w, b'c', |_| {});
         if !failed.is_empty() {
             let list: Vec<String> = failed.iter().map(ToString::to_string).collect();
-            protocol::query(w, &format!("DELETE FROM pg_temp.{PARTIAL_TABLE} WHERE {FROM_COLUMN} IN ({})", list.join(", ")));
+            protocol::query(
+                w,
+                &format!("DELETE FROM pg_temp.{PARTIAL_TABLE} WHERE {FROM_COLUMN} IN ({})", list.join(", ")),
+            );
         }
         protocol::parse(w, b"", final_sql.as_bytes(), &type_section(&prepared.param_types));
         protocol::bind_with(w, b"", request.parameters, request.result_formats);
@@ -615,9 +644,16 @@ impl<'a> Coordinator<'a> {
         let mut rows = 0u64;
         let mut final_error = None;
         loop {
-            let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn)).map_err(coordinator_error)?;
+            let frame = conn
+                .io
+                .read_frame(MAX_SERVER_MESSAGE)
+                .await
+                .map_err(io_error(conn))
+                .map_err(coordinator_error)?;
             let Some(frame) = frame else {
-                return Err(ScatterError::NoCoordinator { reason: "the coordinator closed the connection".into() });
+                return Err(ScatterError::NoCoordinator {
+                    reason: "the coordinator closed the connection".into(),
+                });
             };
             match frame.tag {
                 b'C' | b'N' => {

@@ -187,7 +187,7 @@ impl Session {
         let kind = local_kind(last);
         let others_local =
             all().any(|a| matches!(local_kind(a), Some(LocalKind::TenantSet | LocalKind::RoutingVersion)));
-        if kind == Some(LocalKind::Snowflake) && !others_local {
+        if matches!(kind, Some(LocalKind::Snowflake | LocalKind::Scatter)) && !others_local {
             if self.request_is_local() {
                 self.answer_local_request().await?;
                 return Ok(true);
@@ -533,6 +533,20 @@ impl Session {
 
     pub(super) fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
         let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+        if crate::router::mentions_all_shards(p.query)
+            && super::scatter::is_scatter(&self.recent.get_or_analyze(&self.shared.router, p.query))
+        {
+            // Reached only with a server attached (an open transaction): a scatter-gather
+            // runs on other connections, outside it.
+            let shard = self.server.as_ref().map_or(0, |a| a.route.shard);
+            let err = FrontendError::Scatter(crate::admin::scatter::ScatterError::InTransaction { shard });
+            self.reply_error(&err, false);
+            self.skip_until_sync = true;
+            return Ok(());
+        }
+        if self.scatter_seen && p.name.is_empty() {
+            self.scatter_statements.remove(&b""[..]);
+        }
         if p.name.is_empty() {
             let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
             let snowflake = snowflake_select(&analysis).is_some();
@@ -603,7 +617,10 @@ impl Session {
 
     /// This session prepared a snowflake statement, or a DEALLOCATE pgtenant answers.
     pub(super) fn has_local_statements(&self) -> bool {
-        self.snowflake_seen || self.unnamed_deallocates.is_some() || !self.deallocate_portals.is_empty()
+        self.snowflake_seen
+            || self.scatter_seen
+            || self.unnamed_deallocates.is_some()
+            || !self.deallocate_portals.is_empty()
     }
 
     /// Handles an extended-protocol message if it concerns a statement or portal pgtenant
@@ -614,7 +631,10 @@ impl Session {
         frame: Frame,
     ) -> Result<Option<Frame>, FrontendError> {
         let handled = match self.deallocate_message(&frame) {
-            Ok(false) => self.snowflake_message(&frame).await,
+            Ok(false) => match self.snowflake_message(&frame).await {
+                Ok(false) if self.scatter_seen || frame.tag == b'P' => self.scatter_message(&frame).await,
+                other => other,
+            },
             other => other,
         };
         match handled {
@@ -675,6 +695,7 @@ pub(super) enum LocalKind {
     TenantSet,
     RoutingVersion,
     Snowflake,
+    Scatter,
 }
 
 pub(super) fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
@@ -684,6 +705,8 @@ pub(super) fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
         Some(LocalKind::RoutingVersion)
     } else if snowflake_select(analysis).is_some() {
         Some(LocalKind::Snowflake)
+    } else if super::scatter::is_scatter(analysis) {
+        Some(LocalKind::Scatter)
     } else {
         None
     }

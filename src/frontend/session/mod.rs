@@ -15,6 +15,7 @@ mod in_place;
 mod lane;
 mod long_statement;
 mod named;
+mod scatter;
 mod server;
 mod simple;
 mod snowflake;
@@ -137,6 +138,12 @@ pub struct Session {
     snowflake_seen: bool,
     /// Portals bound to snowflake statements, answered by pgtenant.
     local_portals: FastMap<Bytes, snowflake::LocalPortal>,
+    /// A scatter-gather statement was prepared in this session (see `snowflake_seen`).
+    scatter_seen: bool,
+    /// Scatter-gather statements by client name (`""`: the unnamed one), described.
+    scatter_statements: FastMap<Bytes, Arc<crate::admin::scatter::Prepared>>,
+    /// Portals bound to them.
+    scatter_portals: FastMap<Bytes, scatter::ScatterPortal>,
     /// The last unnamed Parse was a DEALLOCATE of this client statement, answered by
     /// pgtenant (see `deallocate`).
     unnamed_deallocates: Option<Bytes>,
@@ -247,6 +254,9 @@ impl Session {
             skip_until_sync: false,
             snowflake_seen: false,
             local_portals: FastMap::default(),
+            scatter_seen: false,
+            scatter_statements: FastMap::default(),
+            scatter_portals: FastMap::default(),
             unnamed_deallocates: None,
             deallocate_portals: FastMap::default(),
             setting_changes: VecDeque::new(),

@@ -26,6 +26,7 @@ impl Session {
                 StatementKind::ResetTenant => {
                     return self.set_tenant(self.startup_tenant.clone(), "RESET").await;
                 }
+                StatementKind::Scatter => return self.answer_scatter_query(&analysis).await,
                 StatementKind::Snowflake(select) => {
                     let select = select.clone();
                     return self.answer_snowflake_query(&select, &analysis).await;

@@ -270,7 +270,8 @@ impl Session {
             if frame.tag == b'P' {
                 let Some(p) = protocol::parse_view(frame.body()) else { return false };
                 let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
-                parsed.push((Bytes::copy_from_slice(p.name), snowflake_select(&analysis).is_some()));
+                let local = snowflake_select(&analysis).is_some() || super::scatter::is_scatter(&analysis);
+                parsed.push((Bytes::copy_from_slice(p.name), local));
             }
         }
         let mut parsed_so_far = 0;
@@ -278,7 +279,9 @@ impl Session {
         let is_snowflake_statement =
             |parsed: &[(Bytes, bool)], name: &[u8]| match parsed.iter().rev().find(|(n, _)| n == name) {
                 Some((_, sf)) => *sf,
-                None => self.bound_analysis(name).is_some_and(|a| snowflake_select(&a).is_some()),
+                None => self.bound_analysis(name).is_some_and(|a| {
+                    snowflake_select(&a).is_some() || self.scatter_statements.contains_key(name)
+                }),
             };
         let mut any = false;
         for frame in &self.batch {
@@ -294,11 +297,18 @@ impl Session {
                 }),
                 b'D' | b'C' => match protocol::target_view(body) {
                     Some((b'S', name)) => is_snowflake_statement(&parsed[..parsed_so_far], name),
-                    Some((_, name)) => bound.contains(&name) || self.local_portals.contains_key(name),
+                    Some((_, name)) => {
+                        bound.contains(&name)
+                            || self.local_portals.contains_key(name)
+                            || self.scatter_portals.contains_key(name)
+                    }
                     None => false,
                 },
-                b'E' => protocol::split_cstr(body)
-                    .is_some_and(|(name, _)| bound.contains(&name) || self.local_portals.contains_key(name)),
+                b'E' => protocol::split_cstr(body).is_some_and(|(name, _)| {
+                    bound.contains(&name)
+                        || self.local_portals.contains_key(name)
+                        || self.scatter_portals.contains_key(name)
+                }),
                 _ => true,
             };
             if !local {

@@ -2,14 +2,17 @@ use super::*;
 
 fn planned(sql: &str, names: &[&str]) -> Plan {
     let scatter = parse(sql).unwrap().expect("names all_shards");
-    let facts = ProbeFacts { output_names: names.iter().map(|s| s.to_string()).collect(), ..Default::default() };
+    let facts =
+        ProbeFacts { output_names: names.iter().map(|s| s.to_string()).collect(), ..Default::default() };
     scatter.plan(&facts).unwrap()
 }
 
 fn refused(sql: &str) -> String {
     let err = match parse(sql) {
         Err(e) => e,
-        Ok(Some(s)) => s.plan(&ProbeFacts { output_names: vec!["x".into(); 8], ..Default::default() }).unwrap_err(),
+        Ok(Some(s)) => {
+            s.plan(&ProbeFacts { output_names: vec!["x".into(); 8], ..Default::default() }).unwrap_err()
+        }
         Ok(None) => panic!("{sql} names no all_shards table"),
     };
     err.to_string()
@@ -90,7 +93,10 @@ fn group_by_resolves_positions_and_aliases_as_postgres_does() {
 
 #[test]
 fn ordered_rows_push_limit_plus_offset_and_hide_extra_keys() {
-    let plan = planned("select id, name as n from all_shards.t order by n desc, created_at limit 10 offset $1", &["id", "n"]);
+    let plan = planned(
+        "select id, name as n from all_shards.t order by n desc, created_at limit 10 offset $1",
+        &["id", "n"],
+    );
     let shard = plan.shard_sql(1);
     assert_eq!(
         shard,
@@ -109,7 +115,8 @@ fn ordered_rows_push_limit_plus_offset_and_hide_extra_keys() {
 
 #[test]
 fn distinct_aggregates_ship_their_values() {
-    let plan = planned("select g, count(distinct u), count(*) from all_shards.t group by g", &["g", "c", "n"]);
+    let plan =
+        planned("select g, count(distinct u), count(*) from all_shards.t group by g", &["g", "c", "n"]);
     assert_eq!(plan.shard_sql(1), "SELECT g, u, count(*) FROM t AS t GROUP BY 1, 2");
     let fin = plan.final_sql(&[25, 23, 20]).unwrap().unwrap();
     assert!(fin.contains("count(DISTINCT __pgtenant_c1) AS \"c\""), "{fin}");
@@ -131,7 +138,8 @@ fn what_cannot_be_merged_is_refused_by_name() {
 
 #[test]
 fn aggregates_the_probe_names_are_refused() {
-    let scatter = parse("select percentile_cont(0.5) within group (order by a) from all_shards.t").unwrap().unwrap();
+    let scatter =
+        parse("select percentile_cont(0.5) within group (order by a) from all_shards.t").unwrap().unwrap();
     assert_eq!(scatter.other_functions, vec!["percentile_cont".to_string()]);
     let mut facts = ProbeFacts { output_names: vec!["p".into()], ..Default::default() };
     facts.aggregates.insert("percentile_cont".into());

@@ -1,0 +1,356 @@
+//! Scatter-gather statements (`SELECT ... FROM all_shards.<table>`) in a session: who
+//! may run them, the shard connections they run on, and their messages in both
+//! protocols. In the extended protocol such a statement never reaches a server as
+//! written: its Parse is described on one shard (the probe), and its Bind, Describe,
+//! Execute and Close are answered here, as for a snowflake call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use super::Session;
+use super::extended::malformed;
+use crate::admin::scatter::{self, Link, Policy, Prepared, Request, ScatterError};
+use crate::backend::health::{LagBound, PrimaryChoice};
+use crate::backend::{PooledConn, SettingValue, Wanted};
+use crate::directory::{ShardId, ShardStatus};
+use crate::frontend::error::FrontendError;
+use crate::observe::scatter::Ended;
+use crate::protocol::{self, Frame, TxStatus};
+use crate::router::{Analysis, SCATTER_PARAMETER, StatementKind, TargetMode};
+
+/// Open scatter-gather portals per session at most.
+const MAX_SCATTER_PORTALS: usize = 64;
+/// Scatter-gather statements a session may keep prepared at most.
+const MAX_SCATTER_STATEMENTS: usize = 256;
+
+/// A portal bound to a scatter-gather statement.
+pub(super) struct ScatterPortal {
+    prepared: Arc<Prepared>,
+    /// The Bind's parameter part, sent on to every shard and the coordinator.
+    parameters: Bytes,
+    formats: Vec<i16>,
+}
+
+/// Whether a statement is a scatter-gather.
+pub(super) fn is_scatter(analysis: &Analysis) -> bool {
+    analysis.kind == StatementKind::Scatter && !analysis.is_multi
+}
+
+/// The parameter types of a Parse (its raw section) as OIDs.
+fn declared_types(raw: &[u8]) -> Vec<u32> {
+    raw.get(2..)
+        .unwrap_or_default()
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+impl Session {
+    /// Only admins and `scatter_gather` users, in a session without a tenant, outside
+    /// a transaction that already runs on a shard.
+    fn check_scatter_allowed(&self) -> Result<(), ScatterError> {
+        if !self.user.admin && !self.user.scatter_gather {
+            return Err(ScatterError::NotAllowed { user: self.user.name.clone() });
+        }
+        if let Some(tenant) = &self.tenant {
+            return Err(ScatterError::TenantBound { tenant: tenant.to_string() });
+        }
+        if let Some(a) = &self.server {
+            return Err(ScatterError::InTransaction { shard: a.route.shard });
+        }
+        Ok(())
+    }
+
+    /// `pgtenant.scatter` as the session's settings have it.
+    fn scatter_policy(&self) -> Policy {
+        let set = self.settings.list.iter().find(|(name, _)| name.eq_ignore_ascii_case(SCATTER_PARAMETER));
+        set.and_then(|(_, value)| match value {
+            SettingValue::Sql(text) | SettingValue::Config(text) => Policy::parse(text),
+        })
+        .unwrap_or_default()
+    }
+
+    /// The shards a scatter-gather covers: all but the disabled ones, in id order.
+    fn scatter_shards(&self) -> Vec<ShardId> {
+        let topology = self.shared.router.topology();
+        topology
+            .shard_ids()
+            .filter(|id| topology.shard(*id).is_some_and(|s| s.status != ShardStatus::Disabled))
+            .collect()
+    }
+
+    /// A connection to `shard` with this client's settings and no tenant: its primary,
+    /// or a healthy replica when `replica` and the session prefers replicas.
+    async fn scatter_conn(&mut self, shard: ShardId, replica: bool) -> Result<PooledConn, String> {
+        let topology = self.shared.router.topology();
+        let s = topology.shard(shard).ok_or_else(|| format!("shard {shard} is not in the topology"))?;
+        let on_replica =
+            replica.then(|| self.shared.health.replica_of(s, LagBound::of(&self.shared.config.health)));
+        let node = match on_replica.flatten() {
+            Some(node) => node,
+            None if replica && self.target == TargetMode::Replica => {
+                return Err("no healthy replica (pgtenant.target = replica)".into());
+            }
+            None => match self.shared.health.primary_of(s) {
+                PrimaryChoice::Node(node) => node,
+                PrimaryChoice::Holding(reason) => return Err(format!("no primary: {}", reason.describe())),
+            },
+        };
+        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
+        let wanted = Wanted { tenant: Some(None), settings: Some(self.settings.version) };
+        let mut conn =
+            self.shared.pools.checkout_from(&pool, shard, &None, wanted).await.map_err(|e| e.to_string())?;
+        let context = crate::frontend::tenant_context(&self.shared.config);
+        if let Err(e) = scatter::ready(&mut conn, &self.settings, context).await {
+            conn.discard();
+            return Err(e.to_string());
+        }
+        Ok(conn)
+    }
+
+    /// The first shard (by id) whose primary gives a connection: where a statement is
+    /// described and partial results are merged.
+    async fn scatter_coordinator(&mut self) -> Result<(ShardId, PooledConn), ScatterError> {
+        let mut reasons = Vec::new();
+        for shard in self.scatter_shards() {
+            match self.scatter_conn(shard, false).await {
+                Ok(conn) => return Ok((shard, conn)),
+                Err(why) => reasons.push(format!("shard {shard}: {why}")),
+            }
+        }
+        Err(ScatterError::NoCoordinator { reason: reasons.join("; ") })
+    }
+
+    /// Describes and plans `sql` on a coordinator, which is handed back for the run.
+    async fn prepare_scatter(
+        &mut self,
+        sql: &str,
+        declared: &[u32],
+    ) -> Result<(Arc<Prepared>, PooledConn), FrontendError> {
+        self.check_scatter_allowed()?;
+        let Some(parsed) = scatter::parse(sql)? else {
+            return Err(ScatterError::Unparsed("it names no all_shards. table".into()).into());
+        };
+        let (_, mut conn) = self.scatter_coordinator().await?;
+        conn.broken = true;
+        let prepared = scatter::prepare(&parsed, &mut conn, declared).await;
+        conn.broken = conn.status != TxStatus::Idle;
+        if conn.broken {
+            conn.discard();
+            return Err(prepared
+                .err()
+                .unwrap_or(ScatterError::NoCoordinator { reason: "left busy".into() })
+                .into());
+        }
+        Ok((Arc::new(prepared?), conn))
+    }
+
+    /// Runs a prepared scatter-gather and writes its answer (up to CommandComplete).
+    async fn run_scatter(
+        &mut self,
+        prepared: &Prepared,
+        coordinator: Option<PooledConn>,
+        parameters: &[u8],
+        formats: &[i16],
+        describe: bool,
+    ) -> Result<(), FrontendError> {
+        self.check_scatter_allowed()?;
+        let policy = self.scatter_policy();
+        let started = Instant::now();
+        let replica = self.target != TargetMode::Primary;
+        let mut links = Vec::new();
+        let mut missing = Vec::new();
+        for shard in self.scatter_shards() {
+            match self.scatter_conn(shard, replica).await {
+                Ok(conn) => links.push(Link { shard, conn }),
+                Err(why) => missing.push((shard, why)),
+            }
+        }
+        let mut coordinator = match (prepared.plan.partial_columns(), coordinator) {
+            (None, _) => None,
+            (Some(_), Some(conn)) => Some(conn),
+            (Some(_), None) => Some(self.scatter_coordinator().await?.1),
+        };
+        let mut targets: Vec<_> = links.iter().map(|l| l.conn.cancel.clone()).collect();
+        targets.extend(coordinator.as_ref().map(|c| c.cancel.clone()));
+        self.cancel.set_targets(targets);
+        let request = Request {
+            parameters,
+            result_formats: formats,
+            describe,
+            policy,
+            timeout: Duration::from_millis(self.shared.config.proxy.scatter_timeout_ms),
+        };
+        let run = scatter::execute(
+            prepared,
+            &request,
+            links,
+            missing,
+            coordinator.as_deref_mut(),
+            &mut self.client,
+        )
+        .await;
+        self.cancel.set_targets(Vec::new());
+        if let Some(conn) = coordinator
+            && conn.broken
+        {
+            conn.discard();
+        }
+        let shard_ms: Vec<(u32, u64)> = match &run {
+            Ok(outcome) => outcome.shard_ms.iter().map(|(s, ms)| (u32::from(*s), *ms)).collect(),
+            Err(_) => Vec::new(),
+        };
+        let ended = match &run {
+            Ok(outcome) => Ended::Answered { missing: outcome.missing.len(), shard_ms: &shard_ms },
+            Err(_) => Ended::Failed,
+        };
+        crate::observe::scatter::record(ended, started.elapsed());
+        run.map(|_| ()).map_err(FrontendError::from)
+    }
+
+    /// A Query (F) that is a scatter-gather: the whole answer, ReadyForQuery included.
+    pub(super) async fn answer_scatter_query(&mut self, analysis: &Analysis) -> Result<(), FrontendError> {
+        self.settle().await;
+        if self.client_status() == TxStatus::Failed {
+            self.reply_error(&FrontendError::InFailedTransaction, true);
+            return Ok(());
+        }
+        let ran = match self.prepare_scatter(analysis.text(), &[]).await {
+            Ok((prepared, conn)) => {
+                self.run_scatter(&prepared, Some(conn), protocol::NO_PARAMETERS, &[], true).await
+            }
+            Err(e) => Err(e),
+        };
+        match ran {
+            Ok(()) => {
+                let mut b = BytesMut::new();
+                protocol::ready_for_query(&mut b, self.client_status());
+                self.reply(b);
+            }
+            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) => self.reply_error(&e, true),
+        }
+        Ok(())
+    }
+
+    /// Handles an extended-protocol message if it concerns a scatter-gather statement
+    /// or portal (`true`); see `Session::answer_local_message`.
+    pub(super) async fn scatter_message(&mut self, frame: &Frame) -> Result<bool, FrontendError> {
+        let body = frame.body();
+        match frame.tag {
+            b'P' => {
+                let p = protocol::parse_view(body).ok_or_else(|| malformed("Parse"))?;
+                let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
+                if !is_scatter(&analysis) {
+                    return Ok(false);
+                }
+                if self.scatter_statements.len() >= MAX_SCATTER_STATEMENTS
+                    && !self.scatter_statements.contains_key(p.name)
+                {
+                    return Err(FrontendError::StatementBudget {
+                        held: MAX_SCATTER_STATEMENTS,
+                        budget: MAX_SCATTER_STATEMENTS,
+                    });
+                }
+                let name = Bytes::copy_from_slice(p.name);
+                let (prepared, _conn) =
+                    self.prepare_scatter(analysis.text(), &declared_types(p.param_types)).await?;
+                if name.is_empty() {
+                    self.unnamed = Some(analysis);
+                    self.unnamed_deallocates = None;
+                } else {
+                    let (query, types) =
+                        (Bytes::copy_from_slice(p.query), Bytes::copy_from_slice(p.param_types));
+                    self.register_statement(&name, &query, &types);
+                }
+                self.scatter_statements.insert(name, prepared);
+                self.scatter_seen = true;
+                let mut b = BytesMut::new();
+                protocol::parse_complete(&mut b);
+                self.reply(b);
+                Ok(true)
+            }
+            b'B' => {
+                let bind = protocol::bind_view(body).ok_or_else(|| malformed("Bind"))?;
+                let Some(prepared) = self.scatter_statements.get(bind.statement).cloned() else {
+                    self.scatter_portals.remove(bind.portal);
+                    return Ok(false);
+                };
+                let parameters = protocol::bind_parameters(bind.rest).ok_or_else(|| malformed("Bind"))?;
+                let formats = protocol::bind_result_formats(bind.rest).ok_or_else(|| malformed("Bind"))?;
+                if self.scatter_portals.len() >= MAX_SCATTER_PORTALS
+                    && !self.scatter_portals.contains_key(bind.portal)
+                {
+                    return Err(ScatterError::TooManyPortals { max: MAX_SCATTER_PORTALS }.into());
+                }
+                let portal =
+                    ScatterPortal { prepared, parameters: Bytes::copy_from_slice(parameters), formats };
+                self.scatter_portals.insert(Bytes::copy_from_slice(bind.portal), portal);
+                let mut b = BytesMut::new();
+                protocol::bind_complete(&mut b);
+                self.reply(b);
+                Ok(true)
+            }
+            b'D' => {
+                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Describe"))?;
+                let mut b = BytesMut::new();
+                let (prepared, formats) = if kind == b'P' {
+                    let Some(portal) = self.scatter_portals.get(name) else { return Ok(false) };
+                    (portal.prepared.clone(), portal.formats.clone())
+                } else {
+                    let Some(prepared) = self.scatter_statements.get(name) else { return Ok(false) };
+                    let types: Vec<i32> = prepared.param_types.iter().map(|t| *t as i32).collect();
+                    protocol::parameter_description(&mut b, &types);
+                    (prepared.clone(), Vec::new())
+                };
+                match prepared
+                    .row_description
+                    .as_ref()
+                    .and_then(|d| protocol::row_description_with_formats(d, &formats))
+                {
+                    Some(description) => b.extend_from_slice(&description),
+                    None => protocol::put_message(&mut b, b'n', |_| {}),
+                }
+                self.reply(b);
+                Ok(true)
+            }
+            b'E' => {
+                let (name, rest) = protocol::split_cstr(body).ok_or_else(|| malformed("Execute"))?;
+                let Some(portal) = self.scatter_portals.remove(name) else { return Ok(false) };
+                let max_rows =
+                    rest.get(..4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]])).unwrap_or(0);
+                if self.client_status() == TxStatus::Failed {
+                    return Err(FrontendError::InFailedTransaction);
+                }
+                if max_rows > 0 {
+                    return Err(ScatterError::RowLimit.into());
+                }
+                self.settle().await;
+                self.run_scatter(&portal.prepared, None, &portal.parameters, &portal.formats, false).await?;
+                Ok(true)
+            }
+            b'C' => {
+                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Close"))?;
+                let closed = if kind == b'P' {
+                    self.scatter_portals.remove(name).is_some()
+                } else {
+                    let was = self.scatter_statements.remove(name).is_some();
+                    if was && !name.is_empty() {
+                        self.statements.remove(name);
+                    }
+                    was
+                };
+                if !closed {
+                    return Ok(false);
+                }
+                let mut b = BytesMut::new();
+                protocol::close_complete(&mut b);
+                self.reply(b);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
