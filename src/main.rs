@@ -34,9 +34,16 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             })
         }
-        Command::Dev { dir, port, shard_port, replicas, auto_promote, http_port, workers } => {
-            let options =
-                pgtenant::dev::DevOptions { dir, port, shard_port, replicas, auto_promote, http_port };
+        Command::Dev { dir, port, shard_port, shards, replicas, auto_promote, http_port, workers } => {
+            let options = pgtenant::dev::DevOptions {
+                dir,
+                port,
+                shard_port,
+                shards,
+                replicas,
+                auto_promote,
+                http_port,
+            };
             run(workers, pgtenant::dev::run(options))
         }
     }

@@ -133,6 +133,15 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
     for (raiser, class, n) in crate::observe::errors::snapshot() {
         counter!("pgtenant_errors_total", "raised_by" => raiser.name(), "class" => class).absolute(n);
     }
+    let scatter = crate::observe::scatter::snapshot();
+    counter!("pgtenant_scatter_queries_total").absolute(scatter.queries);
+    counter!("pgtenant_scatter_failed_total").absolute(scatter.failed);
+    counter!("pgtenant_scatter_partial_total").absolute(scatter.partial);
+    counter!("pgtenant_scatter_time_microseconds_total").absolute(scatter.total_us);
+    for (shard, parts, us) in scatter.shards {
+        counter!("pgtenant_scatter_shard_parts_total", "shard" => shard.to_string()).absolute(parts);
+        counter!("pgtenant_scatter_shard_time_microseconds_total", "shard" => shard.to_string()).absolute(us);
+    }
 }
 
 /// A histogram per pool from its fixed buckets (`bucket_counts_and_sum` of its stats).

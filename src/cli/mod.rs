@@ -30,6 +30,9 @@ pub enum Command {
         /// the replicas).
         #[arg(long, default_value_t = 6442)]
         shard_port: u16,
+        /// Shard clusters; shard i holds tenants (i - 1) * 1000 + 1 ..= i * 1000.
+        #[arg(long, default_value_t = 2)]
+        shards: u16,
         /// Streaming replicas of each shard (pg_basebackup, physical slots), so that
         /// failover can be tried locally: stop a shard's primary and promote its replica.
         #[arg(long, default_value_t = 1)]

@@ -112,21 +112,31 @@ pub fn local_catalog(port: u16, dbname: &str) -> CatalogConfig {
 
 /// Creates the catalog database (on the cluster at `port`), loads the schema and the
 /// demo layout with the shards at `shard_ports`; safe to run again.
-pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: [u16; 2]) -> Result<(), String> {
+pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: &[u16]) -> Result<(), String> {
     let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")).await?;
     ensure_database(&admin, dbname, "postgres").await?;
     let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}")).await?;
     db.batch_execute(CATALOG_SQL).await.map_err(|e| format!("catalog schema: {e}"))?;
-    let [p1, p2] = shard_ports;
+    // Shard i holds tenants (i - 1) * 1000 + 1 ..= i * 1000.
+    let shards: Vec<String> = (1..=shard_ports.len())
+        .map(|i| format!("({i}, 'USA', 'local-{i}', {}, {})", (i - 1) * 1000 + 1, i * 1000))
+        .collect();
+    let nodes: Vec<String> = shard_ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("({n}, 'shard{n}-primary', '127.0.0.1', {p}, 'primary')", n = i + 1))
+        .collect();
     // Rows are only written when they differ, so a restart bumps no routing version.
     let layout = format!(
         "INSERT INTO pgtenant.shard_config (shard_id, region_code, datacenter, min_tenant_id, max_tenant_id)
-         VALUES (1, 'USA', 'local-1', 1, 1000), (2, 'USA', 'local-2', 1001, 2000) ON CONFLICT DO NOTHING;
+         VALUES {} ON CONFLICT DO NOTHING;
          INSERT INTO pgtenant.shard_node AS n (shard_id, name, host, port, role)
-         VALUES (1, 'shard1-primary', '127.0.0.1', {p1}, 'primary'), (2, 'shard2-primary', '127.0.0.1', {p2}, 'primary')
+         VALUES {}
          ON CONFLICT (shard_id, name) DO UPDATE SET port = EXCLUDED.port WHERE n.port <> EXCLUDED.port;
          INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id, region_code) VALUES (42, 2, 'USA')
-         ON CONFLICT DO NOTHING;"
+         ON CONFLICT DO NOTHING;",
+        shards.join(", "),
+        nodes.join(", ")
     );
     db.batch_execute(&layout).await.map_err(|e| format!("catalog layout: {e}"))
 }

@@ -1,4 +1,4 @@
-//! `pgtenant dev`: starts two local shard clusters and a catalog cluster (reusing
+//! `pgtenant dev`: starts local shard clusters (two by default) and a catalog cluster (reusing
 //! the state directory), loads the demo layout into the catalog, writes the
 //! configuration it serves, and runs the proxy until Ctrl-C, then stops the clusters.
 
@@ -17,6 +17,8 @@ pub struct DevOptions {
     pub dir: PathBuf,
     pub port: u16,
     pub shard_port: u16,
+    /// Shard clusters (2 by default); shard i holds tenants (i - 1) * 1000 + 1 ..= i * 1000.
+    pub shards: u16,
     pub replicas: u16,
     pub auto_promote: bool,
     /// 0: no HTTP endpoints.
@@ -24,14 +26,18 @@ pub struct DevOptions {
 }
 
 pub async fn run(options: DevOptions) -> Result<(), String> {
-    let DevOptions { dir, port, shard_port, replicas, auto_promote, http_port } = options;
+    let DevOptions { dir, port, shard_port, shards, replicas, auto_promote, http_port } = options;
+    if shards < 2 {
+        return Err("pgtenant dev needs at least 2 shards (its demo tenants live on shards 1 and 2)".into());
+    }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let dir = std::fs::canonicalize(&dir).map_err(|e| e.to_string())?;
     let bin = find_bin_dir()?;
-    let shard_ports = [shard_port, shard_port + 1];
-    let catalog_port = shard_port + 2;
-    let mut clusters: Vec<Cluster> =
-        (0..2).map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i])).collect();
+    let shard_ports: Vec<u16> = (0..shards).map(|i| shard_port + i).collect();
+    let catalog_port = shard_port + shards;
+    let mut clusters: Vec<Cluster> = (0..usize::from(shards))
+        .map(|i| Cluster::new(&bin, &dir.join(format!("shard{}", i + 1)), shard_ports[i]))
+        .collect();
     clusters.push(Cluster::new(&bin, &dir.join("catalog"), catalog_port));
     let blocking = clusters.clone();
     tokio::task::spawn_blocking(move || {
@@ -46,11 +52,11 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
     for (i, port) in shard_ports.iter().enumerate() {
         demo::setup_shard(*port, i as u16 + 1).await?;
     }
-    demo::setup_catalog(catalog_port, CATALOG_DATABASE, shard_ports).await?;
+    demo::setup_catalog(catalog_port, CATALOG_DATABASE, &shard_ports).await?;
     // Replicas after the shards' setup, which they copy: shard i's r-th on the port
     // after the catalog's, shard by shard.
     let mut replica_nodes = Vec::new();
-    let primaries: Vec<Cluster> = clusters[..2].to_vec();
+    let primaries: Vec<Cluster> = clusters[..usize::from(shards)].to_vec();
     for (i, primary) in primaries.iter().enumerate() {
         for r in 1..=replicas {
             let port = catalog_port + 1 + i as u16 * replicas + (r - 1);
@@ -81,7 +87,7 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
         config.health.user = Some("postgres".into());
     }
     write_config(&dir, &config)?;
-    let served = serve(config, dir.join("pgtenant.toml")).await;
+    let served = serve(config, dir.join("pgtenant.toml"), shards).await;
     // Replicas first: a primary stopping before them waits for nothing, and they would
     // only retry.
     let stopping: Vec<Cluster> = clusters.iter().rev().cloned().collect();
@@ -92,12 +98,12 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
 }
 
 /// Serves `config`, written to `file` (which RELOAD and SIGHUP read again).
-async fn serve(config: crate::config::Config, file: PathBuf) -> Result<(), String> {
+async fn serve(config: crate::config::Config, file: PathBuf, shards: u16) -> Result<(), String> {
     let config_catalog = config.catalog.clone();
     let auto_promote = config.health.auto_promote;
     let proxy = crate::server::start_with_file(config, Some(file)).await.map_err(|e| e.to_string())?;
     println!(
-        "pgtenant dev is serving on {} (shards 1 and 2; tenants 1..=1000 -> 1, 1001..=2000 -> 2, 42 -> 2)",
+        "pgtenant dev is serving on {} ({shards} shards; tenants 1..=1000 -> 1, 1001..=2000 -> 2, ..., 42 -> 2)",
         proxy.addr
     );
     if auto_promote {

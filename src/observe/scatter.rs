@@ -16,10 +16,10 @@ static SHARDS: Mutex<BTreeMap<u32, (u64, u64)>> = Mutex::new(BTreeMap::new());
 /// How one scatter-gather query ended.
 pub enum Ended<'a> {
     Failed,
-    /// Answered; `missing` shards left out (a partial result), `shard_ms` per shard.
+    /// Answered; `missing` shards left out (a partial result), each shard's time in µs.
     Answered {
         missing: usize,
-        shard_ms: &'a [(u32, u64)],
+        shard_us: &'a [(u32, u64)],
     },
 }
 
@@ -30,15 +30,15 @@ pub fn record(ended: Ended<'_>, took: Duration) {
         Ended::Failed => {
             FAILED.fetch_add(1, Ordering::Relaxed);
         }
-        Ended::Answered { missing, shard_ms } => {
+        Ended::Answered { missing, shard_us } => {
             if missing > 0 {
                 PARTIAL.fetch_add(1, Ordering::Relaxed);
             }
             let mut shards = SHARDS.lock().unwrap_or_else(|e| e.into_inner());
-            for (shard, ms) in shard_ms {
+            for (shard, us) in shard_us {
                 let entry = shards.entry(*shard).or_default();
                 entry.0 += 1;
-                entry.1 += ms * 1000;
+                entry.1 += us;
             }
         }
     }

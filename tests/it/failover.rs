@@ -174,7 +174,7 @@ async fn auto_promote_waits_for_the_catalog_promotion_lock() {
         tokio::task::spawn_blocking(|| private_cluster_with_replica("promote_lock", 1)).await.unwrap();
     let s = crate::harness::shards();
     let catalog_db = "catalog_promote_lock";
-    pgtenant::dev::demo::setup_catalog(s.ports[0], catalog_db, [primary.port, s.ports[1]]).await.unwrap();
+    pgtenant::dev::demo::setup_catalog(s.ports[0], catalog_db, &[primary.port, s.ports[1]]).await.unwrap();
     pgtenant::dev::demo::add_replicas(
         s.ports[0],
         catalog_db,

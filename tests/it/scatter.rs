@@ -299,6 +299,15 @@ async fn the_seed_query_runs_verbatim() {
     assert_eq!(got, want);
     assert_eq!(got.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 2], "one row per shard");
     assert!(got.iter().all(|(_, n)| *n > 0 && *n < 150), "only the last day's sessions: {got:?}");
+    // The same through psql.
+    let out = crate::harness::run_with_stdin(
+        std::process::Command::new("psql").args(["-X", "-A", "-t", "-d", &admin_conninfo(&proxy, ""), "-c", sql]),
+        "",
+    );
+    let mut lines: Vec<String> = crate::harness::stdout(&out).lines().map(str::to_string).collect();
+    lines.sort();
+    let want_lines: Vec<String> = got.iter().map(|(s, n)| format!("{s}|{n}")).collect();
+    assert_eq!(lines, want_lines, "psql: {}", crate::harness::stderr(&out));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -373,6 +382,16 @@ async fn a_reporting_user_may_scatter() {
     assert_eq!(n, 300);
 }
 
+/// The proxy's `/metrics` page.
+async fn metrics(proxy: &Proxy) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(proxy.http_addr().unwrap()).await.unwrap();
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nhost: test\r\n\r\n").await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
 /// A proxy whose shard 2 is a cluster of the test's own, with the test table.
 async fn proxy_with_private_shard(name: &str, timeout_ms: u64) -> (Proxy, pgtenant::dev::cluster::Cluster) {
     tables().await;
@@ -390,6 +409,7 @@ async fn proxy_with_private_shard(name: &str, timeout_ms: u64) -> (Proxy, pgtena
     let proxy = start_proxy(move |c| {
         c.shards[1].nodes[0].port = port;
         c.proxy.scatter_timeout_ms = timeout_ms;
+        c.observe.listen = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     (proxy, cluster)
@@ -440,6 +460,17 @@ async fn a_stopped_shard_fails_a_strict_query_and_leaves_a_partial_one_with_a_wa
     assert_eq!(ids.len(), 150);
     assert!(notices.recv().await.unwrap().2.contains("shard 2"));
     cluster.start().expect("restart shard 2");
+    // The metrics count the queries, the failed one and the partial ones.
+    let metrics = metrics(&proxy).await;
+    let value = |name: &str| -> f64 {
+        let line =
+            metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("pgtenant_scatter_queries_total") >= 5.0);
+    assert!(value("pgtenant_scatter_failed_total") >= 1.0);
+    assert!(value("pgtenant_scatter_partial_total") >= 3.0);
+    assert!(metrics.contains("pgtenant_scatter_shard_time_microseconds_total{shard=\"1\"}"), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -75,8 +75,8 @@ pub struct Request<'a> {
 pub struct Outcome {
     pub rows: u64,
     pub missing: Vec<(ShardId, String)>,
-    /// How long each shard took to send its part.
-    pub shard_ms: Vec<(ShardId, u64)>,
+    /// How long each shard took to send its part, in microseconds.
+    pub shard_us: Vec<(ShardId, u64)>,
 }
 
 fn io_error(conn: &ServerConn) -> impl Fn(std::io::Error) -> BackendError + '_ {
@@ -320,6 +320,7 @@ async fn shard_part(
     protocol::query(w, "COMMIT");
     conn.io.flush().await.map_err(io_error(conn))?;
     let mut error = None;
+    let mut abandoned = false;
     for _ in 0..3 {
         let mut batch = Vec::new();
         let mut failed = None;
@@ -334,9 +335,19 @@ async fn shard_part(
             match frame.tag {
                 b'D' => {
                     batch.push(frame.body_bytes());
-                    if batch.len() >= BATCH_ROWS {
-                        // A closed channel (the statement gave up) only means the rows go nowhere.
-                        let _ = tx.send(Event::Rows(shard, std::mem::take(&mut batch))).await;
+                    if batch.len() >= BATCH_ROWS && !abandoned {
+                        let rows = Event::Rows(shard, std::mem::take(&mut batch));
+                        if tx.send(rows).await.is_err() {
+                            // The statement gave up (another shard failed, the client left):
+                            // the shard stops too, and what it still sends is read and dropped.
+                            abandoned = true;
+                            let target = conn.cancel.clone();
+                            tokio::spawn(async move {
+                                let _ = crate::backend::send_cancel(target).await;
+                            });
+                        }
+                    } else if abandoned {
+                        batch.clear();
                     }
                 }
                 b'E' => {
@@ -452,7 +463,7 @@ pub async fn execute(
             }
             Event::Done(shard) => {
                 pending.retain(|s| *s != shard);
-                outcome.shard_ms.push((shard, started.elapsed().as_millis() as u64));
+                outcome.shard_us.push((shard, started.elapsed().as_micros() as u64));
             }
             Event::Failed(shard, error) => {
                 pending.retain(|s| *s != shard);

@@ -198,12 +198,12 @@ impl Session {
         {
             conn.discard();
         }
-        let shard_ms: Vec<(u32, u64)> = match &run {
-            Ok(outcome) => outcome.shard_ms.iter().map(|(s, ms)| (u32::from(*s), *ms)).collect(),
+        let shard_us: Vec<(u32, u64)> = match &run {
+            Ok(outcome) => outcome.shard_us.iter().map(|(s, us)| (u32::from(*s), *us)).collect(),
             Err(_) => Vec::new(),
         };
         let ended = match &run {
-            Ok(outcome) => Ended::Answered { missing: outcome.missing.len(), shard_ms: &shard_ms },
+            Ok(outcome) => Ended::Answered { missing: outcome.missing.len(), shard_us: &shard_us },
             Err(_) => Ended::Failed,
         };
         crate::observe::scatter::record(ended, started.elapsed());
