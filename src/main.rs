@@ -34,6 +34,19 @@ fn main() -> std::process::ExitCode {
                 Ok(())
             })
         }
+        Command::Probe { url } => {
+            match pgtenant::observe::http::probe(&url, std::time::Duration::from_secs(3)) {
+                Ok(status) if (200..300).contains(&status) => std::process::ExitCode::SUCCESS,
+                Ok(status) => {
+                    eprintln!("{url}: HTTP {status}");
+                    std::process::ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("{url}: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::Dev { dir, port, shard_port, shards, replicas, auto_promote, http_port, workers } => {
             let options = pgtenant::dev::DevOptions {
                 dir,

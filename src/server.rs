@@ -55,7 +55,13 @@ impl RunningProxy {
         let stop = self.shutdown.clone();
         tokio::spawn(async move {
             termination_signal().await;
+            tracing::info!(
+                "shutting down: running transactions may finish (shutdown_timeout_ms); a second signal exits at once"
+            );
             let _ = stop.send(true);
+            termination_signal().await;
+            tracing::warn!("second signal: exiting at once");
+            std::process::exit(0);
         });
         let shared = self.shared.clone();
         tokio::spawn(reload_on_sighup(shared));
@@ -97,11 +103,18 @@ pub async fn start_with_file(
     };
     let pools = Pools::new(config.clone(), server_tls, directory.clone());
     let router = Router::new(&config, directory);
-    let listener = TcpListener::bind(config.proxy.listen)
-        .await
-        .map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;
-    let addr =
-        listener.local_addr().map_err(|source| StartError::Bind { addr: config.proxy.listen, source })?;
+    let bind_error = |source| StartError::Bind { addr: config.proxy.listen, source };
+    let listener = bind_tcp(config.proxy.listen, config.proxy.reuse_port).map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    let (unix, unix_path) = match &config.proxy.unix_socket_dir {
+        Some(dir) => {
+            let path = dir.join(format!(".s.PGSQL.{}", addr.port()));
+            let unix = bind_unix(&path).await.map_err(bind_error)?;
+            (Some(unix), Some(path))
+        }
+        None => (None, None),
+    };
+    let listener = frontend::Listeners { tcp: listener, unix, unix_path };
     let (shutdown, rx) = watch::channel(false);
     let minter = snowflake::minter_for(&config);
     // The lease outlives the sessions: it is given back once the last one has ended.
@@ -146,7 +159,8 @@ pub async fn start_with_file(
         tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     }
     let shared_weak = Arc::downgrade(&shared);
-    let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, Duration::from_secs(30)));
+    let drain = Duration::from_millis(config.proxy.shutdown_timeout_ms);
+    let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, drain));
     let http_addr = http.as_ref().map(|(addr, _)| *addr);
     let task = tokio::spawn(async move {
         let _ = listening.await;
@@ -160,6 +174,39 @@ pub async fn start_with_file(
     });
     tracing::info!(%addr, "pgtenant is serving");
     Ok(RunningProxy { addr, http_addr, shutdown, task, shared: shared_weak })
+}
+
+/// The listen socket: SO_REUSEADDR (a restart need not wait for TIME_WAIT), and
+/// SO_REUSEPORT when asked (a new process may bind it while this one drains).
+fn bind_tcp(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    let socket =
+        if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// The Unix socket at `path`: a file left by a process that is gone is replaced; one
+/// that still answers is another server's, and refused.
+async fn bind_unix(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    if path.exists() {
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("{} is in use by another server", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    // As PostgreSQL's default unix_socket_permissions: who may connect is the
+    // password's (or the directory's) business.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+    Ok(listener)
 }
 
 /// SIGHUP reads the configuration file again (as the console's RELOAD); a refused

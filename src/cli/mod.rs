@@ -5,7 +5,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "pgtenant", version, about = "Tenant-aware PostgreSQL connection proxy")]
+#[command(
+    name = "pgtenant",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("PGTENANT_GIT_REVISION"), ")"),
+    about = "Tenant-aware PostgreSQL connection proxy"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -50,4 +54,7 @@ pub enum Command {
     },
     /// Validate a configuration file and list every problem.
     CheckConfig { file: PathBuf },
+    /// GET an HTTP URL (`http://host:port/path`) and exit 0 on a 2xx answer: a health
+    /// check for images without curl (`pgtenant probe http://127.0.0.1:9930/healthz`).
+    Probe { url: String },
 }

@@ -4,6 +4,7 @@
 //! A `Config` that passed `validate` is what every other layer reads; they never
 //! re-check it.
 
+mod env;
 mod reload;
 mod validate;
 
@@ -309,6 +310,16 @@ pub struct ProxyConfig {
     /// How long a scatter-gather waits for each shard's part (57014, or a missing
     /// shard in a partial result).
     pub scatter_timeout_ms: u64,
+    /// On SIGTERM/SIGINT (or SHUTDOWN), how long running transactions may take to
+    /// finish before the process exits anyway.
+    pub shutdown_timeout_ms: u64,
+    /// Bind the listen address with SO_REUSEPORT, so that a new process can take over
+    /// the port while this one drains (a zero-downtime restart). Off by default: two
+    /// processes started on one port by mistake would then share its clients silently.
+    pub reuse_port: bool,
+    /// Also listen on a Unix socket, `<dir>/.s.PGSQL.<port>` (libpq's `host=<dir>`), as
+    /// a sidecar's application may prefer.
+    pub unix_socket_dir: Option<PathBuf>,
     pub connect_timeout_ms: u64,
     /// Name of the session parameter / GUC that carries the tenant.
     pub tenant_parameter: String,
@@ -386,6 +397,9 @@ impl Default for ProxyConfig {
             checkout_timeout_ms: 5_000,
             pause_hold_ms: 60_000,
             scatter_timeout_ms: 30_000,
+            shutdown_timeout_ms: 30_000,
+            reuse_port: false,
+            unix_socket_dir: None,
             connect_timeout_ms: 3_000,
             tenant_parameter: "pgtenant.tenant_id".into(),
             tenant_column: "tenant_id".into(),
@@ -634,10 +648,11 @@ impl Config {
         toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), source: Box::new(e) })
     }
 
-    /// Reads, parses and validates a file.
+    /// Reads, parses and validates a file, its `${NAME}`s filled in from the environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| ConfigError::Read { path: path.into(), source: e })?;
+        let text = env::expand(&text, |name| std::env::var(name).ok()).map_err(ConfigError::Invalid)?;
         let config = Self::from_toml(&text, path)?;
         let problems = validate(&config);
         if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }

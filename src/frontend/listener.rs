@@ -5,16 +5,51 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::login::serve_connection;
+use crate::net::Stream;
+
+/// Where clients connect: TCP, and a Unix socket when configured.
+pub struct Listeners {
+    pub tcp: TcpListener,
+    pub unix: Option<UnixListener>,
+    /// The Unix socket's file, removed when the listeners close.
+    pub unix_path: Option<std::path::PathBuf>,
+}
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        if let Some(path) = &self.unix_path {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Listeners {
+    async fn accept(&self) -> std::io::Result<Stream> {
+        let unix = async {
+            match &self.unix {
+                Some(u) => u.accept().await.map(|(s, _)| Stream::Unix(s)),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            tcp = self.tcp.accept() => tcp.map(|(s, peer)| {
+                tracing::trace!(%peer, "accepted");
+                Stream::Plain(s)
+            }),
+            unix = unix => unix,
+        }
+    }
+}
 
 /// Accepts clients until `shutdown` turns true, then waits up to `drain` for sessions.
 pub async fn run_listener(
-    listener: TcpListener,
+    listener: Listeners,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
@@ -26,9 +61,8 @@ pub async fn run_listener(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    tracing::trace!(%peer, "accepted");
-                    tasks.spawn(serve_connection(tcp, shared.clone(), slots.clone(), shutdown.clone()));
+                Ok(stream) => {
+                    tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), shutdown.clone()));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::auth::authenticate;
@@ -20,26 +19,35 @@ use crate::backend::{
     BackendError, CheckoutError, PooledConn, ServerPool, SettingValue, Settings, TenantGuc, Wanted,
     send_cancel, settings_sql, tenant_sql,
 };
-use crate::net::Duplex;
+use crate::net::{Duplex, Stream};
 use crate::observe::conns::ConnState;
 use crate::protocol::{self, TxStatus};
 
 /// Serves one accepted connection from startup to the end of its session.
 pub async fn serve_connection(
-    tcp: TcpStream,
+    stream: Stream,
     shared: Arc<Shared>,
     slots: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let _ = tcp.set_nodelay(true);
-    let peer = tcp.peer_addr().ok();
+    let peer = match &stream {
+        Stream::Plain(tcp) => {
+            let _ = tcp.set_nodelay(true);
+            tcp.peer_addr().ok()
+        }
+        _ => None,
+    };
     let timeout = shared.config.proxy.startup_timeout();
-    let negotiated =
-        match tokio::time::timeout(timeout, negotiate(tcp, shared.tls.as_ref().map(|t| &t.acceptor))).await {
-            Ok(Ok(n)) => n,
-            Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
-            Err(_) => return tracing::debug!("startup timed out"),
-        };
+    let negotiated = match tokio::time::timeout(
+        timeout,
+        negotiate(stream, shared.tls.as_ref().map(|t| &t.acceptor)),
+    )
+    .await
+    {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
+        Err(_) => return tracing::debug!("startup timed out"),
+    };
     let (stream, minor, params) = match negotiated {
         Negotiated::Cancel { mut stream, pid, key } => {
             forward_cancel(&shared, pid, key).await;

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use cancel::CancelRegistry;
 pub use error::FrontendError;
-pub use listener::run_listener;
+pub use listener::{Listeners, run_listener};
 pub use scram::ScramVerifier;
 pub use tls::{ClientTls, client_tls};
 

@@ -31,8 +31,8 @@ pub enum Negotiated {
     },
 }
 
-pub async fn negotiate(tcp: TcpStream, tls: Option<&TlsAcceptor>) -> Result<Negotiated, FrontendError> {
-    let mut stream = Stream::Plain(tcp);
+pub async fn negotiate(stream: Stream, tls: Option<&TlsAcceptor>) -> Result<Negotiated, FrontendError> {
+    let mut stream = stream;
     let mut encrypted = false;
     loop {
         let len = stream.read_u32().await?;
@@ -46,8 +46,16 @@ pub async fn negotiate(tcp: TcpStream, tls: Option<&TlsAcceptor>) -> Result<Nego
                 return Err(FrontendError::Protocol("SSLRequest on an encrypted connection".into()));
             }
             StartupPacket::SslRequest => {
-                let Stream::Plain(tcp) = stream else {
-                    return Err(FrontendError::Protocol("SSLRequest on an encrypted connection".into()));
+                let tcp = match stream {
+                    Stream::Plain(tcp) => tcp,
+                    // As PostgreSQL: no TLS over a Unix socket (libpq's sslmode=prefer
+                    // then goes on in the clear).
+                    Stream::Unix(mut unix) => {
+                        unix.write_all(b"N").await?;
+                        stream = Stream::Unix(unix);
+                        continue;
+                    }
+                    _ => return Err(FrontendError::Protocol("SSLRequest on an encrypted connection".into())),
                 };
                 let Some(acceptor) = tls else {
                     let mut tcp = tcp;

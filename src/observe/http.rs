@@ -100,3 +100,23 @@ async fn respond(stream: &mut TcpStream, status: u16, content_type: &str, body: 
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
 }
+
+/// The status code of `GET url` (`http://host:port/path`), within `timeout`.
+pub fn probe(url: &str, timeout: std::time::Duration) -> Result<u16, String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").ok_or("only http:// URLs")?;
+    let (host, path) = rest.split_once('/').map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let addr = std::net::ToSocketAddrs::to_socket_addrs(host)
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or("no address")?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    stream.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 64];
+    let n = stream.read(&mut head).map_err(|e| e.to_string())?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("not HTTP: {line}"))
+}

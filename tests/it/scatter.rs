@@ -301,7 +301,15 @@ async fn the_seed_query_runs_verbatim() {
     assert!(got.iter().all(|(_, n)| *n > 0 && *n < 150), "only the last day's sessions: {got:?}");
     // The same through psql.
     let out = crate::harness::run_with_stdin(
-        std::process::Command::new("psql").args(["-X", "-A", "-t", "-d", &admin_conninfo(&proxy, ""), "-c", sql]),
+        std::process::Command::new("psql").args([
+            "-X",
+            "-A",
+            "-t",
+            "-d",
+            &admin_conninfo(&proxy, ""),
+            "-c",
+            sql,
+        ]),
         "",
     );
     let mut lines: Vec<String> = crate::harness::stdout(&out).lines().map(str::to_string).collect();

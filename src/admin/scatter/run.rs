@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::ScatterError;
 use super::plan::{Merge, PARTIAL_TABLE, Plan, ProbeFacts, Scatter, column_name};
 use crate::backend::{
-    BackendError, CancelTarget, MAX_SERVER_MESSAGE, PooledConn, ServerConn, Settings, TenantContext,
-    TenantGuc, settings_sql, tenant_sql,
+    BackendError, MAX_SERVER_MESSAGE, PooledConn, ServerConn, Settings, TenantContext, TenantGuc,
+    settings_sql, tenant_sql,
 };
 use crate::directory::ShardId;
 use crate::net::Duplex;
@@ -264,8 +264,9 @@ enum Event {
     Failed(ShardId, ScatterError),
 }
 
-/// Rows per batch sent from a shard's task.
+/// Rows per batch sent from a shard's task, at most, and bytes (past one row).
 const BATCH_ROWS: usize = 256;
+const BATCH_BYTES: usize = 256 * 1024;
 /// Batches in flight per statement: with the batch size, what bounds its memory.
 const CHANNEL_BATCHES: usize = 16;
 /// Written out once this much is buffered.
@@ -280,18 +281,28 @@ struct ShardPart {
 
 /// Runs a shard's part and reports its rows; the connection goes back to its pool
 /// only when the part ended at an idle ReadyForQuery.
-async fn run_shard(mut link: Link, part: Arc<ShardPart>, tx: mpsc::Sender<Event>) {
+async fn run_shard(
+    mut link: Link,
+    part: Arc<ShardPart>,
+    tx: mpsc::Sender<Event>,
+    stop: watch::Receiver<bool>,
+) {
     let shard = link.shard;
     link.conn.broken = true;
-    let result = shard_part(&mut link, &part, &tx).await;
+    let result = shard_part(&mut link, &part, &tx, stop).await;
     match result {
-        Ok(None) => {
+        Ok(Part::Answered) => {
             link.conn.broken = link.conn.status != TxStatus::Idle;
             let _ = tx.send(Event::Done(shard)).await;
         }
-        Ok(Some(fields)) => {
+        Ok(Part::Failed(fields)) => {
             link.conn.broken = link.conn.status != TxStatus::Idle;
             let _ = tx.send(Event::Failed(shard, ScatterError::Shard { shard, fields })).await;
+        }
+        Ok(Part::Abandoned) => {
+            // A cancel went to this server while it ran the part: one that arrived
+            // late would stop the next client's statement, so the connection closes.
+            link.conn.broken = true;
         }
         Err(e) => {
             let reason = e.to_string();
@@ -303,11 +314,20 @@ async fn run_shard(mut link: Link, part: Arc<ShardPart>, tx: mpsc::Sender<Event>
     }
 }
 
+/// How a shard's part ended.
+enum Part {
+    Answered,
+    Failed(ErrorFields),
+    /// The statement gave up on it (another shard failed, a timeout, the client left).
+    Abandoned,
+}
+
 async fn shard_part(
     link: &mut Link,
     part: &ShardPart,
     tx: &mpsc::Sender<Event>,
-) -> Result<Option<ErrorFields>, BackendError> {
+    mut stop: watch::Receiver<bool>,
+) -> Result<Part, BackendError> {
     let shard = link.shard;
     let conn = &mut *link.conn;
     let w = &mut conn.io.wbuf;
@@ -323,9 +343,17 @@ async fn shard_part(
     let mut abandoned = false;
     for _ in 0..3 {
         let mut batch = Vec::new();
+        let mut batch_bytes = 0;
         let mut failed = None;
         loop {
-            let frame = conn.io.read_frame(MAX_SERVER_MESSAGE).await.map_err(io_error(conn))?;
+            let frame = tokio::select! {
+                frame = conn.io.read_frame(MAX_SERVER_MESSAGE) => frame.map_err(io_error(conn))?,
+                _ = stop.changed(), if !abandoned => {
+                    abandoned = true;
+                    let _ = crate::backend::send_cancel(conn.cancel.clone()).await;
+                    continue;
+                }
+            };
             let Some(frame) = frame else {
                 return Err(BackendError::Protocol {
                     addr: conn.addr.clone(),
@@ -334,17 +362,16 @@ async fn shard_part(
             };
             match frame.tag {
                 b'D' => {
+                    batch_bytes += frame.body().len();
                     batch.push(frame.body_bytes());
-                    if batch.len() >= BATCH_ROWS && !abandoned {
+                    if (batch.len() >= BATCH_ROWS || batch_bytes >= BATCH_BYTES) && !abandoned {
+                        batch_bytes = 0;
                         let rows = Event::Rows(shard, std::mem::take(&mut batch));
                         if tx.send(rows).await.is_err() {
-                            // The statement gave up (another shard failed, the client left):
-                            // the shard stops too, and what it still sends is read and dropped.
+                            // The statement gave up (the client left): the shard stops
+                            // too, and what it still sends is read and dropped.
                             abandoned = true;
-                            let target = conn.cancel.clone();
-                            tokio::spawn(async move {
-                                let _ = crate::backend::send_cancel(target).await;
-                            });
+                            let _ = crate::backend::send_cancel(conn.cancel.clone()).await;
                         }
                     } else if abandoned {
                         batch.clear();
@@ -365,14 +392,18 @@ async fn shard_part(
                 _ => {}
             }
         }
-        if !batch.is_empty() {
+        if !batch.is_empty() && !abandoned {
             let _ = tx.send(Event::Rows(shard, batch)).await;
         }
         if error.is_none() {
             error = failed;
         }
     }
-    Ok(error)
+    Ok(match error {
+        _ if abandoned => Part::Abandoned,
+        Some(fields) => Part::Failed(fields),
+        None => Part::Answered,
+    })
 }
 
 /// Runs `prepared`: the shards in `links`, merged on `coordinator` when the plan says
@@ -395,8 +426,10 @@ pub async fn execute(
     let formats = if coordinated { vec![1] } else { request.result_formats.to_vec() };
     let types: Arc<[u8]> = type_section(&prepared.param_types).into();
     let parameters = Bytes::copy_from_slice(request.parameters);
-    let mut cancels: Vec<(ShardId, CancelTarget)> = Vec::new();
     let (tx, mut rx) = mpsc::channel(CHANNEL_BATCHES);
+    // Tells the shards' tasks that the statement gave up: each still running cancels
+    // its own part (so no cancel can reach a connection already given back).
+    let (stop, stopped) = watch::channel(false);
     let started = Instant::now();
     let mut pending: Vec<ShardId> = Vec::new();
     for link in links {
@@ -406,9 +439,8 @@ pub async fn execute(
             parameters: parameters.clone(),
             formats: formats.clone(),
         });
-        cancels.push((link.shard, link.conn.cancel.clone()));
         pending.push(link.shard);
-        tokio::spawn(run_shard(link, part, tx.clone()));
+        tokio::spawn(run_shard(link, part, tx.clone(), stopped.clone()));
     }
     drop(tx);
 
@@ -432,7 +464,7 @@ pub async fn execute(
             Ok(None) => break,
             Err(_) => {
                 let ms = request.timeout.as_millis() as u64;
-                cancel_all(&cancels, &pending);
+                let _ = stop.send(true);
                 if request.policy == Policy::Strict {
                     return Err(abandon(merge, ScatterError::Timeout { shard: pending[0], ms }).await);
                 }
@@ -468,7 +500,7 @@ pub async fn execute(
             Event::Failed(shard, error) => {
                 pending.retain(|s| *s != shard);
                 if request.policy == Policy::Strict {
-                    cancel_all(&cancels, &pending);
+                    let _ = stop.send(true);
                     return Err(abandon(merge, error).await);
                 }
                 failed.push(shard);
@@ -491,17 +523,6 @@ pub async fn execute(
     }
     outcome.missing = missing;
     Ok(outcome)
-}
-
-fn cancel_all(cancels: &[(ShardId, CancelTarget)], pending: &[ShardId]) {
-    for (shard, target) in cancels {
-        if pending.contains(shard) {
-            let target = target.clone();
-            tokio::spawn(async move {
-                let _ = crate::backend::send_cancel(target).await;
-            });
-        }
-    }
 }
 
 /// Ends a merge that will not finish (its transaction rolls back), returning `error`.
