@@ -47,6 +47,25 @@ impl Listeners {
     }
 }
 
+impl Listeners {
+    /// The connections already waiting in the accept queues. Taken before the sockets
+    /// close: with SO_REUSEPORT the kernel would reset them, where the process taking
+    /// over the port never saw them.
+    fn waiting(&self) -> Vec<Stream> {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut out = Vec::new();
+        while let std::task::Poll::Ready(Ok((s, _))) = self.tcp.poll_accept(&mut cx) {
+            out.push(Stream::Plain(s));
+        }
+        if let Some(unix) = &self.unix {
+            while let std::task::Poll::Ready(Ok((s, _))) = unix.poll_accept(&mut cx) {
+                out.push(Stream::Unix(s));
+            }
+        }
+        out
+    }
+}
+
 /// Accepts clients until `shutdown` turns true, then waits up to `drain` for sessions.
 pub async fn run_listener(
     listener: Listeners,
@@ -84,6 +103,9 @@ pub async fn run_listener(
                 }
             }
         }
+    }
+    for stream in listener.waiting() {
+        tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), shutdown.clone()));
     }
     drop(listener);
     tasks.close();

@@ -12,6 +12,7 @@ mod drivers;
 mod failover;
 mod failures;
 mod fair_share;
+mod lifecycle;
 mod memory_limits;
 mod pipelining;
 mod pooling;

@@ -166,7 +166,12 @@ pub struct Session {
     /// Complete client messages wait in the read buffer until the client has read
     /// enough of its answers.
     client_backlog: bool,
+    /// The client sent something since it logged in (see the drain in `run_loop`).
+    asked_anything: bool,
 }
+
+/// How long a drain waits for the first request of a client that has just logged in.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// `poll_io` of one side; with `watch_drain`, also ready (`Drained`) once its write
 /// buffer has fallen below `HIGH_WATER`, so that the other side is read again.
@@ -211,6 +216,8 @@ enum Event {
     Shutdown,
     IdleInTransaction,
     Killed,
+    /// A just-logged-in client's wait for its first request ran out during a drain.
+    GraceOver,
 }
 
 impl Session {
@@ -267,6 +274,7 @@ impl Session {
             max_message,
             idle_deadline: None,
             client_backlog: false,
+            asked_anything: false,
         }
     }
 
@@ -296,9 +304,17 @@ impl Session {
         let kill_signal = self.listed.killed();
         tokio::pin!(kill_signal);
         let mut kill_armed = false;
+        // A client that logged in but has not asked anything yet when the drain starts
+        // (one that connects per transaction, accepted just before the listener
+        // closed) gets a moment for its request: ending it at once would fail it.
+        let mut first_request_grace: Option<Pin<Box<Sleep>>> = None;
+        let mut grace_over = false;
         loop {
             if stopping && self.is_idle() {
-                return Err(FrontendError::ShuttingDown);
+                if self.asked_anything || grace_over {
+                    return Err(FrontendError::ShuttingDown);
+                }
+                first_request_grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(FIRST_REQUEST_GRACE)));
             }
             self.arm_idle_deadline();
             if self.client_backlog && self.client.wbuf.len() < HIGH_WATER {
@@ -347,6 +363,11 @@ impl Session {
                 {
                     return Poll::Ready(Event::IdleInTransaction);
                 }
+                if let Some(grace) = first_request_grace.as_mut()
+                    && grace.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Event::GraceOver);
+                }
                 let killed = if kill_armed {
                     listed.is_killed()
                 } else {
@@ -374,6 +395,10 @@ impl Session {
                 }
                 Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
                 Event::Shutdown => stopping = true,
+                Event::GraceOver => {
+                    grace_over = true;
+                    first_request_grace = None;
+                }
                 Event::Killed => return Err(FrontendError::Killed),
                 Event::IdleInTransaction => {
                     let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
@@ -410,6 +435,7 @@ impl Session {
 
     /// Handles every complete client message; `false` when the client sent Terminate.
     async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
+        self.asked_anything = true;
         loop {
             if self.client.wbuf.len() >= HIGH_WATER {
                 // Answers pgtenant gives itself (snowflake IDs) can be far larger than the
