@@ -33,7 +33,7 @@ for n in $COUNTS; do
 DROP TABLE IF EXISTS events;
 CREATE TABLE events (id bigint, kind text, score int, amount numeric(12, 2));
 INSERT INTO events SELECT g, (ARRAY['signup','login','logout','buy','refund','view','click','share','like','other'])[1 + g % 10],
-  (g * 7919) % 100003, round((g % 10000) / 7.0, 2) FROM generate_series($((i * 1000000 + 1)), $(((i + 1) * 1000000))) g;
+  (g::bigint * 7919) % 100003, round((g % 10000) / 7.0, 2) FROM generate_series($((i * 1000000 + 1)), $(((i + 1) * 1000000))) g;
 DROP TABLE IF EXISTS big_events;
 CREATE TABLE big_events (id bigint, score int);
 INSERT INTO big_events SELECT g, g % 1000 FROM generate_series(1, $((10000000 / n))) g;
