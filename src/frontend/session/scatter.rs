@@ -57,7 +57,11 @@ impl Session {
         if let Some(tenant) = &self.tenant {
             return Err(ScatterError::TenantBound { tenant: tenant.to_string() });
         }
-        if let Some(a) = &self.server {
+        // A server kept between transactions (session pooling, a pin) is no obstacle:
+        // a scatter-gather runs on connections of its own.
+        if let Some(a) = &self.server
+            && a.conn.status != TxStatus::Idle
+        {
             return Err(ScatterError::InTransaction { shard: a.route.shard });
         }
         Ok(())
