@@ -13,7 +13,12 @@ use tokio_postgres::NoTls;
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mode, n, conninfo, seconds) = match args.as_slice() {
-        [mode, n, conninfo, seconds] => (mode.clone(), n.parse::<usize>().expect("N"), conninfo.clone(), seconds.parse::<u64>().expect("SECONDS")),
+        [mode, n, conninfo, seconds] => (
+            mode.clone(),
+            n.parse::<usize>().expect("N"),
+            conninfo.clone(),
+            seconds.parse::<u64>().expect("SECONDS"),
+        ),
         _ => return eprintln!("usage: hold_clients idle|active N CONNINFO SECONDS"),
     };
     let started = Instant::now();

@@ -57,7 +57,7 @@ pub async fn serve_connection(
         }
         Negotiated::Login { stream, minor, params } => (stream, minor, params),
     };
-    let mut client = Duplex::new(stream);
+    let mut client = Duplex::for_client(stream);
     let login = tokio::time::timeout(timeout, login(&mut client, &shared, slots, minor, params)).await;
     let (login, _permit) = match login {
         Ok(Ok(ok)) => ok,

@@ -89,13 +89,28 @@ pub struct Duplex {
 }
 
 const READ_CHUNK: usize = 16 * 1024;
+/// A client's first read buffer; reads reserve `READ_CHUNK` once less than
+/// `READ_ROOM` is free.
+const CLIENT_READ_START: usize = 2 * 1024;
+const READ_ROOM: usize = 1024;
 
 impl Duplex {
     pub fn new(stream: Stream) -> Self {
+        Self::with_buffers(stream, READ_CHUNK, READ_CHUNK)
+    }
+
+    /// A client's: small buffers that grow with the first large message or answer and
+    /// keep that size. Most clients send small requests, and many sit idle: a page
+    /// each of two 16 KiB buffers was most of an idle client's memory.
+    pub fn for_client(stream: Stream) -> Self {
+        Self::with_buffers(stream, CLIENT_READ_START, 0)
+    }
+
+    fn with_buffers(stream: Stream, read: usize, write: usize) -> Self {
         Self {
             stream,
-            rbuf: BytesMut::with_capacity(READ_CHUNK),
-            wbuf: BytesMut::with_capacity(READ_CHUNK),
+            rbuf: BytesMut::with_capacity(read),
+            wbuf: BytesMut::with_capacity(write),
             needs_flush: false,
             bytes_read: 0,
             bytes_written: 0,
@@ -125,7 +140,7 @@ impl Duplex {
             }
         }
         if read {
-            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+            if self.rbuf.capacity() - self.rbuf.len() < READ_ROOM {
                 self.rbuf.reserve(READ_CHUNK);
             }
             match tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.rbuf) {
