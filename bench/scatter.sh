@@ -4,7 +4,10 @@
 #   - count(*) GROUP BY and ORDER BY ... LIMIT 100: latency through the proxy (a
 #     prepared statement, median of ROUNDS) against the slowest shard's own latency
 #     for its part, and against every shard's part run at once directly (this
-#     machine's floor for a fan-out: on 2 cores, 4 shards cannot all run at once);
+#     machine's floor for a fan-out: on 2 cores, 4 shards cannot all run at once).
+#     Twice: with the shards' defaults (parallel query: one shard alone already uses
+#     every core), and with max_parallel_workers_per_gather = 0 on every connection
+#     (one core per shard's part, as when each shard has a machine of its own);
 #   - rows per second streamed for a plain SELECT of every row;
 #   - the proxy's resident memory while it streams a 10M-row result (sampled every
 #     0.1 s): it should stay flat.
@@ -42,14 +45,24 @@ SQL
     shard_conninfos+=("host=127.0.0.1 port=$port user=postgres dbname=app")
   done
   echo "== $n shards, 1M rows each"
-  printf 'count(*) GROUP BY kind:        '
-  "$CLIENT" latency "$ROUNDS" "$ADMIN" \
-    "SELECT kind, count(*) FROM all_shards.events GROUP BY kind" \
-    "SELECT kind, count(*) FROM events GROUP BY kind" "${shard_conninfos[@]}"
-  printf 'ORDER BY score LIMIT 100:      '
-  "$CLIENT" latency "$ROUNDS" "$ADMIN" \
-    "SELECT id, score FROM all_shards.events ORDER BY score DESC, id LIMIT 100" \
-    "SELECT id, score FROM events ORDER BY score DESC, id LIMIT 100" "${shard_conninfos[@]}"
+  for workers in default 0; do
+    admin=$ADMIN
+    shards=("${shard_conninfos[@]}")
+    if [ "$workers" = 0 ]; then
+      admin="$ADMIN options='-c max_parallel_workers_per_gather=0'"
+      shards=()
+      for c in "${shard_conninfos[@]}"; do shards+=("$c options='-c max_parallel_workers_per_gather=0'"); done
+    fi
+    echo "-- max_parallel_workers_per_gather: $workers"
+    printf 'count(*) GROUP BY kind:        '
+    "$CLIENT" latency "$ROUNDS" "$admin" \
+      "SELECT kind, count(*) FROM all_shards.events GROUP BY kind" \
+      "SELECT kind, count(*) FROM events GROUP BY kind" "${shards[@]}"
+    printf 'ORDER BY score LIMIT 100:      '
+    "$CLIENT" latency "$ROUNDS" "$admin" \
+      "SELECT id, score FROM all_shards.events ORDER BY score DESC, id LIMIT 100" \
+      "SELECT id, score FROM events ORDER BY score DESC, id LIMIT 100" "${shards[@]}"
+  done
   printf 'plain SELECT of every row:     '
   "$CLIENT" stream "$ADMIN" "SELECT id, kind, score, amount FROM all_shards.events"
   before=$(rss_kb "$PROXY_PID")
