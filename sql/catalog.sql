@@ -265,3 +265,121 @@ BEGIN
                           ELSE (extract(epoch FROM previous_expiry) * 1000)::bigint END;
     RETURN NEXT;
 END $$;
+
+-- Placement of new tenants (seed 000): a time-bound reservation on the fullest active
+-- shard that still has room (fill-first), then confirmed (the tenant is mapped there,
+-- and routing follows through the NOTIFY above) or cancelled; a lease that runs out
+-- frees its place. Idempotent per tenant. Placements are serialized per catalog (an
+-- advisory lock), so that two never both take a shard's last place.
+--
+--   SELECT * FROM pgtenant.place_tenant(5001);          -- pending, with its lease
+--   SELECT * FROM pgtenant.confirm_placement(5001);     -- mapped: routed from now on
+--   SELECT * FROM pgtenant.cancel_placement(5001);
+CREATE TABLE IF NOT EXISTS tenant_reservation (
+    tenant_id        bigint      PRIMARY KEY,
+    shard_id         smallint    NOT NULL REFERENCES shard_config (shard_id),
+    status           text        NOT NULL CHECK (status IN ('pending', 'confirmed', 'cancelled', 'expired')),
+    lease_expires_at timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS tenant_reservation_pending ON tenant_reservation (shard_id) WHERE status = 'pending';
+
+-- The tenants a shard holds or has promised: mapped ones, and pending reservations
+-- whose lease still runs.
+CREATE OR REPLACE FUNCTION shard_load(p_shard smallint) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT count(*) FROM pgtenant.tenant_shard_map m WHERE m.shard_id = p_shard)
+         + (SELECT count(*) FROM pgtenant.tenant_reservation r
+            WHERE r.shard_id = p_shard AND r.status = 'pending' AND r.lease_expires_at > now())
+$$;
+
+-- Marks pending reservations whose lease ran out as expired; how many.
+CREATE OR REPLACE FUNCTION expire_reservations() RETURNS integer
+LANGUAGE sql AS $$
+    WITH expired AS (
+        UPDATE pgtenant.tenant_reservation SET status = 'expired', updated_at = now()
+        WHERE status = 'pending' AND lease_expires_at <= now() RETURNING 1)
+    SELECT count(*)::integer FROM expired
+$$;
+
+CREATE OR REPLACE FUNCTION place_tenant(p_tenant bigint, p_lease_seconds integer DEFAULT 300)
+RETURNS TABLE (tenant_id bigint, shard_id smallint, status text, lease_expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    placed smallint;
+    chosen smallint;
+    r pgtenant.tenant_reservation;
+BEGIN
+    IF p_lease_seconds IS NULL OR p_lease_seconds < 1 THEN
+        RAISE EXCEPTION 'a lease lasts at least 1 second' USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('pgtenant.placement'));
+    PERFORM pgtenant.expire_reservations();
+    -- Placed already (mapped, or in a shard's range): that is its place.
+    SELECT m.shard_id INTO placed FROM pgtenant.tenant_shard_map m WHERE m.tenant_id = p_tenant;
+    IF placed IS NULL THEN
+        SELECT s.shard_id INTO placed FROM pgtenant.shard_config s
+        WHERE p_tenant BETWEEN s.min_tenant_id AND s.max_tenant_id;
+    END IF;
+    IF placed IS NOT NULL THEN
+        RETURN QUERY SELECT p_tenant, placed, 'confirmed'::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT * INTO r FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
+    IF FOUND AND r.status = 'pending' THEN
+        RETURN QUERY SELECT r.tenant_id, r.shard_id, r.status, r.lease_expires_at;
+        RETURN;
+    END IF;
+    SELECT s.shard_id INTO chosen FROM pgtenant.shard_config s
+    WHERE s.status = 'active' AND s.is_active AND pgtenant.shard_load(s.shard_id) < s.capacity
+    ORDER BY pgtenant.shard_load(s.shard_id) DESC, s.shard_id
+    LIMIT 1;
+    IF chosen IS NULL THEN
+        RAISE EXCEPTION 'no active shard has room for tenant %', p_tenant USING ERRCODE = '53400';
+    END IF;
+    INSERT INTO pgtenant.tenant_reservation AS t (tenant_id, shard_id, status, lease_expires_at)
+    VALUES (p_tenant, chosen, 'pending', now() + make_interval(secs => p_lease_seconds))
+    ON CONFLICT ON CONSTRAINT tenant_reservation_pkey DO UPDATE
+    SET shard_id = EXCLUDED.shard_id, status = 'pending', lease_expires_at = EXCLUDED.lease_expires_at,
+        created_at = now(), updated_at = now();
+    RETURN QUERY SELECT t.tenant_id, t.shard_id, t.status, t.lease_expires_at
+                 FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
+END $$;
+
+-- Maps a tenant where its pending reservation is; idempotent once confirmed.
+CREATE OR REPLACE FUNCTION confirm_placement(p_tenant bigint)
+RETURNS TABLE (tenant_id bigint, shard_id smallint, status text, lease_expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r pgtenant.tenant_reservation;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('pgtenant.placement'));
+    SELECT * INTO r FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
+    IF NOT FOUND OR r.status IN ('cancelled', 'expired')
+       OR (r.status = 'pending' AND r.lease_expires_at <= now()) THEN
+        RAISE EXCEPTION 'tenant % has no pending placement to confirm (%)', p_tenant,
+            coalesce(CASE WHEN r.status = 'pending' THEN 'its lease ran out' ELSE r.status END, 'none')
+            USING ERRCODE = '55000';
+    END IF;
+    IF r.status = 'pending' THEN
+        INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id) VALUES (p_tenant, r.shard_id)
+        ON CONFLICT DO NOTHING;
+        UPDATE pgtenant.tenant_reservation t SET status = 'confirmed', updated_at = now()
+        WHERE t.tenant_id = p_tenant;
+    END IF;
+    RETURN QUERY SELECT t.tenant_id, t.shard_id, t.status, t.lease_expires_at
+                 FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
+END $$;
+
+-- Gives a pending reservation's place back.
+CREATE OR REPLACE FUNCTION cancel_placement(p_tenant bigint)
+RETURNS TABLE (tenant_id bigint, shard_id smallint, status text, lease_expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('pgtenant.placement'));
+    UPDATE pgtenant.tenant_reservation t SET status = 'cancelled', updated_at = now()
+    WHERE t.tenant_id = p_tenant AND t.status = 'pending';
+    RETURN QUERY SELECT t.tenant_id, t.shard_id, t.status, t.lease_expires_at
+                 FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
+END $$;

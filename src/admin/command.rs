@@ -1,6 +1,8 @@
 //! The admin console's commands, parsed from a statement's text: PgBouncer's words
 //! (case-insensitive, a trailing `;` allowed) and pgtenant's own.
 
+use crate::tenancy::PlacementStep;
+
 /// What a `SHOW` asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Show {
@@ -57,6 +59,12 @@ pub enum Command {
     },
     /// `RELOAD`: the configuration file is read again.
     Reload,
+    /// `PLACE TENANT id [LEASE seconds]`, `CONFIRM TENANT id`, `CANCEL TENANT id`
+    /// (also `... PLACEMENT id`): a new tenant's place, through the catalog.
+    Placement {
+        tenant: i64,
+        step: crate::tenancy::PlacementStep,
+    },
     /// An empty statement (only blanks or `;`).
     Empty,
 }
@@ -84,6 +92,8 @@ pub enum CommandError {
     ReloadRefused(Vec<String>),
     #[error("cannot read \"{0}\" (SHOW HELP lists the commands and their arguments)")]
     BadScope(String),
+    #[error(transparent)]
+    Placement(#[from] crate::tenancy::PlacementError),
 }
 
 impl CommandError {
@@ -99,6 +109,15 @@ impl CommandError {
             CommandError::BadTenant(_) => sqlstate::INVALID_PARAMETER_VALUE,
             CommandError::PauseEnded(_) => sqlstate::QUERY_CANCELED,
             CommandError::ReloadRefused(_) => sqlstate::CONFIG_FILE_ERROR,
+            CommandError::Placement(e) => {
+                use crate::tenancy::PlacementError as P;
+                match e {
+                    P::NoCatalog | P::NotPending(_) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    P::NoRoom { .. } => sqlstate::CONFIGURATION_LIMIT_EXCEEDED,
+                    P::BadArgument(_) => sqlstate::INVALID_PARAMETER_VALUE,
+                    P::Catalog(_) => sqlstate::UNABLE_TO_CONNECT,
+                }
+            }
         }
     }
 }
@@ -134,6 +153,14 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("shutdown", []) => return Ok(Command::Shutdown { wait_for_clients: false }),
         ("shutdown", ["wait_for_clients"]) => return Ok(Command::Shutdown { wait_for_clients: true }),
         ("reload", []) => return Ok(Command::Reload),
+        ("place", ["tenant", id]) => return Ok(placement_of(id, PlacementStep::Place { lease_secs: 300 })?),
+        ("place", ["tenant", id, "lease", secs]) => {
+            let lease_secs = secs.parse().ok().filter(|s: &i32| *s >= 1).ok_or_else(bad)?;
+            return Ok(placement_of(id, PlacementStep::Place { lease_secs })?);
+        }
+        ("confirm", ["tenant" | "placement", id]) => return Ok(placement_of(id, PlacementStep::Confirm)?),
+        ("cancel", ["tenant" | "placement", id]) => return Ok(placement_of(id, PlacementStep::Cancel)?),
+        ("place", _) | ("confirm", _) | ("cancel", _) => return Err(bad()),
         ("shutdown", _) => return Err(bad()),
         _ => {}
     }
@@ -185,6 +212,12 @@ fn pause_or_resume(verb: &str, words: &[&str]) -> Result<Command, CommandError> 
     Ok(if verb == "pause" { Command::Pause { scope, timeout_secs } } else { Command::Resume(scope) })
 }
 
+/// A placement command for tenant `id` (a bigint key: placement uses the catalog's map).
+fn placement_of(id: &str, step: PlacementStep) -> Result<Command, CommandError> {
+    let tenant = id.parse().map_err(|_| CommandError::BadTenant(id.to_string()))?;
+    Ok(Command::Placement { tenant, step })
+}
+
 /// `'acme'` or `acme` as the tenant's text.
 fn unquote(word: &str) -> String {
     word.strip_prefix('\'').and_then(|w| w.strip_suffix('\'')).unwrap_or(word).replace("''", "'")
@@ -218,6 +251,12 @@ pub const HELP: &[(&str, &str)] = &[
     ("SHUTDOWN", "stop as on SIGTERM: stop accepting, let transactions finish, end idle sessions"),
     ("SHUTDOWN WAIT_FOR_CLIENTS", "stop accepting, and stop once every client has left"),
     ("RELOAD", "read the configuration file again: users, shards, ranges, tenant map, tenant limits"),
+    (
+        "PLACE TENANT id [LEASE s]",
+        "reserve a new tenant's place on the fullest active shard with room (catalog)",
+    ),
+    ("CONFIRM TENANT id", "map a reserved tenant to its shard: routed there from now on"),
+    ("CANCEL TENANT id", "give a pending reservation's place back"),
 ];
 
 #[cfg(test)]

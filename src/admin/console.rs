@@ -11,7 +11,7 @@ use bytes::BytesMut;
 use super::AdminView;
 use super::command::{Command, CommandError, Scope, parse};
 use super::show::show;
-use super::table::Table;
+use super::table::{Kind, Table, int, opt_text, text};
 use crate::directory::TenantId;
 use crate::net::Duplex;
 use crate::protocol::{self, Frame, Severity, TxStatus, sqlstate};
@@ -128,6 +128,18 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
             tracing::info!(?shard, pools, "admin RECONNECT: server connections are being replaced");
             Ok(Answer::Done("RECONNECT"))
         }
+        Command::Placement { tenant, step } => {
+            let placed = crate::tenancy::placement(view.config.catalog.as_ref(), tenant, step).await?;
+            tracing::info!(tenant, shard = placed.shard, status = %placed.status, "admin placement");
+            let mut table = placement_table();
+            table.push(vec![
+                int(placed.tenant),
+                int(placed.shard),
+                text(placed.status),
+                opt_text(placed.lease_expires_at),
+            ]);
+            Ok(Answer::Rows(table))
+        }
         Command::Reload => match view.reloader.reload() {
             Ok(()) => Ok(Answer::Done("RELOAD")),
             Err(problems) => Err(CommandError::ReloadRefused(problems)),
@@ -184,6 +196,21 @@ async fn pause(view: &AdminView<'_>, scope: Scope, timeout_secs: Option<f64>) ->
             timeout_secs.unwrap_or_default()
         ))),
     }
+}
+
+/// The rows a placement command answers (described before it runs).
+fn placement_table() -> Table {
+    Table::new(&[
+        ("tenant_id", Kind::Int8),
+        ("shard", Kind::Int8),
+        ("status", Kind::Text),
+        ("lease_expires_at", Kind::Text),
+    ])
+}
+
+/// The result shape of a command that changes something: described without running it.
+fn shape_of(command: &Command) -> Option<Table> {
+    matches!(command, Command::Placement { .. }).then(placement_table)
 }
 
 fn write_error(out: &mut BytesMut, e: &CommandError) {
@@ -275,9 +302,13 @@ async fn on_message(
                 };
                 protocol::parameter_description(out, &[]);
                 // Only SHOW has rows; anything else is described without running it.
-                let shows = matches!(parse(&sql), Ok(Command::Show(_)));
-                let described =
-                    if shows { run(view, &sql).await } else { parse(&sql).map(|_| Answer::Empty) };
+                let parsed = parse(&sql);
+                let shows = matches!(parsed, Ok(Command::Show(_)));
+                let described = match parsed {
+                    _ if shows => run(view, &sql).await,
+                    Ok(command) => Ok(shape_of(&command).map_or(Answer::Empty, Answer::Rows)),
+                    Err(e) => Err(e),
+                };
                 match described {
                     Ok(Answer::Rows(table)) => table.describe(out, &[]),
                     Ok(_) => protocol::put_message(out, b'n', |_| {}),
@@ -295,10 +326,12 @@ async fn on_message(
                 if portal.result.is_none() && shows {
                     portal.result = Some(run(view, &portal.sql).await);
                 }
-                match &portal.result {
-                    Some(Ok(Answer::Rows(table))) => table.describe(out, &portal.formats),
-                    Some(Ok(_)) | None => protocol::put_message(out, b'n', |_| {}),
-                    Some(Err(e)) => {
+                let shape = parse(&portal.sql).ok().as_ref().and_then(shape_of);
+                match (&portal.result, shape) {
+                    (Some(Ok(Answer::Rows(table))), _) => table.describe(out, &portal.formats),
+                    (None, Some(table)) => table.describe(out, &portal.formats),
+                    (Some(Ok(_)) | None, _) => protocol::put_message(out, b'n', |_| {}),
+                    (Some(Err(e)), _) => {
                         write_error(out, e);
                         state.skipping = true;
                     }

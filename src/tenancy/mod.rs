@@ -1,7 +1,9 @@
 //! Tenancy control: what happens to a tenant's (or a shard's) traffic as a whole,
-//! beside routing it. Today the pauses of the admin console (`pause`); tenant
-//! placement and online moves will live here too.
+//! beside routing it: the pauses of the admin console (`pause`) and the placement of
+//! new tenants (`placement`); online moves will live here too.
 
 pub mod pause;
+pub mod placement;
 
 pub use pause::{PauseBoard, PauseOutcome, PauseScope, StillPaused, tenant_tag_of};
+pub use placement::{Placement, PlacementError, PlacementStep, placement};

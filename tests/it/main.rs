@@ -15,6 +15,7 @@ mod fair_share;
 mod lifecycle;
 mod memory_limits;
 mod pipelining;
+mod placement;
 mod pooling;
 mod replica_reads;
 mod routing;
