@@ -153,13 +153,13 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("shutdown", []) => return Ok(Command::Shutdown { wait_for_clients: false }),
         ("shutdown", ["wait_for_clients"]) => return Ok(Command::Shutdown { wait_for_clients: true }),
         ("reload", []) => return Ok(Command::Reload),
-        ("place", ["tenant", id]) => return Ok(placement_of(id, PlacementStep::Place { lease_secs: 300 })?),
+        ("place", ["tenant", id]) => return placement_of(id, PlacementStep::Place { lease_secs: 300 }),
         ("place", ["tenant", id, "lease", secs]) => {
             let lease_secs = secs.parse().ok().filter(|s: &i32| *s >= 1).ok_or_else(bad)?;
-            return Ok(placement_of(id, PlacementStep::Place { lease_secs })?);
+            return placement_of(id, PlacementStep::Place { lease_secs });
         }
-        ("confirm", ["tenant" | "placement", id]) => return Ok(placement_of(id, PlacementStep::Confirm)?),
-        ("cancel", ["tenant" | "placement", id]) => return Ok(placement_of(id, PlacementStep::Cancel)?),
+        ("confirm", ["tenant" | "placement", id]) => return placement_of(id, PlacementStep::Confirm),
+        ("cancel", ["tenant" | "placement", id]) => return placement_of(id, PlacementStep::Cancel),
         ("place", _) | ("confirm", _) | ("cancel", _) => return Err(bad()),
         ("shutdown", _) => return Err(bad()),
         _ => {}
