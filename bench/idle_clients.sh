@@ -14,7 +14,8 @@ HOLD=${3:-5}
 PROXY_PORT=${PROXY_PORT:-7732}
 SHARD_PORT=${SHARD_PORT:-7742}
 MEASURED_PORT=${MEASURED_PORT:-7733}
-ulimit -n 65536
+# Every client takes a file descriptor in this script's client and in the proxy.
+ulimit -n "$(ulimit -Hn)"
 
 cargo build --release --quiet --example hold_clients
 CLIENT=target/release/examples/hold_clients
