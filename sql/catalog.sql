@@ -338,11 +338,14 @@ BEGIN
     IF chosen IS NULL THEN
         RAISE EXCEPTION 'no active shard has room for tenant %', p_tenant USING ERRCODE = '53400';
     END IF;
-    INSERT INTO pgtenant.tenant_reservation AS t (tenant_id, shard_id, status, lease_expires_at)
-    VALUES (p_tenant, chosen, 'pending', now() + make_interval(secs => p_lease_seconds))
+    -- clock_timestamp(), not now(): taken under the lock, it orders the reservations as
+    -- they were made, where transactions may have started in another order.
+    INSERT INTO pgtenant.tenant_reservation AS t (tenant_id, shard_id, status, lease_expires_at, created_at)
+    VALUES (p_tenant, chosen, 'pending', clock_timestamp() + make_interval(secs => p_lease_seconds),
+            clock_timestamp())
     ON CONFLICT ON CONSTRAINT tenant_reservation_pkey DO UPDATE
     SET shard_id = EXCLUDED.shard_id, status = 'pending', lease_expires_at = EXCLUDED.lease_expires_at,
-        created_at = now(), updated_at = now();
+        created_at = EXCLUDED.created_at, updated_at = EXCLUDED.created_at;
     RETURN QUERY SELECT t.tenant_id, t.shard_id, t.status, t.lease_expires_at
                  FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
 END $$;

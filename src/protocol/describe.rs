@@ -5,15 +5,7 @@
 use bytes::{BufMut, BytesMut};
 
 use super::build::put_message;
-use super::messages::split_cstr;
-
-fn read_i16(b: &[u8], at: usize) -> Option<i16> {
-    b.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]))
-}
-
-fn read_i32(b: &[u8], at: usize) -> Option<i32> {
-    b.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))
-}
+use super::messages::{read_i16, read_i32, split_cstr};
 
 /// One column of a RowDescription (T).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,20 +72,6 @@ pub fn parameter_types(body: &[u8]) -> Option<Vec<u32>> {
     (0..count).map(|i| read_i32(body, 2 + 4 * i).map(|v| v as u32)).collect()
 }
 
-/// The parameter part of a Bind's remainder (formats and values), without its
-/// result format codes; `None` when malformed.
-pub fn bind_parameters(rest: &[u8]) -> Option<&[u8]> {
-    let format_count = usize::try_from(read_i16(rest, 0)?).ok()?;
-    let mut at = 2 + 2 * format_count;
-    let value_count = usize::try_from(read_i16(rest, at)?).ok()?;
-    at += 2;
-    for _ in 0..value_count {
-        let len = read_i32(rest, at)?;
-        at = at.checked_add(4 + usize::try_from(len).unwrap_or(0))?;
-    }
-    rest.get(..at)
-}
-
 /// Bind (F) of `statement` to the unnamed portal with a Bind's parameter part copied
 /// (see `bind_parameters`) and the given result formats.
 pub fn bind_with(buf: &mut BytesMut, statement: &[u8], parameters: &[u8], result_formats: &[i16]) {
@@ -123,6 +101,7 @@ pub const NO_PARAMETERS: &[u8] = &[0, 0, 0, 0];
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::bind_parameters;
 
     fn row_description(columns: &[(&str, u32)]) -> BytesMut {
         let mut b = BytesMut::new();

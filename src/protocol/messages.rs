@@ -112,11 +112,11 @@ pub fn bind_param(rest: &[u8], n: u16) -> Option<(bool, Option<&[u8]>)> {
     None
 }
 
-fn read_i16(b: &[u8], at: usize) -> Option<i16> {
+pub(super) fn read_i16(b: &[u8], at: usize) -> Option<i16> {
     b.get(at..at + 2).map(|x| i16::from_be_bytes([x[0], x[1]]))
 }
 
-fn read_i32(b: &[u8], at: usize) -> Option<i32> {
+pub(super) fn read_i32(b: &[u8], at: usize) -> Option<i32> {
     b.get(at..at + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]))
 }
 
@@ -130,8 +130,9 @@ pub fn binary_int(bytes: &[u8]) -> Option<i64> {
     }
 }
 
-/// The result format codes at the end of a Bind's remainder (`BindView::rest`).
-pub fn bind_result_formats(rest: &[u8]) -> Option<Vec<i16>> {
+/// The parameter part of a Bind's remainder (formats and values), without its
+/// result format codes; `None` when malformed.
+pub fn bind_parameters(rest: &[u8]) -> Option<&[u8]> {
     let format_count = usize::try_from(read_i16(rest, 0)?).ok()?;
     let mut at = 2 + 2 * format_count;
     let value_count = usize::try_from(read_i16(rest, at)?).ok()?;
@@ -140,6 +141,12 @@ pub fn bind_result_formats(rest: &[u8]) -> Option<Vec<i16>> {
         let len = read_i32(rest, at)?;
         at = at.checked_add(4 + usize::try_from(len).unwrap_or(0))?;
     }
+    rest.get(..at)
+}
+
+/// The result format codes at the end of a Bind's remainder (`BindView::rest`).
+pub fn bind_result_formats(rest: &[u8]) -> Option<Vec<i16>> {
+    let at = bind_parameters(rest)?.len();
     let result_count = usize::try_from(read_i16(rest, at)?).ok()?;
     (0..result_count).map(|i| read_i16(rest, at + 2 + 2 * i)).collect()
 }

@@ -756,37 +756,19 @@ impl Scatter {
                 finals.push(FinalAgg { kind, column: distinct_column.unwrap_or(column) });
                 continue;
             }
-            let kind = match agg.kind {
-                AggKind::Count => {
-                    partial_items.push(format!("count({arg}){filter}"));
-                    FinalKind::Count
-                }
-                AggKind::Sum => {
-                    partial_items.push(format!("sum({arg}){filter}"));
-                    FinalKind::Sum
-                }
-                AggKind::Avg => {
-                    partial_items.push(format!("sum({arg}){filter}"));
-                    partial_items.push(format!("count({arg}){filter}"));
-                    FinalKind::Avg
-                }
-                AggKind::Min => {
-                    partial_items.push(format!("min({arg}){filter}"));
-                    FinalKind::Min
-                }
-                AggKind::Max => {
-                    partial_items.push(format!("max({arg}){filter}"));
-                    FinalKind::Max
-                }
-                AggKind::BoolAnd => {
-                    partial_items.push(format!("bool_and({arg}){filter}"));
-                    FinalKind::BoolAnd
-                }
-                AggKind::BoolOr => {
-                    partial_items.push(format!("bool_or({arg}){filter}"));
-                    FinalKind::BoolOr
-                }
+            // Each aggregate's partial columns, in the order its final expression reads them.
+            let (partials, kind): (&[&str], FinalKind) = match agg.kind {
+                AggKind::Count => (&["count"], FinalKind::Count),
+                AggKind::Sum => (&["sum"], FinalKind::Sum),
+                AggKind::Avg => (&["sum", "count"], FinalKind::Avg),
+                AggKind::Min => (&["min"], FinalKind::Min),
+                AggKind::Max => (&["max"], FinalKind::Max),
+                AggKind::BoolAnd => (&["bool_and"], FinalKind::BoolAnd),
+                AggKind::BoolOr => (&["bool_or"], FinalKind::BoolOr),
             };
+            for function in partials {
+                partial_items.push(format!("{function}({arg}){filter}"));
+            }
             finals.push(FinalAgg { kind, column });
         }
         if partial_items.is_empty() {

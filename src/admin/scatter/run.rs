@@ -582,17 +582,7 @@ impl<'a> Coordinator<'a> {
         }
         // The COPY answers CopyInResponse, or an error and ReadyForQuery.
         loop {
-            let frame = conn
-                .io
-                .read_frame(MAX_SERVER_MESSAGE)
-                .await
-                .map_err(io_error(conn))
-                .map_err(coordinator_error)?;
-            let Some(frame) = frame else {
-                return Err(ScatterError::NoCoordinator {
-                    reason: "the coordinator closed the connection".into(),
-                });
-            };
+            let frame = coordinator_frame(conn).await?;
             match frame.tag {
                 b'G' => break,
                 b'E' => {
@@ -676,17 +666,7 @@ impl<'a> Coordinator<'a> {
         let mut rows = 0u64;
         let mut final_error = None;
         loop {
-            let frame = conn
-                .io
-                .read_frame(MAX_SERVER_MESSAGE)
-                .await
-                .map_err(io_error(conn))
-                .map_err(coordinator_error)?;
-            let Some(frame) = frame else {
-                return Err(ScatterError::NoCoordinator {
-                    reason: "the coordinator closed the connection".into(),
-                });
-            };
+            let frame = coordinator_frame(conn).await?;
             match frame.tag {
                 b'C' | b'N' => {
                     protocol::put_message(&mut client.wbuf, frame.tag, |b| b.put_slice(frame.body()));
@@ -716,6 +696,17 @@ impl<'a> Coordinator<'a> {
             return Err(ScatterError::Statement(fields));
         }
         Ok(rows)
+    }
+}
+
+/// The coordinator's next message; its loss is the merge's.
+async fn coordinator_frame(conn: &mut ServerConn) -> Result<Frame, ScatterError> {
+    match conn.io.read_frame(MAX_SERVER_MESSAGE).await {
+        Ok(Some(frame)) => Ok(frame),
+        Ok(None) => {
+            Err(ScatterError::NoCoordinator { reason: "the coordinator closed the connection".into() })
+        }
+        Err(e) => Err(ScatterError::NoCoordinator { reason: format!("{}: {e}", conn.addr) }),
     }
 }
 
