@@ -28,15 +28,41 @@ fn write_config(name: &str, port: u16, tweak: impl FnOnce(&mut Config)) -> PathB
     file
 }
 
-fn serve(file: &Path, envs: &[(&str, &str)]) -> Child {
-    Command::new(BIN)
+/// A `pgtenant serve` process, killed if the test ends (or panics) while it runs.
+struct Served(Child);
+
+impl std::ops::Deref for Served {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Served {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn serve(file: &Path, envs: &[(&str, &str)]) -> Served {
+    let child = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(file)
         .envs(envs.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("pgtenant serve")
+        .expect("pgtenant serve");
+    Served(child)
 }
 
 fn signal(child: &Child, name: &str) {
