@@ -3,6 +3,7 @@
 //! with a statement after another (active), until stdin closes or SECONDS pass.
 //!
 //!   hold_clients idle N CONNINFO SECONDS
+//!   hold_clients fresh N CONNINFO SECONDS   (idle, never having run a statement)
 //!   hold_clients active N CONNINFO SECONDS
 
 use std::time::{Duration, Instant};
@@ -19,7 +20,7 @@ async fn main() {
             conninfo.clone(),
             seconds.parse::<u64>().expect("SECONDS"),
         ),
-        _ => return eprintln!("usage: hold_clients idle|active N CONNINFO SECONDS"),
+        _ => return eprintln!("usage: hold_clients idle|fresh|active N CONNINFO SECONDS"),
     };
     let started = Instant::now();
     let mut clients = Vec::with_capacity(n);
@@ -29,7 +30,9 @@ async fn main() {
             Err(e) => return eprintln!("connection {i}: {e}"),
         };
         tokio::spawn(conn);
-        client.simple_query("SELECT 1").await.expect("first statement");
+        if mode != "fresh" {
+            client.simple_query("SELECT 1").await.expect("first statement");
+        }
         clients.push(client);
     }
     println!("{n} clients connected in {:.1} s", started.elapsed().as_secs_f64());

@@ -632,7 +632,10 @@ impl Session {
     ) -> Result<Option<Frame>, FrontendError> {
         let handled = match self.deallocate_message(&frame) {
             Ok(false) => match self.snowflake_message(&frame).await {
-                Ok(false) if self.scatter_seen || frame.tag == b'P' => self.scatter_message(&frame).await,
+                // Boxed: its state is large, and every session's future would carry it.
+                Ok(false) if self.scatter_seen || frame.tag == b'P' => {
+                    Box::pin(self.scatter_message(&frame)).await
+                }
                 other => other,
             },
             other => other,

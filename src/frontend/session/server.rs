@@ -186,7 +186,9 @@ impl Session {
         let ddl = ["create", "alter", "drop"]
             .iter()
             .any(|w| analysis.text().trim_start().get(..w.len()).is_some_and(|s| s.eq_ignore_ascii_case(w)));
-        check.check(self.shared.router.confinement(analysis, bind_rest), ddl).await
+        // Boxed: it reads the catalog of the shard, a large state that every session's
+        // future would otherwise carry (strict isolation is off by default).
+        Box::pin(check.check(self.shared.router.confinement(analysis, bind_rest), ddl)).await
     }
 
     /// Makes `conn` this client's server for a transaction on `route`.

@@ -26,7 +26,8 @@ impl Session {
                 StatementKind::ResetTenant => {
                     return self.set_tenant(self.startup_tenant.clone(), "RESET").await;
                 }
-                StatementKind::Scatter => return self.answer_scatter_query(&analysis).await,
+                // Boxed: its state is large, and every session's future would carry it.
+                StatementKind::Scatter => return Box::pin(self.answer_scatter_query(&analysis)).await,
                 StatementKind::Snowflake(select) => {
                     let select = select.clone();
                     return self.answer_snowflake_query(&select, &analysis).await;
