@@ -91,8 +91,8 @@ pub struct Duplex {
 const READ_CHUNK: usize = 16 * 1024;
 /// A client's first read buffer; reads reserve `READ_CHUNK` once less than
 /// `READ_ROOM` is free.
-const CLIENT_READ_START: usize = 2 * 1024;
-const READ_ROOM: usize = 1024;
+const CLIENT_READ_START: usize = 1024;
+const READ_ROOM: usize = 512;
 
 impl Duplex {
     pub fn new(stream: Stream) -> Self {
