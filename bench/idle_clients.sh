@@ -25,13 +25,18 @@ DEV_ARGS="--replicas 0 --http-port 0" start_dev idle-clients 0
 sed -e "s/^listen = .*/listen = \"127.0.0.1:$MEASURED_PORT\"/" -e "s/^max_clients = .*/max_clients = $((N + 100))/" \
   "$STATE/pgtenant.toml" >"$STATE/measured.toml"
 grep -q "^max_clients" "$STATE/measured.toml" || sed -i "s/^\[proxy\]/[proxy]\nmax_clients = $((N + 100))/" "$STATE/measured.toml"
-"$BIN" serve --config "$STATE/measured.toml" >"$STATE/measured.log" 2>&1 &
-MEASURED=$!
-stop_on_exit "$MEASURED"
-wait_for_port "$MEASURED_PORT" 100
+# A fresh proxy process per phase: RSS does not fall back after clients leave.
+start_measured() {
+  "$BIN" serve --config "$STATE/measured.toml" >"$STATE/measured.log" 2>&1 &
+  MEASURED=$!
+  stop_on_exit "$MEASURED"
+  wait_for_port "$MEASURED_PORT" 100
+}
+stop_measured() { kill -INT "$MEASURED"; wait "$MEASURED" 2>/dev/null || true; }
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$MEASURED/status"; }
 CONNINFO="host=127.0.0.1 port=$MEASURED_PORT user=app password=app dbname=app sslmode=disable options='-c pgtenant.tenant_id=7'"
 
+start_measured
 before=$(rss)
 "$CLIENT" idle "$N" "$CONNINFO" $((HOLD + 30)) >"$STATE/idle.out" &
 idle=$!
@@ -39,7 +44,9 @@ until grep -q connected "$STATE/idle.out" 2>/dev/null; do sleep 0.5; kill -0 "$i
 sleep "$HOLD"
 with_idle=$(rss)
 kill "$idle"; wait "$idle" 2>/dev/null || true
-sleep 2
+stop_measured
+start_measured
+before_active=$(rss)
 "$CLIENT" active "$M" "$CONNINFO" "$HOLD" >"$STATE/active.out" &
 active=$!
 until grep -q connected "$STATE/active.out" 2>/dev/null; do sleep 0.2; kill -0 "$active"; done
@@ -48,4 +55,4 @@ with_active=$(rss)
 wait "$active"
 printf 'proxy RSS: %d KiB before any client\n' "$before"
 printf '%d idle clients:   %d KiB (%.1f KiB per client; %s)\n' "$N" "$with_idle" "$(echo "($with_idle - $before) / $N" | bc -l)" "$(head -1 "$STATE/idle.out")"
-printf '%d active clients: %d KiB (%.1f KiB per client; %s)\n' "$M" "$with_active" "$(echo "($with_active - $before) / $M" | bc -l)" "$(tail -1 "$STATE/active.out")"
+printf '%d active clients: %d KiB (%.1f KiB per client; %s)\n' "$M" "$with_active" "$(echo "($with_active - $before_active) / $M" | bc -l)" "$(tail -1 "$STATE/active.out")"
