@@ -50,6 +50,19 @@ enum AggKind {
 }
 
 impl AggKind {
+    /// The function's name in SQL (`every` is written `bool_and`).
+    fn name(self) -> &'static str {
+        match self {
+            Self::Count => "count",
+            Self::Sum => "sum",
+            Self::Avg => "avg",
+            Self::Min => "min",
+            Self::Max => "max",
+            Self::BoolAnd => "bool_and",
+            Self::BoolOr => "bool_or",
+        }
+    }
+
     fn of(name: &str) -> Option<Self> {
         Some(match name {
             "count" => Self::Count,
@@ -117,22 +130,11 @@ pub enum Merge {
 /// The final expression of an aggregate over its partial column(s).
 #[derive(Clone, Debug)]
 pub struct FinalAgg {
-    kind: FinalKind,
+    kind: AggKind,
+    /// Over the distinct values, which were shipped as a group key (`column`).
+    distinct: bool,
     /// First partial column (`avg` has a second, its count, right after).
     column: usize,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum FinalKind {
-    Count,
-    Sum,
-    Avg,
-    Min,
-    Max,
-    BoolAnd,
-    BoolOr,
-    /// An aggregate over the distinct values, which were shipped as a group key.
-    Distinct(AggKind),
 }
 
 /// What runs where.
@@ -183,16 +185,19 @@ impl FinalAgg {
     fn final_text(&self, types: &[u32]) -> Result<String, ScatterError> {
         let c = column_name(self.column);
         let ty = types.get(self.column).copied().unwrap_or(0);
+        if self.distinct {
+            return Ok(format!("{}(DISTINCT {c})", self.kind.name()));
+        }
         Ok(match self.kind {
-            FinalKind::Count => format!("CAST(COALESCE(sum({c}), 0) AS bigint)"),
-            FinalKind::Sum => match type_name(ty) {
+            AggKind::Count => format!("CAST(COALESCE(sum({c}), 0) AS bigint)"),
+            AggKind::Sum => match type_name(ty) {
                 // The partial sum already has the type of the whole sum (sum(int4) is int8):
                 // summing int8 partials gives numeric, which the cast brings back, failing
                 // as the one database would when the total does not fit.
                 Some(name) => format!("CAST(sum({c}) AS {name})"),
                 None => format!("sum({c})"),
             },
-            FinalKind::Avg => {
+            AggKind::Avg => {
                 let n = column_name(self.column + 1);
                 match ty {
                     INT8 | NUMERIC => format!("(CAST(sum({c}) AS numeric) / sum({n}))"),
@@ -200,21 +205,9 @@ impl FinalAgg {
                     _ => return Err(ScatterError::Unmergeable(format!("avg over type oid {ty}"))),
                 }
             }
-            FinalKind::Min => format!("min({c})"),
-            FinalKind::Max => format!("max({c})"),
-            FinalKind::BoolAnd => format!("bool_and({c})"),
-            FinalKind::BoolOr => format!("bool_or({c})"),
-            FinalKind::Distinct(kind) => {
-                let name = match kind {
-                    AggKind::Count => "count",
-                    AggKind::Sum => "sum",
-                    AggKind::Avg => "avg",
-                    AggKind::Min => "min",
-                    AggKind::Max => "max",
-                    AggKind::BoolAnd => "bool_and",
-                    AggKind::BoolOr => "bool_or",
-                };
-                format!("{name}(DISTINCT {c})")
+            // min, max, bool_and, bool_or of the partials are those of the whole.
+            AggKind::Min | AggKind::Max | AggKind::BoolAnd | AggKind::BoolOr => {
+                format!("{}({c})", self.kind.name())
             }
         })
     }
@@ -752,24 +745,22 @@ impl Scatter {
             let arg = agg.arg.as_ref().map(ToString::to_string).unwrap_or_else(|| "*".into());
             let column = partial_items.len();
             if agg.distinct {
-                let kind = FinalKind::Distinct(agg.kind);
-                finals.push(FinalAgg { kind, column: distinct_column.unwrap_or(column) });
+                finals.push(FinalAgg {
+                    kind: agg.kind,
+                    distinct: true,
+                    column: distinct_column.unwrap_or(column),
+                });
                 continue;
             }
             // Each aggregate's partial columns, in the order its final expression reads them.
-            let (partials, kind): (&[&str], FinalKind) = match agg.kind {
-                AggKind::Count => (&["count"], FinalKind::Count),
-                AggKind::Sum => (&["sum"], FinalKind::Sum),
-                AggKind::Avg => (&["sum", "count"], FinalKind::Avg),
-                AggKind::Min => (&["min"], FinalKind::Min),
-                AggKind::Max => (&["max"], FinalKind::Max),
-                AggKind::BoolAnd => (&["bool_and"], FinalKind::BoolAnd),
-                AggKind::BoolOr => (&["bool_or"], FinalKind::BoolOr),
+            let partials: &[&str] = match agg.kind {
+                AggKind::Avg => &["sum", "count"],
+                kind => &[kind.name()],
             };
             for function in partials {
                 partial_items.push(format!("{function}({arg}){filter}"));
             }
-            finals.push(FinalAgg { kind, column });
+            finals.push(FinalAgg { kind: agg.kind, distinct: false, column });
         }
         if partial_items.is_empty() {
             // `SELECT 1 FROM all_shards.t HAVING true`: one row per shard stands for its input.
