@@ -375,7 +375,12 @@ impl Session {
     }
 
     /// Whether the client may define statement `name` within its byte budget.
-    fn statement_room(&self, name: &[u8], query: &[u8], param_types: &[u8]) -> Result<(), FrontendError> {
+    pub(super) fn statement_room(
+        &self,
+        name: &[u8],
+        query: &[u8],
+        param_types: &[u8],
+    ) -> Result<(), FrontendError> {
         self.statements
             .check_room(name, query, param_types)
             .map_err(|over| FrontendError::StatementBudget { held: over.held, budget: over.budget })

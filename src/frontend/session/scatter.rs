@@ -258,6 +258,10 @@ impl Session {
                         budget: MAX_SCATTER_STATEMENTS,
                     });
                 }
+                if !p.name.is_empty() {
+                    // A named one counts against the session's statement budget, as any.
+                    self.statement_room(p.name, p.query, p.param_types)?;
+                }
                 let name = Bytes::copy_from_slice(p.name);
                 let (prepared, _conn) =
                     self.prepare_scatter(analysis.text(), &declared_types(p.param_types)).await?;
