@@ -386,3 +386,173 @@ BEGIN
     RETURN QUERY SELECT t.tenant_id, t.shard_id, t.status, t.lease_expires_at
                  FROM pgtenant.tenant_reservation t WHERE t.tenant_id = p_tenant;
 END $$;
+
+-- Online tenant moves (seeds 001 and 003). A move's state lives here so that every
+-- proxy sees it and any proxy can resume it: one row per move, driven by one proxy at
+-- a time (`driver`; another takes over when the driver's heartbeat in proxy_instance
+-- goes stale). Phases:
+--   planned -> copying -> catching_up -> cutover -> switched -> cleaned
+--   any phase before cleaned -> rolled_back (routing back on the source, nothing lost)
+-- The cutover pauses the tenant at every live proxy: the driver raises pause_epoch and
+-- sends NOTIFY pgtenant_move {"move_id", "tenant", "epoch", "action": "pause"}; each
+-- proxy holds the tenant's new transactions, waits for its running ones and inserts
+-- its move_ack row. Once every live proxy acknowledged and the target has applied
+-- everything up to then, switch_move flips tenant_shard_map (one routing version) and
+-- sends "resume" in the same transaction; a missing acknowledgement sends "resume"
+-- without the flip (the epoch is aborted, the tenant goes on on the source).
+CREATE TABLE IF NOT EXISTS proxy_instance (
+    proxy_id   text        PRIMARY KEY,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    seen_at    timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE IF NOT EXISTS tenant_move (
+    move_id       bigserial   PRIMARY KEY,
+    tenant_id     bigint      NOT NULL,
+    source_shard  smallint    NOT NULL REFERENCES shard_config (shard_id),
+    target_shard  smallint    NOT NULL REFERENCES shard_config (shard_id),
+    -- The database (on both shards) whose tables move.
+    dbname        text        NOT NULL,
+    phase         text        NOT NULL DEFAULT 'planned'
+                  CHECK (phase IN ('planned', 'copying', 'catching_up', 'cutover', 'switched', 'cleaned', 'rolled_back')),
+    -- What an operator asked of the driver: nothing, cleanup or rollback.
+    requested     text        NOT NULL DEFAULT 'none' CHECK (requested IN ('none', 'cleanup', 'rollback')),
+    driver        text,
+    pause_epoch   integer     NOT NULL DEFAULT 0,
+    -- The proxies are asked to hold the tenant (epoch pause_epoch) right now.
+    paused        boolean     NOT NULL DEFAULT false,
+    tables        text[]      NOT NULL DEFAULT '{}',
+    rows_copied   bigint      NOT NULL DEFAULT 0,
+    -- Last measured time for a change on the source to be applied on the target.
+    lag_ms        bigint,
+    -- The tenant's pause of the last cutover attempt, and how many were made.
+    pause_ms      bigint,
+    attempts      integer     NOT NULL DEFAULT 0,
+    -- How the tenant was routed before the move: its map row (shard, state), if any.
+    map_shard_before smallint,
+    map_state_before text,
+    routing_version_cutover bigint,
+    error         text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    copied_at     timestamptz,
+    switched_at   timestamptz,
+    ended_at      timestamptz,
+    CHECK (source_shard <> target_shard)
+);
+-- At most one move of a tenant that has not ended.
+CREATE UNIQUE INDEX IF NOT EXISTS tenant_move_one_open ON tenant_move (tenant_id)
+    WHERE phase NOT IN ('cleaned', 'rolled_back');
+
+CREATE TABLE IF NOT EXISTS move_ack (
+    move_id  bigint      NOT NULL REFERENCES tenant_move (move_id) ON DELETE CASCADE,
+    epoch    integer     NOT NULL,
+    proxy_id text        NOT NULL,
+    acked_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (move_id, epoch, proxy_id)
+);
+
+-- The shard a bigint tenant is routed to now (map, then range); NULL when not placed.
+CREATE OR REPLACE FUNCTION shard_of(p_tenant bigint) RETURNS smallint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT m.shard_id FROM pgtenant.tenant_shard_map m WHERE m.tenant_id = p_tenant),
+        (SELECT s.shard_id FROM pgtenant.shard_config s WHERE p_tenant BETWEEN s.min_tenant_id AND s.max_tenant_id))
+$$;
+
+-- Plans a move (validated: placed on the source, source <> target, the target routed,
+-- no other open move of the tenant); returns its id.
+CREATE OR REPLACE FUNCTION plan_move(p_tenant bigint, p_target smallint, p_dbname text, p_driver text)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    source smallint;
+    id bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('pgtenant.move'), hashtext(p_tenant::text));
+    source := pgtenant.shard_of(p_tenant);
+    IF source IS NULL THEN
+        RAISE EXCEPTION 'tenant % is not placed on any shard', p_tenant USING ERRCODE = '55000';
+    END IF;
+    IF source = p_target THEN
+        RAISE EXCEPTION 'tenant % is on shard % already', p_tenant, p_target USING ERRCODE = '22023';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgtenant.shard_config s WHERE s.shard_id = p_target AND s.status = 'active' AND s.is_active) THEN
+        RAISE EXCEPTION 'shard % is not an active shard', p_target USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgtenant.tenant_move m WHERE m.tenant_id = p_tenant AND m.phase NOT IN ('cleaned', 'rolled_back')) THEN
+        RAISE EXCEPTION 'tenant % is being moved already (SHOW MOVES)', p_tenant USING ERRCODE = '55006';
+    END IF;
+    INSERT INTO pgtenant.tenant_move (tenant_id, source_shard, target_shard, dbname, driver, map_shard_before, map_state_before)
+    SELECT p_tenant, source, p_target, p_dbname, p_driver, m.shard_id, m.state
+    FROM (SELECT 1) one LEFT JOIN pgtenant.tenant_shard_map m ON m.tenant_id = p_tenant
+    RETURNING move_id INTO id;
+    RETURN id;
+END $$;
+
+-- The cutover's flip, once every live proxy acknowledged epoch p_epoch: routes the
+-- tenant to the target (one routing version), marks the move switched and tells the
+-- proxies to resume, all in one transaction. Returns the routing version.
+CREATE OR REPLACE FUNCTION switch_move(p_move bigint, p_driver text, p_epoch integer, p_pause_ms bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    mv pgtenant.tenant_move;
+    v bigint;
+BEGIN
+    SELECT * INTO mv FROM pgtenant.tenant_move WHERE move_id = p_move FOR UPDATE;
+    IF NOT FOUND OR mv.phase <> 'cutover' OR mv.driver IS DISTINCT FROM p_driver OR mv.pause_epoch <> p_epoch THEN
+        RAISE EXCEPTION 'move % is not in the cutover of epoch % driven by %', p_move, p_epoch, p_driver
+            USING ERRCODE = '55000';
+    END IF;
+    INSERT INTO pgtenant.tenant_shard_map AS m (tenant_id, shard_id, region_code, state)
+    SELECT mv.tenant_id, mv.target_shard, s.region_code, coalesce(mv.map_state_before, 'active')
+    FROM pgtenant.shard_config s WHERE s.shard_id = mv.target_shard
+    ON CONFLICT (tenant_id) DO UPDATE SET shard_id = EXCLUDED.shard_id, region_code = EXCLUDED.region_code;
+    SELECT version INTO v FROM pgtenant.routing_state;
+    UPDATE pgtenant.tenant_move SET phase = 'switched', routing_version_cutover = v, pause_ms = p_pause_ms,
+        paused = false, error = NULL, switched_at = now(), updated_at = now()
+    WHERE move_id = p_move;
+    PERFORM pg_notify('pgtenant_move', jsonb_build_object('move_id', p_move, 'tenant', mv.tenant_id,
+        'epoch', p_epoch, 'action', 'resume', 'switched', true)::text);
+    RETURN v;
+END $$;
+
+-- Routes the tenant back as it was before the move (its map row restored or removed).
+CREATE OR REPLACE FUNCTION restore_move_routing(p_move bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    mv pgtenant.tenant_move;
+BEGIN
+    SELECT * INTO mv FROM pgtenant.tenant_move WHERE move_id = p_move FOR UPDATE;
+    IF mv.map_shard_before IS NULL THEN
+        DELETE FROM pgtenant.tenant_shard_map WHERE tenant_id = mv.tenant_id;
+    ELSE
+        UPDATE pgtenant.tenant_shard_map SET shard_id = mv.map_shard_before, state = mv.map_state_before
+        WHERE tenant_id = mv.tenant_id
+          AND (shard_id, state) IS DISTINCT FROM (mv.map_shard_before, mv.map_state_before);
+    END IF;
+END $$;
+
+-- Rolls a switched move back once every live proxy holds the tenant again (and its rows
+-- were copied back to the source): routing as before the move, the move rolled back,
+-- the proxies told to resume, in one transaction.
+CREATE OR REPLACE FUNCTION unswitch_move(p_move bigint, p_driver text, p_epoch integer, p_pause_ms bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    mv pgtenant.tenant_move;
+BEGIN
+    SELECT * INTO mv FROM pgtenant.tenant_move WHERE move_id = p_move FOR UPDATE;
+    IF NOT FOUND OR mv.phase <> 'switched' OR mv.driver IS DISTINCT FROM p_driver OR mv.pause_epoch <> p_epoch
+       OR NOT mv.paused THEN
+        RAISE EXCEPTION 'move % is not paused for its rollback at epoch % by %', p_move, p_epoch, p_driver
+            USING ERRCODE = '55000';
+    END IF;
+    PERFORM pgtenant.restore_move_routing(p_move);
+    UPDATE pgtenant.tenant_move SET phase = 'rolled_back', requested = 'none', paused = false,
+        pause_ms = p_pause_ms, ended_at = now(), updated_at = now()
+    WHERE move_id = p_move;
+    PERFORM pg_notify('pgtenant_move', jsonb_build_object('move_id', p_move, 'tenant', mv.tenant_id,
+        'epoch', p_epoch, 'action', 'resume', 'switched', true)::text);
+END $$;

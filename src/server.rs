@@ -133,6 +133,10 @@ pub async fn start_with_file(
         let _ = shared.config_path.set(file);
     }
     tokio::spawn(sample_stats(Arc::downgrade(&shared)));
+    if let Some(moves) = move_service(&shared, addr) {
+        moves.start(rx.clone()).await;
+        let _ = shared.moves.set(moves);
+    }
     let http = match config.observe.listen {
         Some(listen) => Some(serve_http(listen, &shared, rx.clone()).await?),
         None => None,
@@ -174,6 +178,31 @@ pub async fn start_with_file(
     });
     tracing::info!(%addr, "pgtenant is serving");
     Ok(RunningProxy { addr, http_addr, shutdown, task, shared: shared_weak })
+}
+
+/// Tenant moves, when the proxy has a catalog: they reach the shards' primaries through
+/// the health view, and the sessions through the pause board and the router.
+fn move_service(shared: &Arc<Shared>, addr: SocketAddr) -> Option<Arc<crate::tenancy::moves::MoveService>> {
+    use crate::backend::health::PrimaryChoice;
+    let (for_primary, for_forget) = (Arc::downgrade(shared), Arc::downgrade(shared));
+    let hooks = crate::tenancy::moves::MoveHooks {
+        primary_of: Box::new(move |id| {
+            let shared = for_primary.upgrade()?;
+            let topology = shared.router.topology();
+            match shared.health.primary_of(topology.shard(id)?) {
+                PrimaryChoice::Node(node) => Some(node),
+                PrimaryChoice::Holding(_) => None,
+            }
+        }),
+        forget_tenant: Box::new(move |tenant| {
+            if let Some(shared) = for_forget.upgrade() {
+                shared.router.forget_tenant(tenant);
+            }
+        }),
+        pauses: shared.pauses.clone(),
+        clients: shared.clients.clone(),
+    };
+    crate::tenancy::moves::MoveService::new(shared.config.clone(), addr, hooks)
 }
 
 /// The listen socket: SO_REUSEADDR (a restart need not wait for TIME_WAIT), and

@@ -24,6 +24,7 @@ pub enum Show {
     Routing,
     Lanes,
     Pauses,
+    Moves,
     Help,
 }
 
@@ -65,8 +66,28 @@ pub enum Command {
         tenant: i64,
         step: crate::tenancy::PlacementStep,
     },
+    /// `MOVE TENANT id TO SHARD n [DATABASE name]`: an online move (catalog).
+    Move {
+        tenant: i64,
+        shard: u16,
+        database: Option<String>,
+    },
+    /// `CLEANUP MOVE id`, `ROLLBACK MOVE id`, `CANCEL MOVE id` (a rollback before the
+    /// switch only).
+    MoveRequest {
+        id: i64,
+        step: MoveStep,
+    },
     /// An empty statement (only blanks or `;`).
     Empty,
+}
+
+/// What an operator asks of a running move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveStep {
+    Cleanup,
+    Rollback,
+    Cancel,
 }
 
 /// Why a statement is not a console command.
@@ -94,6 +115,8 @@ pub enum CommandError {
     BadScope(String),
     #[error(transparent)]
     Placement(#[from] crate::tenancy::PlacementError),
+    #[error(transparent)]
+    Move(#[from] crate::tenancy::moves::MoveError),
 }
 
 impl CommandError {
@@ -109,6 +132,18 @@ impl CommandError {
             CommandError::BadTenant(_) => sqlstate::INVALID_PARAMETER_VALUE,
             CommandError::PauseEnded(_) => sqlstate::QUERY_CANCELED,
             CommandError::ReloadRefused(_) => sqlstate::CONFIG_FILE_ERROR,
+            CommandError::Move(e) => {
+                use crate::tenancy::moves::MoveError as M;
+                match e {
+                    M::NoCatalog | M::NoDatabase { .. } | M::NoLogin | M::Refused(_) => {
+                        sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE
+                    }
+                    M::BadArgument(_) => sqlstate::INVALID_PARAMETER_VALUE,
+                    M::Busy(_) => sqlstate::OBJECT_IN_USE,
+                    M::UnknownMove(_) => sqlstate::UNDEFINED_OBJECT,
+                    M::Catalog(_) | M::Shard { .. } => sqlstate::UNABLE_TO_CONNECT,
+                }
+            }
             CommandError::Placement(e) => {
                 use crate::tenancy::PlacementError as P;
                 match e {
@@ -160,7 +195,17 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         }
         ("confirm", ["tenant" | "placement", id]) => return placement_of(id, PlacementStep::Confirm),
         ("cancel", ["tenant" | "placement", id]) => return placement_of(id, PlacementStep::Cancel),
-        ("place", _) | ("confirm", _) | ("cancel", _) => return Err(bad()),
+        ("move", ["tenant", id, "to", "shard", n])
+        | ("move", ["tenant", id, "to", "shard", n, "database", _]) => {
+            let tenant = id.parse().map_err(|_| CommandError::BadTenant(id.to_string()))?;
+            let shard = n.parse().map_err(|_| bad())?;
+            let database = (rest.len() == 6).then(|| unquote(words[6]));
+            return Ok(Command::Move { tenant, shard, database });
+        }
+        ("cleanup", ["move", id]) => return move_request(id, MoveStep::Cleanup),
+        ("rollback", ["move", id]) => return move_request(id, MoveStep::Rollback),
+        ("cancel", ["move", id]) => return move_request(id, MoveStep::Cancel),
+        ("place", _) | ("confirm", _) | ("cancel", _) | ("move", _) | ("cleanup", _) => return Err(bad()),
         ("shutdown", _) => return Err(bad()),
         _ => {}
     }
@@ -185,6 +230,7 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("routing", 2) => Show::Routing,
         ("lanes", 2) => Show::Lanes,
         ("pauses", 2) => Show::Pauses,
+        ("moves", 2) => Show::Moves,
         ("help", 2) => Show::Help,
         ("tenant", 3) => Show::Tenant(unquote(words[2])),
         ("tenant", 2) => return Err(CommandError::TenantMissing),
@@ -216,6 +262,11 @@ fn pause_or_resume(verb: &str, words: &[&str]) -> Result<Command, CommandError> 
 fn placement_of(id: &str, step: PlacementStep) -> Result<Command, CommandError> {
     let tenant = id.parse().map_err(|_| CommandError::BadTenant(id.to_string()))?;
     Ok(Command::Placement { tenant, step })
+}
+
+fn move_request(id: &str, step: MoveStep) -> Result<Command, CommandError> {
+    let id = id.parse().map_err(|_| CommandError::BadScope(format!("move id {id}")))?;
+    Ok(Command::MoveRequest { id, step })
 }
 
 /// `'acme'` or `acme` as the tenant's text.
@@ -257,6 +308,14 @@ pub const HELP: &[(&str, &str)] = &[
     ),
     ("CONFIRM TENANT id", "map a reserved tenant to its shard: routed there from now on"),
     ("CANCEL TENANT id", "give a pending reservation's place back"),
+    ("SHOW MOVES", "tenant moves: phase, rows copied, lag, pause, attempts, errors"),
+    (
+        "MOVE TENANT id TO SHARD n [DATABASE name]",
+        "move a tenant's rows to another shard while it works (copy, catch up, brief pause, switch)",
+    ),
+    ("CLEANUP MOVE id", "after a switch: delete the tenant's rows left on the source"),
+    ("ROLLBACK MOVE id", "before cleanup: route the tenant back to its source, nothing lost"),
+    ("CANCEL MOVE id", "before the switch: stop the move and drop its copy"),
 ];
 
 #[cfg(test)]
@@ -294,5 +353,18 @@ mod tests {
         assert_eq!(parse("RECONNECT"), Ok(Command::Reconnect(None)));
         assert_eq!(parse("shutdown"), Ok(Command::Shutdown { wait_for_clients: false }));
         assert_eq!(parse("SHUTDOWN WAIT_FOR_CLIENTS"), Ok(Command::Shutdown { wait_for_clients: true }));
+        assert_eq!(
+            parse("move tenant 77 to shard 2 database App"),
+            Ok(Command::Move { tenant: 77, shard: 2, database: Some("App".into()) })
+        );
+        assert_eq!(
+            parse("MOVE TENANT 7 TO SHARD 1;"),
+            Ok(Command::Move { tenant: 7, shard: 1, database: None })
+        );
+        assert!(matches!(parse("MOVE TENANT 7 SHARD 1"), Err(CommandError::BadScope(_))));
+        assert_eq!(parse("cleanup move 3"), Ok(Command::MoveRequest { id: 3, step: MoveStep::Cleanup }));
+        assert_eq!(parse("CANCEL MOVE 4"), Ok(Command::MoveRequest { id: 4, step: MoveStep::Cancel }));
+        assert_eq!(parse("ROLLBACK MOVE 5"), Ok(Command::MoveRequest { id: 5, step: MoveStep::Rollback }));
+        assert_eq!(parse("show moves"), Ok(Command::Show(Show::Moves)));
     }
 }

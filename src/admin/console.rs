@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::AdminView;
-use super::command::{Command, CommandError, Scope, parse};
+use super::command::{Command, CommandError, Scope, Show, parse};
+use super::moves;
 use super::show::show;
 use super::table::{Kind, Table, int, opt_text, text};
 use crate::directory::TenantId;
@@ -94,7 +95,12 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
     let started = Instant::now();
     let result = match parse(sql)? {
         Command::Empty => Ok(Answer::Empty),
+        Command::Show(Show::Moves) => moves::show(view).await.map(Answer::Rows),
         Command::Show(what) => Ok(Answer::Rows(show(view, &what).await)),
+        Command::Move { tenant, shard, database } => {
+            moves::start(view, tenant, shard, database).await.map(Answer::Rows)
+        }
+        Command::MoveRequest { id, step } => moves::request(view, id, step).await.map(Answer::Rows),
         Command::Pause { scope, timeout_secs } => {
             pause(view, scope, timeout_secs).await.map(|()| Answer::Done("PAUSE"))
         }
@@ -210,7 +216,11 @@ fn placement_table() -> Table {
 
 /// The result shape of a command that changes something: described without running it.
 fn shape_of(command: &Command) -> Option<Table> {
-    matches!(command, Command::Placement { .. }).then(placement_table)
+    match command {
+        Command::Placement { .. } => Some(placement_table()),
+        Command::Move { .. } | Command::MoveRequest { .. } => Some(moves::table()),
+        _ => None,
+    }
 }
 
 fn write_error(out: &mut BytesMut, e: &CommandError) {

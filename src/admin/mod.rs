@@ -7,6 +7,7 @@ mod averages;
 mod command;
 mod console;
 pub mod exposition;
+mod moves;
 pub mod scatter;
 mod show;
 mod table;
@@ -54,6 +55,8 @@ pub struct AdminView<'a> {
     /// The proxy's listen address.
     pub local_addr: Option<SocketAddr>,
     pub pauses: &'a PauseBoard,
+    /// Online tenant moves (`None` without a catalog).
+    pub moves: Option<&'a std::sync::Arc<crate::tenancy::moves::MoveService>>,
     /// Stops the proxy as SIGTERM does (SHUTDOWN), or once every client has left
     /// (SHUTDOWN WAIT_FOR_CLIENTS).
     pub stop: Option<&'a tokio::sync::watch::Sender<bool>>,

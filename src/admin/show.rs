@@ -39,6 +39,8 @@ pub async fn show(view: &AdminView<'_>, what: &Show) -> Table {
         Show::Routing => routing(view),
         Show::Lanes => lanes(view),
         Show::Pauses => pauses(view),
+        // Answered by the console, which reads the catalog and may fail: the shape only.
+        Show::Moves => super::moves::table(),
         Show::Help => help(),
     }
 }

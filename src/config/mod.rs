@@ -50,6 +50,50 @@ pub struct Config {
     pub health: HealthConfig,
     #[serde(default)]
     pub observe: ObserveConfig,
+    #[serde(default)]
+    pub moves: MovesConfig,
+}
+
+/// Online tenant moves (`MOVE TENANT` in the admin console; needs a catalog).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MovesConfig {
+    /// The database whose tenant tables move, on both shards, when the move does not
+    /// name one (`MOVE TENANT 7 TO SHARD 2 DATABASE app`) and the shard's nodes do not
+    /// fix one.
+    pub database: Option<String>,
+    /// Who the move logs in to the shards as (it creates publications and
+    /// subscriptions: a superuser, or a role allowed both). By default the first admin
+    /// user's server credentials.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    /// The longest the tenant is paused in one cutover attempt: every proxy must have
+    /// held it and seen its running transactions end, and the target must have applied
+    /// the source's last change, within this time, or the attempt is aborted and the
+    /// tenant goes on on the source.
+    pub pause_timeout_ms: u64,
+    /// A cutover is attempted once a change on the source reaches the target within
+    /// this time (the replication's lag, measured with a marker row).
+    pub catch_up_ms: u64,
+    /// Cutover attempts before the move gives up and rolls back.
+    pub cutover_attempts: u32,
+    /// A proxy whose heartbeat in the catalog is older than this is gone: the cutover
+    /// does not wait for it, and another proxy takes over the moves it drove.
+    pub proxy_stale_ms: u64,
+}
+
+impl Default for MovesConfig {
+    fn default() -> Self {
+        Self {
+            database: None,
+            user: None,
+            password: None,
+            pause_timeout_ms: 2_000,
+            catch_up_ms: 500,
+            cutover_attempts: 5,
+            proxy_stale_ms: 5_000,
+        }
+    }
 }
 
 /// What operators see besides the admin console.

@@ -130,7 +130,7 @@ impl Cluster {
 
     /// Runs initdb unless the directory already holds a cluster, and writes the
     /// settings pgtenant's local clusters use (loopback only, SCRAM for everyone but
-    /// the local `postgres` superuser).
+    /// the local `postgres` superuser; logical WAL, which tenant moves replicate).
     pub fn init(&self) -> Result<(), String> {
         if self.is_initialized() {
             return Ok(());
@@ -147,7 +147,7 @@ impl Cluster {
             .output();
         Self::check("initdb", out)?;
         let conf = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nmax_connections = 300\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\npassword_encryption = 'scram-sha-256'\nlogging_collector = off\n",
+            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nmax_connections = 300\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\npassword_encryption = 'scram-sha-256'\nlogging_collector = off\nwal_level = logical\n",
             self.port,
             self.data_dir.display()
         );

@@ -53,6 +53,7 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         catalog: None,
         snowflake: SnowflakeConfig::default(),
         health: Default::default(),
+        moves: crate::config::MovesConfig { database: Some(DEMO_DATABASE.into()), ..Default::default() },
         observe: Default::default(),
     }
 }

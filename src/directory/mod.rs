@@ -230,6 +230,10 @@ pub trait Directory: Send + Sync {
     /// remembered with the same generation is still the directory's answer.
     fn generation(&self) -> u64;
 
+    /// Forgets what is remembered of `tenant`, so that its next lookup asks the source
+    /// (a tenant move's cutover, which knows its new placement is committed).
+    fn forget(&self, _tenant: &TenantId) {}
+
     /// Takes the shards, ranges and tenant map of a reloaded configuration file (a
     /// catalog is its own source: nothing to take).
     fn reload_from(&self, _config: &crate::config::Config) -> Result<(), String> {

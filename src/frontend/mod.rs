@@ -91,7 +91,9 @@ pub struct Shared {
     pub console_stats: crate::observe::stats::PoolStats,
     pub exposition: crate::admin::exposition::Exposition,
     /// Admin pauses of shards and tenants, checked as transactions start.
-    pub pauses: crate::tenancy::PauseBoard,
+    pub pauses: Arc<crate::tenancy::PauseBoard>,
+    /// Online tenant moves (with a catalog; set once the proxy listens).
+    pub moves: std::sync::OnceLock<Arc<crate::tenancy::moves::MoveService>>,
     /// Stops the proxy as SIGTERM does (the admin console's SHUTDOWN).
     pub stop: std::sync::OnceLock<tokio::sync::watch::Sender<bool>>,
     /// Turns true on SHUTDOWN WAIT_FOR_CLIENTS: the listener stops accepting and the
@@ -158,6 +160,7 @@ impl Shared {
             exposition: Default::default(),
             local_addr: Default::default(),
             pauses: Default::default(),
+            moves: std::sync::OnceLock::new(),
             stop: Default::default(),
             wait_for_clients: tokio::sync::watch::Sender::new(false),
         }
@@ -175,6 +178,7 @@ impl Shared {
             console: &self.console_stats,
             local_addr: self.local_addr.get().copied(),
             pauses: &self.pauses,
+            moves: self.moves.get(),
             stop: self.stop.get(),
             wait_for_clients: &self.wait_for_clients,
             minter: &self.minter,

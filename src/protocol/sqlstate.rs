@@ -19,6 +19,7 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 pub const NULL_VALUE_NOT_ALLOWED: &str = "22004";
 pub const INVALID_TEXT_REPRESENTATION: &str = "22P02";
 pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+pub const OBJECT_IN_USE: &str = "55006";
 pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const OUT_OF_MEMORY: &str = "53200";
 pub const SYNTAX_ERROR: &str = "42601";

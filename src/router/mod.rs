@@ -426,6 +426,11 @@ impl Router {
         Ok(placement)
     }
 
+    /// See `Directory::forget`.
+    pub fn forget_tenant(&self, tenant: &TenantId) {
+        self.directory.forget(tenant);
+    }
+
     /// See `Directory::generation`.
     pub fn generation(&self) -> u64 {
         self.directory.generation()

@@ -1,7 +1,8 @@
 //! Tenancy control: what happens to a tenant's (or a shard's) traffic as a whole,
 //! beside routing it: the pauses of the admin console (`pause`) and the placement of
-//! new tenants (`placement`); online moves will live here too.
+//! new tenants (`placement`) and online moves of one tenant to another shard (`moves`).
 
+pub mod moves;
 pub mod pause;
 pub mod placement;
 

@@ -168,14 +168,15 @@ impl PauseBoard {
     }
 
     /// Holds a client whose transaction on `shard` for `tenant` a pause covers, until
-    /// it is lifted or `within` passes. Called only when `is_clear` said no.
+    /// it is lifted or `within` passes; `Ok(true)` when it was held (its route may have
+    /// changed meanwhile: a tenant move's cutover). Called only when `is_clear` said no.
     pub async fn wait_open(
         &self,
         shard: ShardId,
         tenant: Option<&TenantId>,
         within: Duration,
         on_hold: impl Fn(bool),
-    ) -> Result<(), StillPaused> {
+    ) -> Result<bool, StillPaused> {
         let started = Instant::now();
         let mut changes = self.changes.subscribe();
         let mut held = false;
@@ -185,7 +186,7 @@ impl PauseBoard {
                 if held {
                     on_hold(false);
                 }
-                return Ok(());
+                return Ok(held);
             };
             if !held {
                 held = true;
@@ -261,7 +262,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!held.is_finished(), "held while paused");
         assert!(board.resume(&scope));
-        assert_eq!(held.await.unwrap(), Ok(()), "released by the RESUME");
+        assert_eq!(held.await.unwrap(), Ok(true), "released by the RESUME");
         assert!(!board.resume(&scope), "resuming twice is harmless");
     }
 

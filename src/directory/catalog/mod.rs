@@ -212,4 +212,8 @@ impl Directory for CatalogDirectory {
     fn generation(&self) -> u64 {
         self.inner.generation.load(Ordering::Acquire)
     }
+
+    fn forget(&self, tenant: &TenantId) {
+        self.inner.invalidate_tenant(tenant);
+    }
 }

@@ -137,9 +137,9 @@ impl Session {
             Err(err) => Err(err.into()),
         };
         let routed = match route {
-            Ok(route) if lane_candidate && bound.shape().is_quick() => {
+            Ok(mut route) if lane_candidate && bound.shape().is_quick() => {
                 let request = LaneRequest::Extended { layout: &layout, statement: statement.as_deref() };
-                match self.request_on_lane(&route, &bound, request).await {
+                match self.request_on_lane(&mut route, &bound, request).await {
                     Ok(true) => return Ok(true),
                     Ok(false) => self.begin_on(route, bound.single_dml).await,
                     Err(err) => Err(err),

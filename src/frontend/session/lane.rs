@@ -68,7 +68,7 @@ impl Session {
     /// was checked out here). A checkout error is the caller's to answer.
     pub(super) async fn request_on_lane(
         &mut self,
-        route: &Route,
+        route: &mut Route,
         analysis: &Arc<Analysis>,
         request: LaneRequest<'_>,
     ) -> Result<bool, FrontendError> {

@@ -37,7 +37,7 @@ impl Session {
     /// Attaches a server of `route`'s shard (checking one out if needed) and queues the
     /// SETs that give it this client's settings and tenant. `dml_only`: the request runs
     /// single DML statements only, which may share an implicit transaction with the SET.
-    pub(super) async fn begin_on(&mut self, route: Route, dml_only: bool) -> Result<(), FrontendError> {
+    pub(super) async fn begin_on(&mut self, mut route: Route, dml_only: bool) -> Result<(), FrontendError> {
         if let Some(a) = &self.server
             && a.route.shard != route.shard
         {
@@ -51,12 +51,12 @@ impl Session {
             self.release_server();
         }
         if self.server.is_none() {
+            self.enter_transaction(&mut route).await?;
             // A connection that holds the tenant and settings already spares the server SETs.
             let wanted = Wanted {
                 tenant: self.shared.config.proxy.set_tenant_guc.then_some(route.tenant.as_ref()),
                 settings: Some(self.settings.version),
             };
-            self.enter_transaction(&route).await?;
             let replica = match route.target {
                 NodeTarget::Replica { fallback } => match self.checkout_replica(&route, wanted).await? {
                     Some(conn) => Some(conn),
@@ -288,8 +288,10 @@ impl Session {
 
     /// The client is about to start a transaction on `route`: listed as waiting for a
     /// server, and held while an admin PAUSE covers its shard or tenant (at most
-    /// `pause_hold_ms`).
-    pub(super) async fn enter_transaction(&mut self, route: &Route) -> Result<(), FrontendError> {
+    /// `pause_hold_ms`). A held tenant's route is looked up again once released: the
+    /// pause may have been a move's cutover, and then its transaction runs on the
+    /// tenant's new shard.
+    pub(super) async fn enter_transaction(&mut self, route: &mut Route) -> Result<(), FrontendError> {
         self.listed.enter(route.shard, route.tenant.as_ref().map_or(0, tenant_tag_of));
         if self.shared.pauses.is_clear() {
             return Ok(());
@@ -299,11 +301,23 @@ impl Session {
         let shard = route.shard;
         let on_hold =
             |held| listed.set_state(if held { ConnState::Paused } else { ConnState::Waiting }, Some(shard));
-        self.shared
+        let held = self
+            .shared
             .pauses
             .wait_open(shard, route.tenant.as_ref(), hold, on_hold)
             .await
-            .map_err(FrontendError::Paused)
+            .map_err(FrontendError::Paused)?;
+        if held && let Some(tenant) = &route.tenant {
+            let placement =
+                self.shared.router.placement(tenant).await.map_err(|e| FrontendError::Route(e.into()))?;
+            if placement.shard != route.shard {
+                tracing::info!(%tenant, from = route.shard, to = placement.shard, "held transaction follows its tenant's move");
+                route.shard = placement.shard;
+                self.listed.enter(route.shard, tenant_tag_of(tenant));
+            }
+            route.state = placement.state;
+        }
+        Ok(())
     }
 
     /// A connection to `route`'s shard's primary, and its pool. A primary found gone at

@@ -121,7 +121,8 @@ impl Session {
                 }
                 Err(err) => Err(err),
             };
-            if let Ok(r) = &route
+            let mut route = route;
+            if let Ok(r) = &mut route
                 && lane_candidate
                 && analysis.shape().is_quick()
             {

@@ -1,0 +1,228 @@
+//! Every proxy's part in the moves: a heartbeat row (`proxy_instance`), the tenant
+//! pauses a cutover asks for (held, drained, acknowledged in `move_ack`) and lifted
+//! when told, and taking over moves whose driver stopped heartbeating. It LISTENs on
+//! a connection of its own; after every (re)connect it applies the pauses in force.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_postgres::{AsyncMessage, Client};
+
+use super::{Held, MoveError, MoveService, driver, lock};
+use crate::directory::TenantId;
+use crate::tenancy::{PauseOutcome, PauseScope};
+
+pub const CHANNEL: &str = "pgtenant_move";
+
+/// A move's message to the proxies (sent by the catalog's move functions).
+#[derive(Debug, Deserialize)]
+struct Message {
+    move_id: i64,
+    tenant: i64,
+    epoch: i32,
+    action: String,
+}
+
+pub(super) async fn run(svc: Arc<MoveService>, mut stop: watch::Receiver<bool>, ready: oneshot::Sender<()>) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match session(&svc, &mut stop, &mut ready).await {
+            Ok(()) => break,
+            Err(e) => tracing::warn!(error = %e, "tenant moves: catalog connection lost; reconnecting"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stopped(&mut stop) => break,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    svc.stopping.store(true, Ordering::Release);
+    // Gone at once rather than stale later: another proxy takes over this one's moves.
+    if let Ok(client) = svc.catalog_client().await {
+        let _ =
+            client.execute("DELETE FROM pgtenant.proxy_instance WHERE proxy_id = $1", &[&svc.proxy_id]).await;
+    }
+}
+
+/// One catalog connection's life; `Ok` when the proxy stops.
+async fn session(
+    svc: &Arc<MoveService>,
+    stop: &mut watch::Receiver<bool>,
+    ready: &mut Option<oneshot::Sender<()>>,
+) -> Result<(), MoveError> {
+    let catalog = svc.catalog.pg_config();
+    let (client, mut connection) =
+        catalog.connect(tokio_postgres::NoTls).await.map_err(|e| MoveError::Catalog(e.to_string()))?;
+    let (tx, mut rx) = mpsc::channel(1024);
+    let forward = tokio::spawn(async move {
+        while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if tx.send(n).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    let _abort = AbortOnDrop(forward);
+    let client = Arc::new(client);
+    let catalog_error = |e: tokio_postgres::Error| MoveError::Catalog(e.to_string());
+    client.batch_execute(&format!("LISTEN {CHANNEL}")).await.map_err(catalog_error)?;
+    heartbeat(svc, &client).await?;
+    // Pauses in force now (a proxy starting mid-cutover holds the tenant too).
+    let rows = client
+        .query("SELECT move_id, tenant_id, pause_epoch FROM pgtenant.tenant_move WHERE paused", &[])
+        .await
+        .map_err(catalog_error)?;
+    for row in rows {
+        hold(svc, &client, row.get(0), TenantId::Int(row.get(1)), row.get(2));
+    }
+    if let Some(ready) = ready.take() {
+        let _ = ready.send(());
+    }
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            n = rx.recv() => {
+                let Some(n) = n else { return Err(MoveError::Catalog("the connection ended".into())) };
+                match serde_json::from_str::<Message>(n.payload()) {
+                    Ok(m) if m.action == "pause" => hold(svc, &client, m.move_id, TenantId::Int(m.tenant), m.epoch),
+                    Ok(m) => release(svc, m.move_id, &TenantId::Int(m.tenant)),
+                    Err(e) => tracing::warn!(payload = n.payload(), error = %e, "unreadable move message"),
+                }
+            }
+            _ = tick.tick() => {
+                if client.is_closed() {
+                    return Err(MoveError::Catalog("the connection ended".into()));
+                }
+                heartbeat(svc, &client).await?;
+                take_over(svc, &client).await?;
+                lift_forgotten_pauses(svc);
+            }
+            _ = stopped(stop) => return Ok(()),
+        }
+    }
+}
+
+async fn heartbeat(svc: &MoveService, client: &Client) -> Result<(), MoveError> {
+    client
+        .execute(
+            "INSERT INTO pgtenant.proxy_instance AS p (proxy_id) VALUES ($1)
+             ON CONFLICT (proxy_id) DO UPDATE SET seen_at = now()",
+            &[&svc.proxy_id],
+        )
+        .await
+        .map_err(|e| MoveError::Catalog(e.to_string()))?;
+    Ok(())
+}
+
+/// Holds `tenant` for move `id`'s epoch; acknowledges once its running transactions
+/// here ended. Not within the pause budget: the pause is lifted again, unacknowledged
+/// (the driver then aborts the epoch).
+fn hold(svc: &Arc<MoveService>, client: &Arc<Client>, id: i64, tenant: TenantId, epoch: i32) {
+    {
+        let mut held = lock(&svc.held);
+        if held.get(&id).is_some_and(|h| h.epoch >= epoch) {
+            return;
+        }
+        held.insert(id, Held { tenant: tenant.clone(), epoch, since: Instant::now() });
+    }
+    let scope = PauseScope::Tenant(tenant.clone());
+    svc.hooks.pauses.pause(scope.clone());
+    let (svc, client) = (svc.clone(), client.clone());
+    tokio::spawn(async move {
+        let budget = Duration::from_millis(svc.moves_config().pause_timeout_ms);
+        match svc.hooks.pauses.drain(&scope, &svc.hooks.clients, Some(budget)).await {
+            PauseOutcome::Drained => {
+                let acked = client
+                    .execute(
+                        "INSERT INTO pgtenant.move_ack (move_id, epoch, proxy_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                        &[&id, &epoch, &svc.proxy_id],
+                    )
+                    .await;
+                if let Err(e) = acked {
+                    tracing::warn!(move_id = id, epoch, error = %e, "tenant move pause not acknowledged");
+                }
+            }
+            PauseOutcome::Resumed => {}
+            PauseOutcome::TimedOut { running } => {
+                // The drain lifted the pause; the driver will abort this epoch.
+                tracing::warn!(move_id = id, %tenant, running, "tenant's transactions outlasted the move's pause");
+                lock(&svc.held).remove(&id);
+            }
+        }
+    });
+}
+
+/// Lifts move `id`'s pause of `tenant`: its cached placement is forgotten first, so
+/// the transactions held until now look it up again (the target after a switch).
+fn release(svc: &MoveService, id: i64, tenant: &TenantId) {
+    (svc.hooks.forget_tenant)(tenant);
+    svc.hooks.pauses.resume(&PauseScope::Tenant(tenant.clone()));
+    lock(&svc.held).remove(&id);
+}
+
+/// A pause whose move never said "resume" (its driver died mid-cutover) is lifted
+/// after twice the budget: the tenant's routing is read again from the catalog.
+fn lift_forgotten_pauses(svc: &MoveService) {
+    let limit = Duration::from_millis(svc.moves_config().pause_timeout_ms * 2 + 1000);
+    let forgotten: Vec<(i64, TenantId)> = lock(&svc.held)
+        .iter()
+        .filter(|(_, h)| h.since.elapsed() > limit)
+        .map(|(id, h)| (*id, h.tenant.clone()))
+        .collect();
+    for (id, tenant) in forgotten {
+        tracing::warn!(move_id = id, %tenant, "a move's pause was never lifted by its driver; lifted here");
+        release(svc, id, &tenant);
+    }
+}
+
+/// Drives the moves whose driver stopped heartbeating (or is this proxy, and nothing
+/// here drives them).
+async fn take_over(svc: &Arc<MoveService>, client: &Client) -> Result<(), MoveError> {
+    let stale_ms = svc.moves_config().proxy_stale_ms as f64;
+    let rows = client
+        .query(
+            "UPDATE pgtenant.tenant_move m SET driver = $1, updated_at = now()
+             WHERE m.phase NOT IN ('cleaned', 'rolled_back')
+               AND (m.driver IS NULL OR m.driver = $1 OR NOT EXISTS (
+                    SELECT 1 FROM pgtenant.proxy_instance p
+                    WHERE p.proxy_id = m.driver AND p.seen_at > clock_timestamp() - make_interval(secs => $2 / 1000.0)))
+             RETURNING m.move_id",
+            &[&svc.proxy_id, &stale_ms],
+        )
+        .await
+        .map_err(|e| MoveError::Catalog(e.to_string()))?;
+    for row in rows {
+        let id: i64 = row.get(0);
+        if lock(&svc.driving).contains(&id) {
+            continue;
+        }
+        tracing::info!(move_id = id, proxy = %svc.proxy_id, "driving a tenant move whose driver is gone");
+        tokio::spawn(driver::drive(svc.clone(), id));
+    }
+    Ok(())
+}
+
+/// Completes once the proxy stops (never, when nobody can stop it any more).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
