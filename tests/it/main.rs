@@ -14,6 +14,7 @@ mod failures;
 mod fair_share;
 mod lifecycle;
 mod memory_limits;
+mod moves;
 mod pipelining;
 mod placement;
 mod pooling;

@@ -195,7 +195,7 @@ async fn take_over(svc: &Arc<MoveService>, client: &Client) -> Result<(), MoveEr
              WHERE m.phase NOT IN ('cleaned', 'rolled_back')
                AND (m.driver IS NULL OR m.driver = $1 OR NOT EXISTS (
                     SELECT 1 FROM pgtenant.proxy_instance p
-                    WHERE p.proxy_id = m.driver AND p.seen_at > clock_timestamp() - make_interval(secs => $2 / 1000.0)))
+                    WHERE p.proxy_id = m.driver AND p.seen_at > clock_timestamp() - make_interval(secs => $2::float8 / 1000.0)))
              RETURNING m.move_id",
             &[&svc.proxy_id, &stale_ms],
         )

@@ -282,7 +282,7 @@ pub async fn missing_acks(
     let rows = client
         .query(
             "SELECT p.proxy_id FROM pgtenant.proxy_instance p
-             WHERE p.seen_at > clock_timestamp() - make_interval(secs => $3 / 1000.0)
+             WHERE p.seen_at > clock_timestamp() - make_interval(secs => $3::float8 / 1000.0)
                AND NOT EXISTS (SELECT 1 FROM pgtenant.move_ack a
                                WHERE a.move_id = $1 AND a.epoch = $2 AND a.proxy_id = p.proxy_id)
              ORDER BY 1",

@@ -1,0 +1,247 @@
+//! Online tenant moves (issue 27, its second half): a tenant's rows go to another shard
+//! through row-filtered logical replication while its clients write through two
+//! proxies on one catalog; the cutover pauses it briefly at both, flips its routing
+//! once, and its held transactions run on the target. Preflight refusals, rollbacks
+//! before and after the switch, and a cutover that a running transaction outlasts.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::harness::{Catalog, Proxy, connect, new_catalog, shard_admin, sqlstate, start_catalog_proxy};
+
+/// Creates database `db` on both shared shards with the tables tenants keep there
+/// (`orders`, `events`: the tenant column in their primary keys) and `pgtenant_shard`.
+async fn tenant_database(db: &str) {
+    for shard in 1..=2usize {
+        let admin = shard_admin(shard, "postgres").await;
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await.unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {db} OWNER app")).await.unwrap();
+        let c = shard_admin(shard, db).await;
+        c.batch_execute(&format!(
+            "CREATE TABLE orders (tenant_id bigint NOT NULL, id bigint NOT NULL, note text, amount int NOT NULL DEFAULT 0,
+                                  PRIMARY KEY (tenant_id, id));
+             CREATE TABLE events (tenant_id bigint NOT NULL, id bigint NOT NULL, payload text, PRIMARY KEY (tenant_id, id));
+             CREATE TABLE pgtenant_shard (shard_id int PRIMARY KEY);
+             INSERT INTO pgtenant_shard VALUES ({shard});
+             ALTER TABLE orders OWNER TO app; ALTER TABLE events OWNER TO app; ALTER TABLE pgtenant_shard OWNER TO app;"
+        ))
+        .await
+        .unwrap();
+    }
+}
+
+/// Gives `tenant` `n` orders and `n` events on `shard`.
+async fn seed(db: &str, shard: usize, tenant: i64, n: i64) {
+    shard_admin(shard, db)
+        .await
+        .execute(
+            "WITH o AS (INSERT INTO orders (tenant_id, id, note) SELECT $1, g, 'seed' FROM generate_series(1, $2::bigint) g)
+             INSERT INTO events (tenant_id, id, payload) SELECT $1, g, 'seed' FROM generate_series(1, $2::bigint) g",
+            &[&tenant, &n],
+        )
+        .await
+        .unwrap();
+}
+
+async fn start_proxy(catalog: &Catalog, db: &str, tweak: impl FnOnce(&mut pgtenant::config::Config)) -> Proxy {
+    let db = db.to_string();
+    start_catalog_proxy(catalog.config.clone(), move |c| {
+        c.moves.database = Some(db);
+        tweak(c);
+    })
+    .await
+}
+
+fn tenant_conninfo(proxy: &Proxy, db: &str, tenant: i64) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=app password=app dbname={db} sslmode=disable options='-c pgtenant.tenant_id={tenant}'",
+        proxy.addr.port()
+    )
+}
+
+/// What a writer saw: the ids of its acknowledged orders, the longest time between two
+/// answered transactions, its errors, and the shard that answered its last read.
+#[derive(Debug, Default)]
+struct Writes {
+    acked: Vec<i64>,
+    longest_gap: Duration,
+    errors: Vec<String>,
+    last_shard: i32,
+}
+
+/// Writes orders (and events, in one transaction every other time) for `tenant`
+/// through `conninfo` until `stop`, ids from `first`.
+async fn writer(conninfo: String, tenant: i64, first: i64, stop: Arc<AtomicBool>) -> Writes {
+    let mut client = connect(&conninfo).await.unwrap();
+    let mut w = Writes::default();
+    let mut last = Instant::now();
+    let mut id = first;
+    while !stop.load(Ordering::Relaxed) {
+        id += 1;
+        let result = if id % 2 == 0 {
+            client
+                .execute("INSERT INTO orders (tenant_id, id, note) VALUES ($1, $2, 'live')", &[&tenant, &id])
+                .await
+                .map(|_| ())
+        } else {
+            async {
+                let tx = client.transaction().await?;
+                tx.execute("INSERT INTO orders (tenant_id, id, note) VALUES ($1, $2, 'live')", &[&tenant, &id]).await?;
+                tx.execute("INSERT INTO events (tenant_id, id, payload) VALUES ($1, $2, 'live')", &[&tenant, &id]).await?;
+                tx.execute("UPDATE orders SET amount = amount + 1 WHERE tenant_id = $1 AND id = 1", &[&tenant]).await?;
+                tx.commit().await
+            }
+            .await
+        };
+        match result {
+            Ok(()) => w.acked.push(id),
+            Err(e) => w.errors.push(format!("{e:?}")),
+        }
+        match client.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await {
+            Ok(row) => w.last_shard = row.get(0),
+            Err(e) => w.errors.push(format!("{e:?}")),
+        }
+        w.longest_gap = w.longest_gap.max(last.elapsed());
+        last = Instant::now();
+    }
+    w
+}
+
+async fn ids_on(db: &str, shard: usize, tenant: i64) -> BTreeSet<i64> {
+    let c = shard_admin(shard, db).await;
+    let rows = c.query("SELECT id FROM orders WHERE tenant_id = $1", &[&tenant]).await.unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// A move's row in SHOW MOVES: (phase, error).
+async fn move_state(console: &tokio_postgres::Client, id: i64) -> (String, Option<String>) {
+    let rows = console.query("SHOW MOVES", &[]).await.unwrap();
+    let row = rows.iter().find(|r| r.get::<_, i64>("move_id") == id).expect("the move is listed");
+    (row.get("phase"), row.get("error"))
+}
+
+/// Waits until move `id` is in `phase` (panics with its state otherwise).
+async fn wait_phase(console: &tokio_postgres::Client, id: i64, phase: &str, within: Duration) -> tokio_postgres::Row {
+    let started = Instant::now();
+    loop {
+        let rows = console.query("SHOW MOVES", &[]).await.unwrap();
+        let row = rows.into_iter().find(|r| r.get::<_, i64>("move_id") == id).expect("the move is listed");
+        if row.get::<_, String>("phase") == phase {
+            return row;
+        }
+        assert!(
+            started.elapsed() < within,
+            "move {id} is {} (error {:?}), not {phase}",
+            row.get::<_, String>("phase"),
+            row.get::<_, Option<String>>("error")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn shard_answering(proxy: &Proxy, db: &str, tenant: i64) -> i32 {
+    let c = connect(&tenant_conninfo(proxy, db, tenant)).await.unwrap();
+    c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0)
+}
+
+async fn replication_left(db: &str, id: i64) -> (i64, i64, i64) {
+    let name = format!("pgtenant_move_{id}");
+    let count = |shard: usize, sql: &'static str| {
+        let name = name.clone();
+        async move { shard_admin(shard, db).await.query_one(sql, &[&name]).await.unwrap().get::<_, i64>(0) }
+    };
+    (
+        count(1, "SELECT count(*) FROM pg_publication WHERE pubname = $1").await,
+        count(1, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1").await,
+        count(2, "SELECT count(*) FROM pg_subscription WHERE subname = $1").await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledged_write_is_on_the_target() {
+    let db = "moves_main";
+    tenant_database(db).await;
+    seed(db, 1, 77, 2000).await;
+    seed(db, 1, 78, 100).await;
+    seed(db, 2, 1078, 100).await;
+    let catalog = new_catalog(db).await;
+    let a = start_proxy(&catalog, db, |_| {}).await;
+    let b = start_proxy(&catalog, db, |_| {}).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut movers = Vec::new();
+    for (i, proxy) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let conninfo = tenant_conninfo(proxy, db, 77);
+        movers.push(tokio::spawn(writer(conninfo, 77, (i as i64 + 1) * 1_000_000, stop.clone())));
+    }
+    let mut others = Vec::new();
+    for (tenant, proxy) in [(78, &a), (1078, &b)] {
+        let conninfo = tenant_conninfo(proxy, db, tenant);
+        others.push(tokio::spawn(writer(conninfo, tenant, 1_000_000, stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let console = connect(&a.admin_conninfo()).await.unwrap();
+    let row = console.query_one("MOVE TENANT 77 TO SHARD 2", &[]).await.unwrap();
+    let id: i64 = row.get("move_id");
+    assert_eq!((row.get::<_, i64>("source"), row.get::<_, i64>("target")), (1, 2));
+    let switched = wait_phase(&console, id, "switched", Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = BTreeSet::new();
+    let mut tenant_gap = Duration::ZERO;
+    for m in movers {
+        let w = m.await.unwrap();
+        assert!(w.errors.is_empty(), "tenant 77's writers saw no error: {:?}", w.errors);
+        assert_eq!(w.last_shard, 2, "after the switch, both proxies send tenant 77 to shard 2");
+        tenant_gap = tenant_gap.max(w.longest_gap);
+        acked.extend(w.acked);
+    }
+    for o in others {
+        let w = o.await.unwrap();
+        assert!(w.errors.is_empty(), "other tenants saw no error: {:?}", w.errors);
+        assert!(!w.acked.is_empty());
+        assert!(w.longest_gap < Duration::from_secs(2), "other tenants kept going: {:?}", w.longest_gap);
+    }
+    let pause_ms: i64 = switched.get("pause_ms");
+    eprintln!("move {id}: pause {pause_ms} ms, tenant 77's longest gap {tenant_gap:?}, {} writes acknowledged", acked.len());
+    assert!(pause_ms < 2000, "the cutover's pause stays in its budget: {pause_ms} ms");
+    assert!(tenant_gap < Duration::from_secs(4), "tenant 77's longest gap: {tenant_gap:?}");
+    assert!(switched.get::<_, i64>("rows_copied") >= 4000, "{switched:?}");
+
+    // Every acknowledged write is on the target, and nothing else is.
+    let on_target = ids_on(db, 2, 77).await;
+    let expected: BTreeSet<i64> = (1..=2000).chain(acked.iter().copied()).collect();
+    assert_eq!(on_target, expected, "shard 2 holds exactly the seeded and acknowledged orders");
+    assert!(acked.len() > 20, "the writers wrote through the move: {}", acked.len());
+    let events_on_target: i64 = shard_admin(2, db)
+        .await
+        .query_one("SELECT count(*) FROM events WHERE tenant_id = 77", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(events_on_target, 2000 + acked.iter().filter(|id| *id % 2 == 1).count() as i64);
+    // Other tenants stayed where they were.
+    assert!(ids_on(db, 1, 78).await.len() > 100);
+    assert!(ids_on(db, 2, 1078).await.len() > 100);
+    assert_eq!(shard_answering(&b, db, 77).await, 2);
+    let mapped: i16 = catalog
+        .admin
+        .query_one("SELECT shard_id FROM pgtenant.tenant_shard_map WHERE tenant_id = 77", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mapped, 2);
+    assert_eq!(replication_left(db, id).await, (0, 0, 0), "replication is dropped at the switch");
+
+    // The source keeps its copy until CLEANUP MOVE.
+    assert_eq!(ids_on(db, 1, 77).await.len() >= 2000, true);
+    console.query_one(&format!("CLEANUP MOVE {id}"), &[]).await.unwrap();
+    wait_phase(&console, id, "cleaned", Duration::from_secs(30)).await;
+    assert!(ids_on(db, 1, 77).await.is_empty(), "the source's rows of tenant 77 are deleted");
+    assert!(ids_on(db, 1, 78).await.len() > 100, "tenant 78's rows on the source stay");
+    assert_eq!(ids_on(db, 2, 77).await, expected);
+    a.shutdown().await;
+    b.shutdown().await;
+}
