@@ -45,7 +45,11 @@ async fn seed(db: &str, shard: usize, tenant: i64, n: i64) {
         .unwrap();
 }
 
-async fn start_proxy(catalog: &Catalog, db: &str, tweak: impl FnOnce(&mut pgtenant::config::Config)) -> Proxy {
+async fn start_proxy(
+    catalog: &Catalog,
+    db: &str,
+    tweak: impl FnOnce(&mut pgtenant::config::Config),
+) -> Proxy {
     let db = db.to_string();
     start_catalog_proxy(catalog.config.clone(), move |c| {
         c.moves.database = Some(db);
@@ -88,9 +92,21 @@ async fn writer(conninfo: String, tenant: i64, first: i64, stop: Arc<AtomicBool>
         } else {
             async {
                 let tx = client.transaction().await?;
-                tx.execute("INSERT INTO orders (tenant_id, id, note) VALUES ($1, $2, 'live')", &[&tenant, &id]).await?;
-                tx.execute("INSERT INTO events (tenant_id, id, payload) VALUES ($1, $2, 'live')", &[&tenant, &id]).await?;
-                tx.execute("UPDATE orders SET amount = amount + 1 WHERE tenant_id = $1 AND id = 1", &[&tenant]).await?;
+                tx.execute(
+                    "INSERT INTO orders (tenant_id, id, note) VALUES ($1, $2, 'live')",
+                    &[&tenant, &id],
+                )
+                .await?;
+                tx.execute(
+                    "INSERT INTO events (tenant_id, id, payload) VALUES ($1, $2, 'live')",
+                    &[&tenant, &id],
+                )
+                .await?;
+                tx.execute(
+                    "UPDATE orders SET amount = amount + 1 WHERE tenant_id = $1 AND id = 1",
+                    &[&tenant],
+                )
+                .await?;
                 tx.commit().await
             }
             .await
@@ -123,7 +139,12 @@ async fn move_state(console: &tokio_postgres::Client, id: i64) -> (String, Optio
 }
 
 /// Waits until move `id` is in `phase` (panics with its state otherwise).
-async fn wait_phase(console: &tokio_postgres::Client, id: i64, phase: &str, within: Duration) -> tokio_postgres::Row {
+async fn wait_phase(
+    console: &tokio_postgres::Client,
+    id: i64,
+    phase: &str,
+    within: Duration,
+) -> tokio_postgres::Row {
     let started = Instant::now();
     loop {
         let rows = console.query("SHOW MOVES", &[]).await.unwrap();
@@ -205,7 +226,10 @@ async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledg
         assert!(w.longest_gap < Duration::from_secs(2), "other tenants kept going: {:?}", w.longest_gap);
     }
     let pause_ms: i64 = switched.get("pause_ms");
-    eprintln!("move {id}: pause {pause_ms} ms, tenant 77's longest gap {tenant_gap:?}, {} writes acknowledged", acked.len());
+    eprintln!(
+        "move {id}: pause {pause_ms} ms, tenant 77's longest gap {tenant_gap:?}, {} writes acknowledged",
+        acked.len()
+    );
     assert!(pause_ms < 2000, "the cutover's pause stays in its budget: {pause_ms} ms");
     assert!(tenant_gap < Duration::from_secs(4), "tenant 77's longest gap: {tenant_gap:?}");
     assert!(switched.get::<_, i64>("rows_copied") >= 4000, "{switched:?}");

@@ -267,16 +267,15 @@ pub async fn copy_state(
     Ok(CopyState { ready: total > 0 && pending == 0, errors, rows })
 }
 
-/// Writes marker `token` of move `id` on the source.
+/// Writes marker `token` of move `id` on the source. Its commit is flushed at once
+/// (`synchronous_commit` may be off there): a WAL sender sends only flushed WAL, and
+/// the cutover waits for this marker with the tenant paused.
 pub async fn put_marker(source: &Client, source_id: u16, id: i64, token: i64) -> Result<(), MoveError> {
-    source
-        .execute(
-            "INSERT INTO pgtenant.move_marker (move_id, token) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-            &[&id, &token],
-        )
-        .await
-        .map_err(MoveError::shard(source_id))?;
-    Ok(())
+    let sql = format!(
+        "BEGIN; SET LOCAL synchronous_commit = local;
+         INSERT INTO pgtenant.move_marker (move_id, token) VALUES ({id}, {token}) ON CONFLICT DO NOTHING; COMMIT"
+    );
+    source.batch_execute(&sql).await.map_err(MoveError::shard(source_id))
 }
 
 /// Whether the target has applied marker `token` of move `id`.
