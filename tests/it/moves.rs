@@ -131,13 +131,6 @@ async fn ids_on(db: &str, shard: usize, tenant: i64) -> BTreeSet<i64> {
     rows.iter().map(|r| r.get(0)).collect()
 }
 
-/// A move's row in SHOW MOVES: (phase, error).
-async fn move_state(console: &tokio_postgres::Client, id: i64) -> (String, Option<String>) {
-    let rows = console.query("SHOW MOVES", &[]).await.unwrap();
-    let row = rows.iter().find(|r| r.get::<_, i64>("move_id") == id).expect("the move is listed");
-    (row.get("phase"), row.get("error"))
-}
-
 /// Waits until move `id` is in `phase` (panics with its state otherwise).
 async fn wait_phase(
     console: &tokio_postgres::Client,
@@ -268,4 +261,166 @@ async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledg
     assert_eq!(ids_on(db, 2, 77).await, expected);
     a.shutdown().await;
     b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn preflight_refuses_a_replica_identity_without_the_tenant_column_and_a_missing_table() {
+    let db = "moves_preflight";
+    tenant_database(db).await;
+    for shard in 1..=2 {
+        shard_admin(shard, db)
+            .await
+            .batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, tenant_id bigint NOT NULL, name text)")
+            .await
+            .unwrap();
+    }
+    seed(db, 1, 77, 10).await;
+    let catalog = new_catalog(db).await;
+    let proxy = start_proxy(&catalog, db, |_| {}).await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+
+    let err = console.simple_query("MOVE TENANT 77 TO SHARD 2").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    let message = err.as_db_error().unwrap().message().to_string();
+    assert!(
+        message.contains("public.items")
+            && message.contains("REPLICA IDENTITY FULL")
+            && message.contains("shard 1"),
+        "names the table, the shard and the fix: {message}"
+    );
+    // Nothing is left behind, and the refusal is on record.
+    let moves = console.query("SHOW MOVES", &[]).await.unwrap();
+    assert_eq!(moves.len(), 1);
+    assert_eq!(moves[0].get::<_, String>("phase"), "rolled_back");
+    assert!(moves[0].get::<_, Option<String>>("error").unwrap().contains("replica identity"));
+    assert_eq!(replication_left(db, moves[0].get("move_id")).await, (0, 0, 0));
+    // UPDATE and DELETE of the table still work on the source for every tenant.
+    shard_admin(1, db).await.batch_execute("UPDATE items SET name = 'x'; DELETE FROM items").await.unwrap();
+
+    // The fix on the source only: the target's identity is checked too.
+    shard_admin(1, db).await.batch_execute("ALTER TABLE items REPLICA IDENTITY FULL").await.unwrap();
+    let err = console.simple_query("MOVE TENANT 77 TO SHARD 2").await.unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("shard 2"), "{err:?}");
+    // Both fixed, but a table missing on the target.
+    shard_admin(2, db).await.batch_execute("DROP TABLE items").await.unwrap();
+    let err = console.simple_query("MOVE TENANT 77 TO SHARD 2").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000");
+    let message = err.as_db_error().unwrap().message().to_string();
+    assert!(message.contains("public.items is missing on shard 2"), "{message}");
+    // Other refusals: not placed there, the same shard, a shard that does not exist.
+    let err = console.simple_query("MOVE TENANT 77 TO SHARD 1").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err:?}");
+    let err = console.simple_query("MOVE TENANT 77 TO SHARD 9").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42704", "{err:?}");
+    // Fixed: the move goes through, rows and routing follow.
+    shard_admin(2, db)
+        .await
+        .batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, tenant_id bigint NOT NULL, name text); ALTER TABLE items REPLICA IDENTITY FULL")
+        .await
+        .unwrap();
+    let id: i64 = console.query_one("MOVE TENANT 77 TO SHARD 2", &[]).await.unwrap().get("move_id");
+    wait_phase(&console, id, "switched", Duration::from_secs(60)).await;
+    assert_eq!(ids_on(db, 2, 77).await.len(), 10);
+    assert_eq!(shard_answering(&proxy, db, 77).await, 2);
+    let err = console.simple_query("MOVE TENANT 77 TO SHARD 1").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55006", "one open move per tenant: {err:?}");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rollbacks_mid_copy_mid_cutover_and_after_the_switch_lose_nothing() {
+    let db = "moves_rollback";
+    tenant_database(db).await;
+    // Enough rows that the copy is still running when the rollback comes.
+    seed(db, 1, 77, 300_000).await;
+    let catalog = new_catalog(db).await;
+    let proxy = start_proxy(&catalog, db, |c| {
+        c.moves.pause_timeout_ms = 300;
+        c.moves.cutover_attempts = 2;
+    })
+    .await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+
+    // Mid-copy.
+    let id: i64 = console.query_one("MOVE TENANT 77 TO SHARD 2", &[]).await.unwrap().get("move_id");
+    let row = console.query_one(&format!("CANCEL MOVE {id}"), &[]).await.unwrap();
+    assert_eq!(row.get::<_, String>("requested"), "rollback");
+    let done = wait_phase(&console, id, "rolled_back", Duration::from_secs(60)).await;
+    assert!(done.get::<_, Option<String>>("switched_at").is_none());
+    assert!(ids_on(db, 2, 77).await.is_empty(), "the target's copy is gone");
+    assert_eq!(ids_on(db, 1, 77).await.len(), 300_000);
+    assert_eq!(replication_left(db, id).await, (0, 0, 0));
+    assert_eq!(shard_answering(&proxy, db, 77).await, 1);
+    shard_admin(1, db)
+        .await
+        .execute("DELETE FROM orders WHERE tenant_id = 77 AND id > 100", &[])
+        .await
+        .unwrap();
+    shard_admin(1, db)
+        .await
+        .execute("DELETE FROM events WHERE tenant_id = 77 AND id > 100", &[])
+        .await
+        .unwrap();
+
+    // Mid-cutover: a transaction of tenant 77 stays open past the pause budget, so no
+    // attempt gets every proxy's acknowledgement; the tenant resumes on the source
+    // each time and the move rolls back once its attempts are spent. (It only reads at
+    // first: a transaction that wrote would hold up the subscription's slot instead,
+    // which waits for the writers running on the source when it is made.)
+    let tenant = connect(&tenant_conninfo(&proxy, db, 77)).await.unwrap();
+    tenant.batch_execute("BEGIN; SELECT count(*) FROM orders").await.unwrap();
+    let id: i64 = console.query_one("MOVE TENANT 77 TO SHARD 2", &[]).await.unwrap().get("move_id");
+    let done = wait_phase(&console, id, "rolled_back", Duration::from_secs(60)).await;
+    let error: String = done.get::<_, Option<String>>("error").unwrap();
+    assert!(error.contains("2 cutover attempts") && error.contains("did not hold tenant 77"), "{error}");
+    assert_eq!(done.get::<_, i64>("attempts"), 2);
+    tenant
+        .batch_execute(
+            "INSERT INTO orders (tenant_id, id, note) VALUES (77, 500, 'open'), (77, 501, 'open'); COMMIT",
+        )
+        .await
+        .unwrap();
+    let on_source = ids_on(db, 1, 77).await;
+    assert!(
+        on_source.contains(&500) && on_source.contains(&501),
+        "the open transaction committed on the source"
+    );
+    assert!(ids_on(db, 2, 77).await.is_empty());
+    assert_eq!(shard_answering(&proxy, db, 77).await, 1);
+
+    // After the switch: writes made on the target come back with the rollback.
+    let id: i64 = console.query_one("MOVE TENANT 77 TO SHARD 2", &[]).await.unwrap().get("move_id");
+    wait_phase(&console, id, "switched", Duration::from_secs(60)).await;
+    tenant
+        .execute("INSERT INTO orders (tenant_id, id, note) VALUES (77, 600, 'on the target')", &[])
+        .await
+        .unwrap();
+    tenant
+        .execute("UPDATE orders SET note = 'changed on the target' WHERE tenant_id = 77 AND id = 1", &[])
+        .await
+        .unwrap();
+    assert!(ids_on(db, 2, 77).await.contains(&600));
+    console.query_one(&format!("ROLLBACK MOVE {id}"), &[]).await.unwrap();
+    wait_phase(&console, id, "rolled_back", Duration::from_secs(60)).await;
+    let on_source = ids_on(db, 1, 77).await;
+    assert!(on_source.contains(&600), "a write made after the switch is on the source again");
+    assert_eq!(on_source.len(), 100 + 3, "{on_source:?}");
+    let note: String = shard_admin(1, db)
+        .await
+        .query_one("SELECT note FROM orders WHERE tenant_id = 77 AND id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(note, "changed on the target");
+    assert!(ids_on(db, 2, 77).await.is_empty(), "the target's rows are removed");
+    assert_eq!(shard_answering(&proxy, db, 77).await, 1);
+    let mapped = catalog
+        .admin
+        .query_opt("SELECT 1 FROM pgtenant.tenant_shard_map WHERE tenant_id = 77", &[])
+        .await
+        .unwrap();
+    assert!(mapped.is_none(), "routing as before: by range, no map row");
+    let err = console.simple_query(&format!("CLEANUP MOVE {id}")).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000");
+    proxy.shutdown().await;
 }

@@ -141,8 +141,12 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
                 .await?;
             match lag {
                 Some(lag) if lag <= Duration::from_millis(svc.moves_config().catch_up_ms) => {
-                    cutover(svc, l, &mv).await?;
-                    Ok(Next::Now)
+                    if cutover(svc, l, &mv).await? {
+                        return Ok(Next::Now);
+                    }
+                    // An aborted attempt paused the tenant for the whole budget: as
+                    // long again unpaused before the next one.
+                    Ok(Next::After(Duration::from_millis(svc.moves_config().pause_timeout_ms)))
                 }
                 _ => Ok(Next::After(POLL)),
             }
@@ -185,7 +189,26 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
     }
 }
 
-/// Preflight, then the publication and subscription; the move is then copying.
+/// The preflight (see `shard::preflight`); the tables to move are recorded.
+pub(super) async fn check(
+    svc: &MoveService,
+    catalog_client: &Client,
+    mv: &MoveRow,
+    source: &Client,
+    target: &Client,
+) -> Result<Vec<String>, MoveError> {
+    // A driver resuming a move whose subscription exists has copied rows already.
+    let resumed = shard::is_subscribed(target, mv.target, mv.id).await?;
+    let column = svc.tenant_column();
+    let checked =
+        shard::preflight(source, target, (mv.source, mv.target), column, mv.tenant, resumed).await?;
+    catalog::set_tables(catalog_client, mv, &checked.tables).await?;
+    Ok(checked.tables)
+}
+
+/// Preflight, then the publication and subscription; the move is then copying. The
+/// subscription's slot waits for the transactions writing on the source to end (as any
+/// logical slot does), so this takes as long as the longest of them.
 pub(super) async fn set_up(
     svc: &MoveService,
     catalog_client: &Client,
@@ -193,26 +216,13 @@ pub(super) async fn set_up(
 ) -> Result<(), MoveError> {
     let source = svc.shard_client(mv.source, &mv.dbname).await?;
     let target = svc.shard_client(mv.target, &mv.dbname).await?;
-    let column = svc.tenant_column();
-    // A driver resuming a move whose subscription exists has copied rows already.
-    let resumed = shard::is_subscribed(&target, mv.target, mv.id).await?;
-    let checked =
-        shard::preflight(&source, &target, (mv.source, mv.target), column, mv.tenant, resumed).await?;
-    catalog::set_tables(catalog_client, mv, &checked.tables).await?;
+    let tables = check(svc, catalog_client, mv, &source, &target).await?;
     let conninfo = svc.source_conninfo(mv.source, &mv.dbname)?;
-    shard::start_replication(
-        &source,
-        &target,
-        (mv.source, mv.target),
-        mv.id,
-        &checked.tables,
-        column,
-        mv.tenant,
-        &conninfo,
-    )
-    .await?;
+    let shards = (mv.source, mv.target);
+    let column = svc.tenant_column();
+    shard::start_replication(&source, &target, shards, mv.id, &tables, column, mv.tenant, &conninfo).await?;
     catalog::advance(catalog_client, mv, &svc.proxy_id, Phase::Planned, Phase::Copying, "").await?;
-    tracing::info!(move_id = mv.id, tables = ?checked.tables, "tenant move copying");
+    tracing::info!(move_id = mv.id, ?tables, "tenant move copying");
     Ok(())
 }
 
@@ -270,12 +280,13 @@ async fn wait_for_acks(
 
 /// One cutover attempt: pause the tenant at every proxy, wait for the target to apply
 /// the source's last change, flip the routing; or abort and resume on the source.
-async fn cutover(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<(), MoveError> {
+/// Whether it switched.
+async fn cutover(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<bool, MoveError> {
     let me = svc.proxy_id.as_str();
     let epoch = mv.epoch + 1;
     let budget = Duration::from_millis(svc.moves_config().pause_timeout_ms);
     if !catalog::begin_pause(&mut l.catalog, mv, me, epoch, Phase::CatchingUp, Phase::Cutover).await? {
-        return Ok(());
+        return Ok(false);
     }
     let started = Instant::now();
     let deadline = started + budget;
@@ -314,6 +325,7 @@ async fn cutover(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<(), M
             {
                 tracing::warn!(move_id = mv.id, error = %e, "replication not dropped yet (again at cleanup)");
             }
+            Ok(true)
         }
         Err(reason) => {
             tracing::warn!(move_id = mv.id, tenant = mv.tenant, %reason, pause_ms, "tenant move cutover aborted");
@@ -323,9 +335,9 @@ async fn cutover(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<(), M
                 let fresh = catalog::load(&l.catalog, mv.id).await?;
                 fail(l, &fresh, me, reason).await?;
             }
+            Ok(false)
         }
     }
-    Ok(())
 }
 
 /// The move cannot go on: record why and roll it back.

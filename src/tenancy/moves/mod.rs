@@ -166,9 +166,10 @@ impl MoveService {
         Ok(conninfo)
     }
 
-    /// `MOVE TENANT tenant TO SHARD target [DATABASE dbname]`: plans the move, checks it
-    /// on both shards and starts the copy; a refusal leaves nothing behind (the move is
-    /// recorded rolled back, with the reason). The driver goes on in the background.
+    /// `MOVE TENANT tenant TO SHARD target [DATABASE dbname]`: plans the move and checks
+    /// it on both shards; a refusal leaves nothing behind (the move is recorded rolled
+    /// back, with the reason). The driver then starts the copy in the background (its
+    /// slot may wait for long transactions on the source).
     pub async fn start_move(
         self: &Arc<Self>,
         tenant: i64,
@@ -182,7 +183,12 @@ impl MoveService {
         let id = catalog::plan(&client, tenant, target, &dbname, &self.proxy_id).await?;
         let mv = catalog::load(&client, id).await?;
         tracing::info!(move_id = id, tenant, source = mv.source, target, "tenant move planned");
-        if let Err(e) = driver::set_up(self, &client, &mv).await {
+        let checked = async {
+            let source = self.shard_client(mv.source, &dbname).await?;
+            let target = self.shard_client(mv.target, &dbname).await?;
+            driver::check(self, &client, &mv, &source, &target).await
+        };
+        if let Err(e) = checked.await {
             tracing::warn!(move_id = id, tenant, error = %e, "tenant move refused");
             let _ = driver::undo_copy(self, &mv).await;
             let _ = catalog::rolled_back(&client, &mv, &self.proxy_id, Some(&e.to_string())).await;

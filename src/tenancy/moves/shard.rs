@@ -334,7 +334,12 @@ pub async fn stop_replication(
         .await
         .map_err(&on_source)?;
     for (client, on) in [(source, &on_source), (target, &on_target)] {
-        client.execute("DELETE FROM pgtenant.move_marker WHERE move_id = $1", &[&id]).await.map_err(on)?;
+        // The marker table is made with the replication: a move stopped before has none.
+        let sql = format!(
+            "DO $$ BEGIN IF to_regclass('pgtenant.move_marker') IS NOT NULL THEN
+                 DELETE FROM pgtenant.move_marker WHERE move_id = {id}; END IF; END $$"
+        );
+        client.batch_execute(&sql).await.map_err(on)?;
     }
     Ok(())
 }
