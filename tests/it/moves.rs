@@ -424,3 +424,84 @@ async fn rollbacks_mid_copy_mid_cutover_and_after_the_switch_lose_nothing() {
     assert_eq!(sqlstate(&err), "55000");
     proxy.shutdown().await;
 }
+
+/// A `pgtenant serve` process over `catalog`, killed (SIGKILL) when dropped.
+struct Killable(std::process::Child);
+
+impl Drop for Killable {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve_on_catalog(catalog: &Catalog, db: &str, port: u16) -> Killable {
+    let s = crate::harness::shards();
+    let listen = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut config =
+        pgtenant::dev::demo::demo_catalog_config(listen, catalog.config.clone(), Some(&s.tls_dir));
+    config.moves.database = Some(db.into());
+    config.moves.proxy_stale_ms = 1000;
+    let file = crate::harness::clusters::base_dir().join(format!("{db}-{port}.toml"));
+    std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_pgtenant"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("pgtenant serve");
+    Killable(child)
+}
+
+async fn console_on(port: u16) -> tokio_postgres::Client {
+    let conninfo =
+        format!("host=127.0.0.1 port={port} user=admin password=admin dbname=pgtenant sslmode=disable");
+    let started = Instant::now();
+    loop {
+        match connect(&conninfo).await {
+            Ok(c) => return c,
+            Err(e) => assert!(started.elapsed() < Duration::from_secs(30), "the proxy does not serve: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_killed_while_it_drives_a_move_resumes_it_once_restarted() {
+    let db = "moves_killed";
+    tenant_database(db).await;
+    seed(db, 1, 77, 200_000).await;
+    let catalog = new_catalog(db).await;
+    let port = crate::harness::clusters::free_port();
+    let proxy = serve_on_catalog(&catalog, db, port);
+    let console = console_on(port).await;
+    let id: i64 = console.query_one("MOVE TENANT 77 TO SHARD 2", &[]).await.unwrap().get("move_id");
+    drop(console);
+    drop(proxy); // SIGKILL while the copy runs
+    let phase: String = catalog
+        .admin
+        .query_one("SELECT phase FROM pgtenant.tenant_move WHERE move_id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(["planned", "copying"].contains(&phase.as_str()), "killed mid-move: {phase}");
+
+    let _restarted = serve_on_catalog(&catalog, db, port);
+    let console = console_on(port).await;
+    let row = wait_phase(&console, id, "switched", Duration::from_secs(90)).await;
+    let driver: String = row.get("driver");
+    assert!(driver.contains(&format!(":{port} ")), "the restarted proxy drives it: {driver}");
+    assert_eq!(ids_on(db, 2, 77).await.len(), 200_000, "every row copied once");
+    assert_eq!(replication_left(db, id).await, (0, 0, 0));
+    let c = connect(&format!(
+        "host=127.0.0.1 port={port} user=app password=app dbname={db} sslmode=disable options='-c pgtenant.tenant_id=77'"
+    ))
+    .await
+    .unwrap();
+    let shard: i32 = c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0);
+    assert_eq!(shard, 2);
+    let proxies: i64 =
+        catalog.admin.query_one("SELECT count(*) FROM pgtenant.proxy_instance", &[]).await.unwrap().get(0);
+    assert_eq!(proxies, 2, "the killed proxy's row stays (stale), the new one heartbeats");
+}
