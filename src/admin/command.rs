@@ -199,7 +199,7 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         | ("move", ["tenant", id, "to", "shard", n, "database", _]) => {
             let tenant = id.parse().map_err(|_| CommandError::BadTenant(id.to_string()))?;
             let shard = n.parse().map_err(|_| bad())?;
-            let database = (rest.len() == 6).then(|| unquote(words[6]));
+            let database = words.get(7).map(|w| unquote(w));
             return Ok(Command::Move { tenant, shard, database });
         }
         ("cleanup", ["move", id]) => return move_request(id, MoveStep::Cleanup),

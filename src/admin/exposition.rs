@@ -133,6 +133,23 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
     for (raiser, class, n) in crate::observe::errors::snapshot() {
         counter!("pgtenant_errors_total", "raised_by" => raiser.name(), "class" => class).absolute(n);
     }
+    for m in view.moves.map(|moves| moves.driven()).unwrap_or_default() {
+        let labels = [
+            ("move_id", m.id.to_string()),
+            ("tenant", m.tenant.to_string()),
+            ("source", m.source.to_string()),
+            ("target", m.target.to_string()),
+        ];
+        gauge!("pgtenant_move_phase", &labels).set(f64::from(m.phase.code()));
+        gauge!("pgtenant_move_rows_copied", &labels).set(m.rows_copied as f64);
+        gauge!("pgtenant_move_cutover_attempts", &labels).set(f64::from(m.attempts));
+        if let Some(ms) = m.lag_ms {
+            gauge!("pgtenant_move_lag_seconds", &labels).set(ms as f64 / 1000.0);
+        }
+        if let Some(ms) = m.pause_ms {
+            gauge!("pgtenant_move_pause_seconds", &labels).set(ms as f64 / 1000.0);
+        }
+    }
     let scatter = crate::observe::scatter::snapshot();
     counter!("pgtenant_scatter_queries_total").absolute(scatter.queries);
     counter!("pgtenant_scatter_failed_total").absolute(scatter.failed);

@@ -130,7 +130,9 @@ impl Cluster {
 
     /// Runs initdb unless the directory already holds a cluster, and writes the
     /// settings pgtenant's local clusters use (loopback only, SCRAM for everyone but
-    /// the local `postgres` superuser; logical WAL, which tenant moves replicate).
+    /// the local `postgres` superuser; logical WAL, which tenant moves replicate, and
+    /// room for several moves at once: each takes a slot and a WAL sender on its
+    /// source, an apply worker and table-sync workers on its target).
     pub fn init(&self) -> Result<(), String> {
         if self.is_initialized() {
             return Ok(());
@@ -147,7 +149,7 @@ impl Cluster {
             .output();
         Self::check("initdb", out)?;
         let conf = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nmax_connections = 300\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\npassword_encryption = 'scram-sha-256'\nlogging_collector = off\nwal_level = logical\n",
+            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\nmax_connections = 300\nfsync = off\nsynchronous_commit = off\nfull_page_writes = off\npassword_encryption = 'scram-sha-256'\nlogging_collector = off\nwal_level = logical\nmax_worker_processes = 32\nmax_logical_replication_workers = 16\nmax_replication_slots = 32\nmax_wal_senders = 32\n",
             self.port,
             self.data_dir.display()
         );

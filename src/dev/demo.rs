@@ -186,6 +186,12 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
              name text NOT NULL,
              balance numeric NOT NULL DEFAULT 0);
          CREATE INDEX IF NOT EXISTS accounts_tenant ON accounts (tenant_id);
+         -- Movable tenants: each shard numbers accounts from a range of its own, so a
+         -- tenant's rows keep their keys on any shard, and the tenant column is in the
+         -- replica identity (see MOVE TENANT).
+         SELECT setval('accounts_id_seq', {shard_id}::bigint * 1000000000000)
+         WHERE (SELECT last_value FROM accounts_id_seq) < {shard_id}::bigint * 1000000000000;
+         ALTER TABLE accounts REPLICA IDENTITY FULL;
          ALTER TABLE pgtenant_shard OWNER TO {DEMO_USER};
          ALTER TABLE accounts OWNER TO {DEMO_USER};
          GRANT ALL ON SCHEMA public TO {DEMO_USER};"

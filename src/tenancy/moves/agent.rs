@@ -57,7 +57,7 @@ async fn session(
 ) -> Result<(), MoveError> {
     let catalog = svc.catalog.pg_config();
     let (client, mut connection) =
-        catalog.connect(tokio_postgres::NoTls).await.map_err(|e| MoveError::Catalog(e.to_string()))?;
+        catalog.connect(tokio_postgres::NoTls).await.map_err(|e| MoveError::from_catalog(&e))?;
     let (tx, mut rx) = mpsc::channel(1024);
     let forward = tokio::spawn(async move {
         while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
@@ -74,7 +74,7 @@ async fn session(
     });
     let _abort = AbortOnDrop(forward);
     let client = Arc::new(client);
-    let catalog_error = |e: tokio_postgres::Error| MoveError::Catalog(e.to_string());
+    let catalog_error = |e: tokio_postgres::Error| MoveError::from_catalog(&e);
     client.batch_execute(&format!("LISTEN {CHANNEL}")).await.map_err(catalog_error)?;
     heartbeat(svc, &client).await?;
     // Pauses in force now (a proxy starting mid-cutover holds the tenant too).
@@ -105,7 +105,7 @@ async fn session(
                 }
                 heartbeat(svc, &client).await?;
                 take_over(svc, &client).await?;
-                lift_forgotten_pauses(svc);
+                reconcile_pauses(svc, &client).await?;
             }
             _ = stopped(stop) => return Ok(()),
         }
@@ -120,7 +120,7 @@ async fn heartbeat(svc: &MoveService, client: &Client) -> Result<(), MoveError> 
             &[&svc.proxy_id],
         )
         .await
-        .map_err(|e| MoveError::Catalog(e.to_string()))?;
+        .map_err(|e| MoveError::from_catalog(&e))?;
     Ok(())
 }
 
@@ -170,19 +170,42 @@ fn release(svc: &MoveService, id: i64, tenant: &TenantId) {
     lock(&svc.held).remove(&id);
 }
 
-/// A pause whose move never said "resume" (its driver died mid-cutover) is lifted
-/// after twice the budget: the tenant's routing is read again from the catalog.
-fn lift_forgotten_pauses(svc: &MoveService) {
-    let limit = Duration::from_millis(svc.moves_config().pause_timeout_ms * 2 + 1000);
-    let forgotten: Vec<(i64, TenantId)> = lock(&svc.held)
-        .iter()
-        .filter(|(_, h)| h.since.elapsed() > limit)
-        .map(|(id, h)| (*id, h.tenant.clone()))
-        .collect();
-    for (id, tenant) in forgotten {
-        tracing::warn!(move_id = id, %tenant, "a move's pause was never lifted by its driver; lifted here");
-        release(svc, id, &tenant);
+/// Lifts the pauses this proxy holds that the catalog no longer asks for: a "resume"
+/// missed while the connection was down, or a driver that died mid-pause (its move is
+/// taken over and that epoch aborted; lifted here after twice the budget, the tenant's
+/// routing read again). A pause its live driver still holds stays, however long (a
+/// switched move's rollback copies the rows back under it).
+async fn reconcile_pauses(svc: &MoveService, client: &Client) -> Result<(), MoveError> {
+    let held: Vec<(i64, i32, Duration)> =
+        lock(&svc.held).iter().map(|(id, h)| (*id, h.epoch, h.since.elapsed())).collect();
+    if held.is_empty() {
+        return Ok(());
     }
+    let ids: Vec<i64> = held.iter().map(|h| h.0).collect();
+    let stale_ms = svc.moves_config().proxy_stale_ms as f64;
+    let rows = client
+        .query(
+            "SELECT m.move_id, m.paused, m.pause_epoch,
+                    EXISTS (SELECT 1 FROM pgtenant.proxy_instance p WHERE p.proxy_id = m.driver
+                            AND p.seen_at > clock_timestamp() - make_interval(secs => $2::float8 / 1000.0))
+             FROM pgtenant.tenant_move m WHERE m.move_id = ANY ($1)",
+            &[&ids, &stale_ms],
+        )
+        .await
+        .map_err(|e| MoveError::from_catalog(&e))?;
+    let limit = Duration::from_millis(svc.moves_config().pause_timeout_ms * 2 + 1000);
+    for (id, epoch, age) in held {
+        let row = rows.iter().find(|r| r.get::<_, i64>(0) == id);
+        let wanted = row.is_some_and(|r| {
+            let (paused, current, driver_alive): (bool, i32, bool) = (r.get(1), r.get(2), r.get(3));
+            paused && current == epoch && (driver_alive || age < limit)
+        });
+        if !wanted && let Some(tenant) = lock(&svc.held).get(&id).map(|h| h.tenant.clone()) {
+            tracing::warn!(move_id = id, %tenant, "a move's pause the catalog no longer asks for; lifted");
+            release(svc, id, &tenant);
+        }
+    }
+    Ok(())
 }
 
 /// Drives the moves whose driver stopped heartbeating (or is this proxy, and nothing
@@ -200,7 +223,7 @@ async fn take_over(svc: &Arc<MoveService>, client: &Client) -> Result<(), MoveEr
             &[&svc.proxy_id, &stale_ms],
         )
         .await
-        .map_err(|e| MoveError::Catalog(e.to_string()))?;
+        .map_err(|e| MoveError::from_catalog(&e))?;
     for row in rows {
         let id: i64 = row.get(0);
         if lock(&svc.driving).contains(&id) {

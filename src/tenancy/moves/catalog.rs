@@ -44,6 +44,11 @@ impl Phase {
         .find(|p| p.as_str() == text)
     }
 
+    /// The phase as a number, in the order above (the `pgtenant_move_phase` metric).
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
     pub fn has_ended(self) -> bool {
         matches!(self, Phase::Cleaned | Phase::RolledBack)
     }

@@ -77,7 +77,6 @@ pub(super) async fn drive(svc: Arc<MoveService>, id: i64) {
         }
     }
     lock(&svc.driving).remove(&id);
-    lock(&svc.seen).remove(&id);
 }
 
 async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Result<Next, MoveError> {
@@ -88,10 +87,10 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
     }
     let Some(l) = links.as_mut() else { return Ok(Next::After(POLL)) };
     let mv = catalog::load(&l.catalog, id).await?;
+    lock(&svc.seen).insert(id, mv.clone());
     if mv.driver.as_deref() != Some(svc.proxy_id.as_str()) || mv.phase.has_ended() {
         return Ok(Next::Done);
     }
-    lock(&svc.seen).insert(id, mv.clone());
     let me = svc.proxy_id.as_str();
     if mv.requested == Request::Rollback {
         rollback(svc, l, &mv).await?;
@@ -350,7 +349,7 @@ async fn fail(l: &Links, mv: &MoveRow, driver: &str, reason: String) -> Result<N
             &[&mv.id, &driver, &reason],
         )
         .await
-        .map_err(|e| MoveError::Catalog(e.to_string()))?;
+        .map_err(|e| MoveError::from_catalog(&e))?;
     Ok(Next::Now)
 }
 
@@ -445,6 +444,6 @@ async fn not_rolled_back(l: &Links, mv: &MoveRow) -> Result<(), MoveError> {
     l.catalog
         .execute("UPDATE pgtenant.tenant_move SET requested = 'none' WHERE move_id = $1", &[&mv.id])
         .await
-        .map_err(|e| MoveError::Catalog(e.to_string()))?;
+        .map_err(|e| MoveError::from_catalog(&e))?;
     Ok(())
 }

@@ -56,7 +56,8 @@ pub struct MoveService {
     /// The moves this proxy drives.
     driving: Mutex<HashSet<i64>>,
     held: Mutex<HashMap<i64, Held>>,
-    /// The last row each driven move had, for the metrics.
+    /// The last row each move driven here had, for the metrics (ended ones too: their
+    /// final phase; a handful per process).
     seen: Mutex<HashMap<i64, MoveRow>>,
     stopping: AtomicBool,
 }
@@ -108,7 +109,7 @@ impl MoveService {
                 .map_err(|_| {
                     MoveError::Catalog(format!("no connection within {:?}", self.catalog.connect_timeout()))
                 })?
-                .map_err(|e| MoveError::Catalog(e.to_string()))?;
+                .map_err(|e| MoveError::from_catalog(&e))?;
         tokio::spawn(conn);
         Ok(client)
     }
@@ -208,7 +209,7 @@ impl MoveService {
         catalog::request(&self.catalog_client().await?, id, request).await
     }
 
-    /// The moves this proxy drives, as last seen (for `/metrics`).
+    /// The moves this proxy drives or drove, as last seen (for `/metrics`).
     pub fn driven(&self) -> Vec<MoveRow> {
         let mut rows: Vec<MoveRow> = lock(&self.seen).values().cloned().collect();
         rows.sort_by_key(|m| m.id);
