@@ -438,6 +438,9 @@ CREATE TABLE IF NOT EXISTS tenant_move (
     copied_at     timestamptz,
     switched_at   timestamptz,
     ended_at      timestamptz,
+    -- Names its publication, subscription and slot (pgtenant_move_<id>_<token>): slot
+    -- names are cluster-wide, and another catalog may number its moves alike.
+    token         text        NOT NULL DEFAULT substr(md5(random()::text || clock_timestamp()::text), 1, 10),
     CHECK (source_shard <> target_shard)
 );
 -- At most one move of a tenant that has not ended.

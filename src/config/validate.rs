@@ -28,6 +28,15 @@ pub fn validate(config: &Config) -> Vec<String> {
     } else if config.shards.is_empty() {
         problems.push("no shards are configured".to_string());
     }
+    let moves = &config.moves;
+    if moves.pause_timeout_ms < 50 || moves.cutover_attempts == 0 {
+        problems
+            .push("[moves] pause_timeout_ms must be at least 50 and cutover_attempts at least 1".to_string());
+    }
+    // Proxies heartbeat every 500 ms: a shorter bound would find live ones gone.
+    if moves.proxy_stale_ms < 1000 {
+        problems.push("[moves] proxy_stale_ms must be at least 1000".to_string());
+    }
     for limit in &config.tenant_limits {
         if !(1..=10_000).contains(&limit.weight) {
             problems.push(format!(

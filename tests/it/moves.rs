@@ -160,8 +160,15 @@ async fn shard_answering(proxy: &Proxy, db: &str, tenant: i64) -> i32 {
     c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.unwrap().get(0)
 }
 
-async fn replication_left(db: &str, id: i64) -> (i64, i64, i64) {
-    let name = format!("pgtenant_move_{id}");
+/// Move `id`'s publication, slot and subscription still on the shards (counts).
+async fn replication_left(catalog: &Catalog, db: &str, id: i64) -> (i64, i64, i64) {
+    let token: String = catalog
+        .admin
+        .query_one("SELECT token FROM pgtenant.tenant_move WHERE move_id = $1", &[&id])
+        .await
+        .unwrap()
+        .get(0);
+    let name = format!("pgtenant_move_{id}_{token}");
     let count = |shard: usize, sql: &'static str| {
         let name = name.clone();
         async move { shard_admin(shard, db).await.query_one(sql, &[&name]).await.unwrap().get::<_, i64>(0) }
@@ -250,10 +257,10 @@ async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledg
         .unwrap()
         .get(0);
     assert_eq!(mapped, 2);
-    assert_eq!(replication_left(db, id).await, (0, 0, 0), "replication is dropped at the switch");
+    assert_eq!(replication_left(&catalog, db, id).await, (0, 0, 0), "replication is dropped at the switch");
 
     // The source keeps its copy until CLEANUP MOVE.
-    assert_eq!(ids_on(db, 1, 77).await.len() >= 2000, true);
+    assert!(ids_on(db, 1, 77).await.len() >= 2000, "the source keeps its copy until the cleanup");
     console.query_one(&format!("CLEANUP MOVE {id}"), &[]).await.unwrap();
     wait_phase(&console, id, "cleaned", Duration::from_secs(30)).await;
     assert!(ids_on(db, 1, 77).await.is_empty(), "the source's rows of tenant 77 are deleted");
@@ -293,7 +300,7 @@ async fn preflight_refuses_a_replica_identity_without_the_tenant_column_and_a_mi
     assert_eq!(moves.len(), 1);
     assert_eq!(moves[0].get::<_, String>("phase"), "rolled_back");
     assert!(moves[0].get::<_, Option<String>>("error").unwrap().contains("replica identity"));
-    assert_eq!(replication_left(db, moves[0].get("move_id")).await, (0, 0, 0));
+    assert_eq!(replication_left(&catalog, db, moves[0].get("move_id")).await, (0, 0, 0));
     // UPDATE and DELETE of the table still work on the source for every tenant.
     shard_admin(1, db).await.batch_execute("UPDATE items SET name = 'x'; DELETE FROM items").await.unwrap();
 
@@ -349,7 +356,7 @@ async fn rollbacks_mid_copy_mid_cutover_and_after_the_switch_lose_nothing() {
     assert!(done.get::<_, Option<String>>("switched_at").is_none());
     assert!(ids_on(db, 2, 77).await.is_empty(), "the target's copy is gone");
     assert_eq!(ids_on(db, 1, 77).await.len(), 300_000);
-    assert_eq!(replication_left(db, id).await, (0, 0, 0));
+    assert_eq!(replication_left(&catalog, db, id).await, (0, 0, 0));
     assert_eq!(shard_answering(&proxy, db, 77).await, 1);
     shard_admin(1, db)
         .await
@@ -493,7 +500,7 @@ async fn a_proxy_killed_while_it_drives_a_move_resumes_it_once_restarted() {
     let driver: String = row.get("driver");
     assert!(driver.contains(&format!(":{port} ")), "the restarted proxy drives it: {driver}");
     assert_eq!(ids_on(db, 2, 77).await.len(), 200_000, "every row copied once");
-    assert_eq!(replication_left(db, id).await, (0, 0, 0));
+    assert_eq!(replication_left(&catalog, db, id).await, (0, 0, 0));
     let c = connect(&format!(
         "host=127.0.0.1 port={port} user=app password=app dbname={db} sslmode=disable options='-c pgtenant.tenant_id=77'"
     ))

@@ -99,11 +99,21 @@ pub struct MoveRow {
     pub created_at: String,
     pub switched_at: Option<String>,
     pub ended_at: Option<String>,
+    /// Makes the names of its replication objects unique on the shards' clusters
+    /// (slot names are cluster-wide; another catalog may number its moves alike).
+    pub token: String,
+}
+
+impl MoveRow {
+    /// The publication's, subscription's and slot's name.
+    pub fn replication_name(&self) -> String {
+        format!("pgtenant_move_{}_{}", self.id, self.token)
+    }
 }
 
 const COLUMNS: &str = "move_id, tenant_id, source_shard, target_shard, dbname, phase, requested, driver, \
      pause_epoch, paused, tables, rows_copied, lag_ms, pause_ms, attempts, error, created_at::text, \
-     switched_at::text, ended_at::text";
+     switched_at::text, ended_at::text, token";
 
 fn row_of(row: &tokio_postgres::Row) -> Result<MoveRow, MoveError> {
     let phase: String = row.get(5);
@@ -133,6 +143,7 @@ fn row_of(row: &tokio_postgres::Row) -> Result<MoveRow, MoveError> {
         created_at: row.get(16),
         switched_at: row.get(17),
         ended_at: row.get(18),
+        token: row.get(19),
     })
 }
 

@@ -103,7 +103,15 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
         }
         Phase::Copying => {
             let column = svc.tenant_column();
-            let state = shard::copy_state(&l.target, mv.target, id, &mv.tables, column, mv.tenant).await?;
+            let state = shard::copy_state(
+                &l.target,
+                mv.target,
+                &mv.replication_name(),
+                &mv.tables,
+                column,
+                mv.tenant,
+            )
+            .await?;
             if state.errors > 0 {
                 return fail(
                     l,
@@ -128,7 +136,15 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
         Phase::CatchingUp => {
             let lag = measure_lag(svc, l, &mv).await?;
             let column = svc.tenant_column();
-            let state = shard::copy_state(&l.target, mv.target, id, &mv.tables, column, mv.tenant).await?;
+            let state = shard::copy_state(
+                &l.target,
+                mv.target,
+                &mv.replication_name(),
+                &mv.tables,
+                column,
+                mv.tenant,
+            )
+            .await?;
             if state.errors > 0 {
                 let reason = format!(
                     "shard {} failed to apply the tenant's changes ({} errors; see its server log)",
@@ -161,7 +177,13 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
             Request::Cleanup => {
                 let column = svc.tenant_column();
                 // Replication is dropped at the switch; again here in case that failed.
-                shard::stop_replication(&l.source, &l.target, (mv.source, mv.target), id).await?;
+                shard::stop_replication(
+                    &l.source,
+                    &l.target,
+                    (mv.source, mv.target),
+                    (id, &mv.replication_name()),
+                )
+                .await?;
                 let deleted =
                     shard::delete_tenant_rows(&mut l.source, mv.source, &mv.tables, column, mv.tenant)
                         .await?;
@@ -197,7 +219,7 @@ pub(super) async fn check(
     target: &Client,
 ) -> Result<Vec<String>, MoveError> {
     // A driver resuming a move whose subscription exists has copied rows already.
-    let resumed = shard::is_subscribed(target, mv.target, mv.id).await?;
+    let resumed = shard::is_subscribed(target, mv.target, &mv.replication_name()).await?;
     let column = svc.tenant_column();
     let checked =
         shard::preflight(source, target, (mv.source, mv.target), column, mv.tenant, resumed).await?;
@@ -219,7 +241,9 @@ pub(super) async fn set_up(
     let conninfo = svc.source_conninfo(mv.source, &mv.dbname)?;
     let shards = (mv.source, mv.target);
     let column = svc.tenant_column();
-    shard::start_replication(&source, &target, shards, mv.id, &tables, column, mv.tenant, &conninfo).await?;
+    let rows = shard::TenantRows { tables: &tables, column, tenant: mv.tenant };
+    let name = mv.replication_name();
+    shard::start_replication(&source, &target, shards, (mv.id, &name), rows, &conninfo).await?;
     catalog::advance(catalog_client, mv, &svc.proxy_id, Phase::Planned, Phase::Copying, "").await?;
     tracing::info!(move_id = mv.id, ?tables, "tenant move copying");
     Ok(())
@@ -320,7 +344,13 @@ async fn cutover(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<bool,
                 pause_ms,
                 "tenant move switched"
             );
-            if let Err(e) = shard::stop_replication(&l.source, &l.target, (mv.source, mv.target), mv.id).await
+            if let Err(e) = shard::stop_replication(
+                &l.source,
+                &l.target,
+                (mv.source, mv.target),
+                (mv.id, &mv.replication_name()),
+            )
+            .await
             {
                 tracing::warn!(move_id = mv.id, error = %e, "replication not dropped yet (again at cleanup)");
             }
@@ -358,7 +388,8 @@ async fn fail(l: &Links, mv: &MoveRow, driver: &str, reason: String) -> Result<N
 pub(super) async fn undo_copy(svc: &MoveService, mv: &MoveRow) -> Result<(), MoveError> {
     let source = svc.shard_client(mv.source, &mv.dbname).await?;
     let mut target = svc.shard_client(mv.target, &mv.dbname).await?;
-    shard::stop_replication(&source, &target, (mv.source, mv.target), mv.id).await?;
+    shard::stop_replication(&source, &target, (mv.source, mv.target), (mv.id, &mv.replication_name()))
+        .await?;
     shard::delete_tenant_rows(&mut target, mv.target, &mv.tables, svc.tenant_column(), mv.tenant).await?;
     Ok(())
 }

@@ -177,6 +177,11 @@ impl MoveService {
         target: u16,
         dbname: Option<String>,
     ) -> Result<MoveRow, MoveError> {
+        if self.config.proxy.tenant_key != crate::config::TenantKey::Bigint {
+            return Err(MoveError::Refused(
+                "moves need bigint tenant keys (tenant_shard_map); this proxy's are text".into(),
+            ));
+        }
         let dbname = dbname
             .or_else(|| self.moves_config().database.clone())
             .ok_or(MoveError::NoDatabase { tenant, shard: target })?;

@@ -15,11 +15,6 @@ const MARKER_SQL: &str = "CREATE SCHEMA IF NOT EXISTS pgtenant;
          move_id bigint NOT NULL, token bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(),
          PRIMARY KEY (move_id, token))";
 
-/// A replication object's name for move `id` (publication, subscription, slot).
-pub fn object_name(id: i64) -> String {
-    format!("pgtenant_move_{id}")
-}
-
 /// `name` as an SQL identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -174,6 +169,14 @@ async fn check_replica_identity(
     )))
 }
 
+/// One tenant's rows: where they are (quoted table names) and how to find them.
+#[derive(Clone, Copy)]
+pub struct TenantRows<'a> {
+    pub tables: &'a [String],
+    pub column: &'a str,
+    pub tenant: i64,
+}
+
 /// Creates the publication on the source and the subscription on the target (which
 /// copies the tenant's rows, then applies every later change); whatever exists from an
 /// earlier try is kept.
@@ -181,13 +184,11 @@ pub async fn start_replication(
     source: &Client,
     target: &Client,
     (source_id, target_id): (u16, u16),
-    id: i64,
-    tables: &[String],
-    column: &str,
-    tenant: i64,
+    (id, name): (i64, &str),
+    rows: TenantRows<'_>,
     source_conninfo: &str,
 ) -> Result<(), MoveError> {
-    let name = object_name(id);
+    let TenantRows { tables, column, tenant } = rows;
     let on_source = MoveError::shard(source_id);
     let on_target = MoveError::shard(target_id);
     source.batch_execute(MARKER_SQL).await.map_err(&on_source)?;
@@ -204,15 +205,15 @@ pub async fn start_replication(
         // Never TRUNCATE: row filters do not apply to it.
         let sql = format!(
             "CREATE PUBLICATION {} FOR {} WITH (publish = 'insert, update, delete')",
-            quote_ident(&name),
+            quote_ident(name),
             list.join(", ")
         );
         source.batch_execute(&sql).await.map_err(&on_source)?;
     }
-    if !is_subscribed(target, target_id, id).await? {
+    if !is_subscribed(target, target_id, name).await? {
         let sql = format!(
             "CREATE SUBSCRIPTION {n} CONNECTION {c} PUBLICATION {n} WITH (copy_data = true)",
-            n = quote_ident(&name),
+            n = quote_ident(name),
             c = quote_literal(source_conninfo)
         );
         target.batch_execute(&sql).await.map_err(&on_target)?;
@@ -221,9 +222,9 @@ pub async fn start_replication(
 }
 
 /// Whether move `id`'s subscription exists on the target.
-pub async fn is_subscribed(target: &Client, target_id: u16, id: i64) -> Result<bool, MoveError> {
+pub async fn is_subscribed(target: &Client, target_id: u16, name: &str) -> Result<bool, MoveError> {
     let row = target
-        .query_opt("SELECT 1 FROM pg_subscription WHERE subname = $1", &[&object_name(id)])
+        .query_opt("SELECT 1 FROM pg_subscription WHERE subname = $1", &[&name])
         .await
         .map_err(MoveError::shard(target_id))?;
     Ok(row.is_some())
@@ -241,13 +242,12 @@ pub struct CopyState {
 pub async fn copy_state(
     target: &Client,
     target_id: u16,
-    id: i64,
+    name: &str,
     tables: &[String],
     column: &str,
     tenant: i64,
 ) -> Result<CopyState, MoveError> {
     let on_target = MoveError::shard(target_id);
-    let name = object_name(id);
     let row = target
         .query_one(
             "SELECT count(*) FILTER (WHERE sr.srsubstate NOT IN ('r', 's')), count(*),
@@ -293,13 +293,12 @@ pub async fn stop_replication(
     source: &Client,
     target: &Client,
     (source_id, target_id): (u16, u16),
-    id: i64,
+    (id, name): (i64, &str),
 ) -> Result<(), MoveError> {
-    let name = object_name(id);
     let on_target = MoveError::shard(target_id);
     let on_source = MoveError::shard(source_id);
-    if is_subscribed(target, target_id, id).await? {
-        let quoted = quote_ident(&name);
+    if is_subscribed(target, target_id, name).await? {
+        let quoted = quote_ident(name);
         if target.batch_execute(&format!("DROP SUBSCRIPTION {quoted}")).await.is_err() {
             // The source cannot be reached to drop the slot: detach it, drop it below.
             target
@@ -330,7 +329,7 @@ pub async fn stop_replication(
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     source
-        .batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", quote_ident(&name)))
+        .batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", quote_ident(name)))
         .await
         .map_err(&on_source)?;
     for (client, on) in [(source, &on_source), (target, &on_target)] {
