@@ -7,6 +7,8 @@
 //! - `cli`, `dev`: the command line and the local development setup.
 //! - `server`: wires the layers together and owns shutdown.
 //! - `frontend`: listener, TLS, startup, client auth, the per-client `Session` loop.
+//! - `admin`: the admin console, scatter-gather, `/metrics` and readiness.
+//! - `tenancy`: pauses, placement of new tenants, online tenant moves.
 //! - `router`: the tenant of a request and the route it takes.
 //! - `directory`: tenant -> shard resolution.
 //! - `snowflake`: IDs minted by the proxy, and the instance number's lease.
@@ -14,7 +16,8 @@
 //! - `net`: socket streams and buffered duplex I/O shared by frontend and backend.
 //! - `protocol`: I/O-free framing and the few message views and builders needed.
 //! - `config`: configuration types and validation.
-//! - `observe`: logging.
+//! - `observe`: counters, connection registries, the HTTP port, logging.
+//! - `fuzzing`: the fuzz targets' entry points (`fuzz/`).
 
 pub mod admin;
 pub mod backend;
@@ -23,6 +26,8 @@ pub mod config;
 pub mod dev;
 pub mod directory;
 pub mod frontend;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod net;
 pub mod observe;
 pub mod protocol;

@@ -47,13 +47,14 @@ pub fn row_description_with_formats(body: &[u8], formats: &[i16]) -> Option<Byte
                 bad = true;
                 return;
             };
-            let Some(fixed) = tail.get(..FIELD_TAIL - 2) else {
+            let Some(field) = tail.get(..FIELD_TAIL) else {
                 bad = true;
                 return;
             };
             b.put_slice(name);
             b.put_u8(0);
-            b.put_slice(fixed);
+            // Everything but the format code, which is replaced.
+            b.put_slice(&field[..FIELD_TAIL - 2]);
             let format = match formats {
                 [] => 0,
                 [one] => *one,

@@ -4,7 +4,7 @@
 mod analyze;
 mod effects;
 mod facts;
-mod lexer;
+pub(crate) mod lexer;
 mod quick;
 mod recent;
 mod snowflake_call;
@@ -38,6 +38,11 @@ pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};
 #[cfg(test)]
 pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
     analyze::analyze(sql, "pgtenant.tenant_id", TenantKey::Bigint)
+}
+
+/// A statement's analysis, uncached (the fuzz targets').
+pub(crate) fn analyze_statement(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
+    analyze::analyze(sql, tenant_param, key)
 }
 
 use facts::{FactsCache, SqlFacts, TenantSource};
