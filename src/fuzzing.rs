@@ -12,8 +12,11 @@ use crate::protocol::*;
 /// The largest message a client may send (the shipped `max_client_message_bytes`).
 const MAX_MESSAGE: usize = 1 << 20;
 
+/// A target: arbitrary bytes in, nothing out.
+pub type Target = fn(&[u8]);
+
 /// The targets by name, as `fuzz/fuzz_targets/` and the corpus replay call them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("frames", frames),
     ("startup", startup),
     ("sql", sql),
