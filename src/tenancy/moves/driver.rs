@@ -102,16 +102,7 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
             Ok(Next::Now)
         }
         Phase::Copying => {
-            let column = svc.tenant_column();
-            let state = shard::copy_state(
-                &l.target,
-                mv.target,
-                &mv.replication_name(),
-                &mv.tables,
-                column,
-                mv.tenant,
-            )
-            .await?;
+            let state = copy_state(svc, l, &mv).await?;
             if state.errors > 0 {
                 return fail(
                     l,
@@ -135,16 +126,7 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
         }
         Phase::CatchingUp => {
             let lag = measure_lag(svc, l, &mv).await?;
-            let column = svc.tenant_column();
-            let state = shard::copy_state(
-                &l.target,
-                mv.target,
-                &mv.replication_name(),
-                &mv.tables,
-                column,
-                mv.tenant,
-            )
-            .await?;
+            let state = copy_state(svc, l, &mv).await?;
             if state.errors > 0 {
                 let reason = format!(
                     "shard {} failed to apply the tenant's changes ({} errors; see its server log)",
@@ -225,6 +207,12 @@ pub(super) async fn check(
         shard::preflight(source, target, (mv.source, mv.target), column, mv.tenant, resumed).await?;
     catalog::set_tables(catalog_client, mv, &checked.tables).await?;
     Ok(checked.tables)
+}
+
+/// How the copy stands on the target.
+async fn copy_state(svc: &MoveService, l: &Links, mv: &MoveRow) -> Result<shard::CopyState, MoveError> {
+    let rows = shard::TenantRows { tables: &mv.tables, column: svc.tenant_column(), tenant: mv.tenant };
+    shard::copy_state(&l.target, mv.target, &mv.replication_name(), rows).await
 }
 
 /// Preflight, then the publication and subscription; the move is then copying. The

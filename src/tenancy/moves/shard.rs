@@ -243,10 +243,9 @@ pub async fn copy_state(
     target: &Client,
     target_id: u16,
     name: &str,
-    tables: &[String],
-    column: &str,
-    tenant: i64,
+    rows: TenantRows<'_>,
 ) -> Result<CopyState, MoveError> {
+    let TenantRows { tables, column, tenant } = rows;
     let on_target = MoveError::shard(target_id);
     let row = target
         .query_one(
