@@ -33,13 +33,20 @@ pub(super) async fn run(svc: Arc<MoveService>, mut stop: watch::Receiver<bool>, 
     loop {
         match session(&svc, &mut stop, &mut ready).await {
             Ok(()) => break,
-            Err(e) => tracing::warn!(error = %e, "tenant moves: catalog connection lost; reconnecting"),
+            Err(e) => {
+                tracing::warn!(error = %e, "tenant moves: no catalog connection (or a catalog without the moves' tables: re-run sql/catalog.sql); retrying");
+                // Starting is not held up longer: the proxy serves, as it would with a
+                // catalog that knows no moves.
+                if let Some(ready) = ready.take() {
+                    let _ = ready.send(());
+                }
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = stopped(&mut stop) => break,
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff = (backoff * 2).min(Duration::from_secs(10));
     }
     svc.stopping.store(true, Ordering::Release);
     // Gone at once rather than stale later: another proxy takes over this one's moves.
