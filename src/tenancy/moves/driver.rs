@@ -404,17 +404,7 @@ async fn rollback(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<(), 
     let deadline = started + Duration::from_millis(svc.moves_config().pause_timeout_ms);
     if let Err(reason) = wait_for_acks(svc, l, mv, epoch, deadline).await? {
         let reason = format!("rollback not done: {reason}; the tenant stays on shard {}", mv.target);
-        catalog::abort_pause(
-            &mut l.catalog,
-            mv,
-            me,
-            epoch,
-            Phase::Switched,
-            &reason,
-            started.elapsed().as_millis() as i64,
-        )
-        .await?;
-        return not_rolled_back(l, mv).await;
+        return not_rolled_back(l, mv, me, (epoch, started), &reason).await;
     }
     let column = svc.tenant_column();
     let copied = match shard::copy_back(
@@ -433,17 +423,7 @@ async fn rollback(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<(), 
                 "rollback not done, the copy back failed: {e}; the tenant stays on shard {}",
                 mv.target
             );
-            catalog::abort_pause(
-                &mut l.catalog,
-                mv,
-                me,
-                epoch,
-                Phase::Switched,
-                &reason,
-                started.elapsed().as_millis() as i64,
-            )
-            .await?;
-            return not_rolled_back(l, mv).await;
+            return not_rolled_back(l, mv, me, (epoch, started), &reason).await;
         }
     };
     catalog::unswitch(&l.catalog, mv, me, epoch, started.elapsed().as_millis() as i64).await?;
@@ -457,9 +437,18 @@ async fn rollback(svc: &MoveService, l: &mut Links, mv: &MoveRow) -> Result<(), 
     Ok(())
 }
 
-/// A switched move's rollback did not happen (reason recorded): the request is dropped,
-/// so an operator decides whether to ask again.
-async fn not_rolled_back(l: &Links, mv: &MoveRow) -> Result<(), MoveError> {
+/// A switched move's rollback did not happen: the tenant resumes on the target, the
+/// reason is recorded and the request dropped, so an operator decides whether to ask
+/// again.
+async fn not_rolled_back(
+    l: &mut Links,
+    mv: &MoveRow,
+    driver: &str,
+    (epoch, paused_since): (i32, Instant),
+    reason: &str,
+) -> Result<(), MoveError> {
+    let pause_ms = paused_since.elapsed().as_millis() as i64;
+    catalog::abort_pause(&mut l.catalog, mv, driver, epoch, Phase::Switched, reason, pause_ms).await?;
     l.catalog
         .execute("UPDATE pgtenant.tenant_move SET requested = 'none' WHERE move_id = $1", &[&mv.id])
         .await
