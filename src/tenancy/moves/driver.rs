@@ -34,7 +34,14 @@ struct Links {
     catalog: Client,
     source: Client,
     target: Client,
+    /// When the subscription's error count was first seen above 0, and that count.
+    errors_since: Option<(Instant, i64)>,
 }
+
+/// The window in which the subscription's workers failing again means they will not
+/// succeed: PostgreSQL retries them, and a race of a restarting worker with its slot's
+/// last WAL sender fails once and then succeeds; a duplicate key fails every retry.
+const ERRORS_FOR: Duration = Duration::from_secs(30);
 
 impl Links {
     async fn open(svc: &MoveService, mv: &MoveRow) -> Result<Self, MoveError> {
@@ -42,7 +49,29 @@ impl Links {
             catalog: svc.catalog_client().await?,
             source: svc.shard_client(mv.source, &mv.dbname).await?,
             target: svc.shard_client(mv.target, &mv.dbname).await?,
+            errors_since: None,
         })
+    }
+
+    /// Whether the subscription's workers keep failing: two more errors within
+    /// `ERRORS_FOR` of one seen (PostgreSQL retries a failed worker every 5 s).
+    fn keeps_failing(&mut self, errors: i64) -> bool {
+        if errors == 0 {
+            return false;
+        }
+        match self.errors_since {
+            None => {
+                self.errors_since = Some((Instant::now(), errors));
+                false
+            }
+            // Two more failures within the window: the retries fail too.
+            Some((_, first)) if errors >= first + 2 => true,
+            Some((since, _)) if since.elapsed() > ERRORS_FOR => {
+                self.errors_since = Some((Instant::now(), errors));
+                false
+            }
+            Some(_) => false,
+        }
     }
 
     fn broken(&self) -> bool {
@@ -103,7 +132,7 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
         }
         Phase::Copying => {
             let state = copy_state(svc, l, &mv).await?;
-            if state.errors > 0 {
+            if l.keeps_failing(state.errors) {
                 return fail(
                     l,
                     &mv,
@@ -127,7 +156,7 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
         Phase::CatchingUp => {
             let lag = measure_lag(svc, l, &mv).await?;
             let state = copy_state(svc, l, &mv).await?;
-            if state.errors > 0 {
+            if l.keeps_failing(state.errors) {
                 let reason = format!(
                     "shard {} failed to apply the tenant's changes ({} errors; see its server log)",
                     mv.target, state.errors
