@@ -215,17 +215,17 @@ async fn reconcile_pauses(svc: &MoveService, client: &Client) -> Result<(), Move
     Ok(())
 }
 
-/// Drives the moves whose driver stopped heartbeating (or is this proxy, and nothing
-/// here drives them).
+/// Drives the moves whose driver stopped heartbeating. Its own moves' rows are left
+/// alone (their drivers run here; rewriting them every tick was needless catalog writes).
 async fn take_over(svc: &Arc<MoveService>, client: &Client) -> Result<(), MoveError> {
     let stale_ms = svc.moves_config().proxy_stale_ms as f64;
     let rows = client
         .query(
             "UPDATE pgtenant.tenant_move m SET driver = $1, updated_at = now()
              WHERE m.phase NOT IN ('cleaned', 'rolled_back')
-               AND (m.driver IS NULL OR m.driver = $1 OR NOT EXISTS (
+               AND (m.driver IS NULL OR (m.driver <> $1 AND NOT EXISTS (
                     SELECT 1 FROM pgtenant.proxy_instance p
-                    WHERE p.proxy_id = m.driver AND p.seen_at > clock_timestamp() - make_interval(secs => $2::float8 / 1000.0)))
+                    WHERE p.proxy_id = m.driver AND p.seen_at > clock_timestamp() - make_interval(secs => $2::float8 / 1000.0))))
              RETURNING m.move_id",
             &[&svc.proxy_id, &stale_ms],
         )
