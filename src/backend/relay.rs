@@ -98,8 +98,15 @@ impl ServerConn {
                 self.status = status;
             }
             if fx.desync {
-                tracing::warn!(shard, tag = %(tag as char), "unexpected server message; the connection will be closed");
+                // What the server still owes can no longer be matched to what was asked:
+                // the connection is given up like a lost one, and whatever the client is
+                // owed answered with an error (waiting on would never end).
+                tracing::warn!(shard, tag = %(tag as char), "unexpected server message; the connection is closed");
                 self.broken = true;
+                break RelayStop::Lost(format!(
+                    "unexpected message '{}' from the server",
+                    tag.escape_ascii()
+                ));
             }
             if fx.injected_failed {
                 // Never handed to another client with state it does not expect.

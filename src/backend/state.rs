@@ -210,9 +210,46 @@ impl ResponseQueue {
         true
     }
 
-    /// Whether a ReadyForQuery is owed to the client.
-    pub fn owes_ready(&self) -> bool {
-        self.pending.iter().any(|p| matches!(p, Pending::Client { reply: Reply::Sync | Reply::Query, .. }))
+    /// The server connection died with this queue unanswered: writes to `out` what the
+    /// client is still owed, request by request, as PostgreSQL answers failed
+    /// requests: a simple one (Query, FunctionCall) gets `error` and a ReadyForQuery
+    /// with `status`; an extended one gets `error` once, then a ReadyForQuery for its
+    /// Sync; pgtenant's own replies pass unless an error precedes them in their request
+    /// (then only their ReadyForQuery does). Every request the client pipelined behind
+    /// the one that was running is answered, none is left waiting. Returns whether the
+    /// last request is still open: the client has yet to send its Sync, and what it
+    /// sends until then is skipped.
+    pub fn answer_lost(&self, out: &mut BytesMut, error: &[u8], status: TxStatus) -> bool {
+        let mut failed = false;
+        for p in &self.pending {
+            match p {
+                Pending::Client { reply: Reply::Query, .. } => {
+                    out.extend_from_slice(error);
+                    protocol::ready_for_query(out, status);
+                    failed = false;
+                }
+                Pending::Client { reply: Reply::Sync, .. } => {
+                    protocol::ready_for_query(out, status);
+                    failed = false;
+                }
+                Pending::Client { .. } if !failed => {
+                    out.extend_from_slice(error);
+                    failed = true;
+                }
+                Pending::Synthetic(bytes) if !failed => out.extend_from_slice(bytes),
+                Pending::Synthetic(bytes) => {
+                    let mut replies = BytesMut::from(&bytes[..]);
+                    while let Ok(Some(reply)) = protocol::try_parse_frame(&mut replies, usize::MAX) {
+                        if reply.tag == b'Z' {
+                            protocol::ready_for_query(out, status);
+                            failed = false;
+                        }
+                    }
+                }
+                Pending::Client { .. } | Pending::Injected { .. } | Pending::CopyEnd => {}
+            }
+        }
+        failed
     }
 
     /// Emits pgtenant's own replies that have reached the front.

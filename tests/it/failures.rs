@@ -219,3 +219,70 @@ async fn a_waiting_client_gets_the_place_of_a_server_connection_that_closed() {
     holder.query_one("SELECT 1", &[]).await.expect_err("the holder's transaction is gone");
     proxy.shutdown().await;
 }
+
+/// Reads until `readies` ReadyForQuery messages came; `None` if the proxy hung up or
+/// went quiet for 10 s first.
+async fn answers_up_to(client: &mut RawClient, readies: usize) -> Option<Vec<harness::raw::Msg>> {
+    let mut seen = Vec::new();
+    while seen.iter().filter(|m: &&harness::raw::Msg| m.tag == b'Z').count() < readies {
+        seen.push(client.recv().await?);
+    }
+    Some(seen)
+}
+
+/// Found by the session fuzz target: a server that dies with requests pipelined
+/// behind the running one (a Sync, another query; the server's own FATAL first, as
+/// `pg_terminate_backend` sends it) answered only the first of them, and the client
+/// waited forever for the rest. Every request is answered now (an error for what the
+/// dead server owed), in both protocols and both pool modes, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_request_pipelined_on_a_server_that_dies_is_answered() {
+    use postgres_protocol::message::frontend;
+    for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
+        let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
+        let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+        let mut out = bytes::BytesMut::new();
+        frontend::query("SELECT pg_terminate_backend(pg_backend_pid())", &mut out).unwrap();
+        frontend::sync(&mut out);
+        frontend::query("SELECT 2", &mut out).unwrap();
+        client.send(&out).await;
+        let seen = answers_up_to(&mut client, 3).await;
+        let seen = seen.unwrap_or_else(|| panic!("{mode:?}: the three requests were not all answered"));
+        let codes: Vec<String> = seen.iter().filter_map(|m| m.sqlstate()).collect();
+        assert!(codes.iter().any(|c| c == "08006"), "{mode:?}: {codes:?}");
+        assert_eq!(first_column(&client.query("SELECT 3").await), ["3"], "{mode:?}: the session goes on");
+
+        // The extended protocol: two requests, the first one's server dies.
+        out.clear();
+        for sql in ["SELECT pg_terminate_backend(pg_backend_pid())", "SELECT 4"] {
+            frontend::parse("", sql, std::iter::empty(), &mut out).unwrap();
+            harness::raw::bind_unnamed(&mut out);
+            frontend::execute("", 0, &mut out).unwrap();
+            frontend::sync(&mut out);
+        }
+        client.send(&out).await;
+        let seen = answers_up_to(&mut client, 2).await;
+        assert!(seen.is_some(), "{mode:?}: both extended requests answered");
+        assert_eq!(first_column(&client.query("SELECT 5").await), ["5"], "{mode:?}: the session goes on");
+        proxy.shutdown().await;
+    }
+}
+
+/// Found by the session fuzz target: an extended-protocol request that pgtenant
+/// refuses itself (a tenant SET among other statements) ended the session without a
+/// FATAL error. It fails as a server fails a request now: its error, then
+/// ReadyForQuery at the client's Sync, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_extended_request_keeps_the_session() {
+    use postgres_protocol::message::frontend;
+    let proxy = start_proxy(|_| {}).await;
+    let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let mut out = bytes::BytesMut::new();
+    frontend::parse("", "SET pgtenant.tenant_id = 7", std::iter::empty(), &mut out).unwrap();
+    frontend::parse("", "SELECT 1", std::iter::empty(), &mut out).unwrap();
+    frontend::sync(&mut out);
+    let answer = client.request(&out).await;
+    assert_eq!(harness::raw::sqlstate(&answer).as_deref(), Some("0A000"), "{answer:?}");
+    assert_eq!(answer.last().map(|m| m.tag), Some(b'Z'), "{answer:?}");
+    assert_eq!(first_column(&client.query("SELECT 6").await), ["6"]);
+}

@@ -81,13 +81,15 @@ impl Session {
         if self.server.is_none() && self.answer_without_server()? {
             return Ok(());
         }
+        // A request refused here (a tenant SET among other statements, say) fails as a
+        // server fails one: its error, then nothing until the client's Sync.
         let route = match self.batch_statements() {
-            Ok(statements) => {
-                if self.answer_locally(&statements).await? {
-                    return Ok(());
-                }
-                self.route_batch(&statements).await
-            }
+            Ok(statements) => match self.answer_locally(&statements).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => self.route_batch(&statements).await,
+                Err(err) if err.is_fatal() => return Err(err),
+                Err(err) => Err(err),
+            },
             Err(err) => Err(err),
         };
         let batch = std::mem::take(&mut self.batch);

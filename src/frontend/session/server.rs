@@ -550,27 +550,22 @@ impl Session {
         self.cancel.set_target(None);
         let shard = a.route.shard;
         tracing::warn!(shard, %reason, "lost a server connection");
-        let owes_ready = a.conn.queue.owes_ready();
-        let waiting = !a.conn.queue.is_empty();
-        let in_tx = a.conn.status != TxStatus::Idle;
-        a.conn.discard();
         self.setting_changes.clear();
         self.tx_setting_changes.clear();
         self.request_changes = 0;
-        if in_tx {
+        if a.conn.status != TxStatus::Idle {
             self.tx = ClientTx::Failed;
         }
-        if waiting {
-            let err = FrontendError::ServerLost { shard, reason };
-            let mut b = BytesMut::new();
-            crate::frontend::error_response::write_error(&mut b, &err);
-            if owes_ready {
-                protocol::ready_for_query(&mut b, self.client_status());
-            } else {
-                self.skip_until_sync = true;
-            }
-            self.client.wbuf.extend_from_slice(&b);
+        let mut error = BytesMut::new();
+        crate::frontend::error_response::write_error(
+            &mut error,
+            &FrontendError::ServerLost { shard, reason },
+        );
+        let status = self.client_status();
+        if a.conn.queue.answer_lost(&mut self.client.wbuf, &error, status) {
+            self.skip_until_sync = true;
         }
+        a.conn.discard();
     }
 
     /// The client is gone: roll back what it left open, then give the server back.

@@ -4,7 +4,12 @@
 //! hanging and without allocating beyond what its input and the configured limits
 //! allow. Every reader pgtenant applies to untrusted bytes is reached from one of them.
 
+mod fake_server;
+mod session;
+
 use bytes::BytesMut;
+
+pub use session::session;
 
 use crate::config::{Config, TenantKey};
 use crate::protocol::*;
@@ -23,6 +28,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config),
     ("scatter_plan", scatter_plan),
     ("scram", scram),
+    ("session", session),
 ];
 
 /// A client's byte stream after startup: framed as the session frames it, every
@@ -120,5 +126,54 @@ mod tests {
             }
         }
         assert!(replayed >= super::TARGETS.len(), "every target has inputs");
+    }
+
+    /// One program from `PGTENANT_FUZZ_PROGRAM` (hex), to look into a finding.
+    #[test]
+    fn session_program_from_the_environment() {
+        if let Ok(hex) = std::env::var("PGTENANT_FUZZ_PROGRAM") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .try_init();
+            let program: Vec<u8> =
+                (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+            if let Err(panic) = std::panic::catch_unwind(|| super::session(&program)) {
+                let hex: String = program.iter().map(|b| format!("{b:02x}")).collect();
+                println!("the failing program: PGTENANT_FUZZ_PROGRAM={hex}");
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+
+    /// Programs the corpus does not hold: each run draws others (the seed is printed),
+    /// briefly, as libFuzzer would with no guidance.
+    #[test]
+    fn random_session_programs_end_answered() {
+        if std::env::var("RUST_LOG").is_ok() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .try_init();
+        }
+        let now =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+        let mut seed =
+            std::env::var("PGTENANT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(now | 1);
+        println!("session programs from seed {seed}");
+        for _ in 0..200 {
+            let len = (seed % 300) as usize;
+            let program: Vec<u8> = (0..len)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed as u8
+                })
+                .collect();
+            if let Err(panic) = std::panic::catch_unwind(|| super::session(&program)) {
+                let hex: String = program.iter().map(|b| format!("{b:02x}")).collect();
+                println!("the failing program: PGTENANT_FUZZ_PROGRAM={hex}");
+                std::panic::resume_unwind(panic);
+            }
+        }
     }
 }
