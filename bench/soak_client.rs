@@ -109,7 +109,7 @@ async fn main() {
                 held[i] = open(&conninfo).await.ok();
             }
         }
-        if ticks % 6 == 0 {
+        if ticks.is_multiple_of(6) {
             let connected = held.iter().flatten().filter(|h| !h.client.is_closed()).count();
             let errors: Vec<String> = minute.errors.iter().map(|(k, v)| format!("{v} x {k}")).collect();
             println!(

@@ -116,6 +116,9 @@ pub struct ResponseQueue {
     skipped_prepares: Vec<u64>,
     /// An extended-protocol COPY FROM STDIN is open on the server.
     copy_in: CopyIn,
+    /// The server's last word was CopyInResponse (either protocol), and the client has
+    /// not ended the copy: the server reads nothing but copy data now.
+    copy_data_awaited: bool,
     /// Since when the server has had a request to answer, and since when the
     /// transaction it is in began (for the pool's statistics).
     request_since: Option<Instant>,
@@ -291,11 +294,22 @@ impl ResponseQueue {
         self.copy_in = CopyIn::Open { ignored_syncs, data_sent: false };
     }
 
-    /// The client's copy data, CopyDone or CopyFail went to the server.
-    pub fn note_copy_data(&mut self) {
+    /// The client's copy data, CopyDone or CopyFail went to the server (`ends`: the
+    /// copy ends with it, or with another message that fails it).
+    pub fn note_copy_data(&mut self, ends: bool) {
         if let CopyIn::Open { data_sent, .. } = &mut self.copy_in {
             *data_sent = true;
         }
+        if ends {
+            self.copy_data_awaited = false;
+        }
+    }
+
+    /// Whether the server is in COPY FROM STDIN waiting for the client's data: a client
+    /// message other than copy data then fails the copy on the server (which consumes
+    /// it), and must not wait for the server, which waits for the client.
+    pub fn awaits_copy_data(&self) -> bool {
+        self.copy_data_awaited
     }
 
     /// An extended COPY failed. One that failed before any copy data went out failed as
@@ -338,9 +352,13 @@ impl ResponseQueue {
                     out.extend_from_slice(raw);
                 }
             }
-            b'E' => self.on_error(raw, out, &mut fx),
+            b'E' => {
+                self.copy_data_awaited = false;
+                self.on_error(raw, out, &mut fx);
+            }
             b'Z' => {
                 self.copy_in = CopyIn::Closed;
+                self.copy_data_awaited = false;
                 let status = raw.get(5).copied().and_then(TxStatus::from_byte);
                 fx.status = status;
                 fx.unprepared.append(&mut self.skipped_prepares);
@@ -375,6 +393,7 @@ impl ResponseQueue {
                 if forward {
                     out.extend_from_slice(raw);
                 }
+                self.copy_data_awaited = tag == b'G';
                 if tag == b'G' && reply == Reply::Execute {
                     self.on_copy_in();
                 } else if tag == b'C' && reply == Reply::Execute {
@@ -388,6 +407,7 @@ impl ResponseQueue {
     }
 
     fn on_error(&mut self, raw: &[u8], out: &mut BytesMut, fx: &mut Effects) {
+        let injected_failed = matches!(self.pending.front(), Some(Pending::Injected { .. }));
         let front = match self.pending.front() {
             Some(Pending::Client { reply, .. }) => Some((*reply, OnError::Forward)),
             Some(Pending::Injected { reply, on_error, .. }) => Some((*reply, *on_error)),
@@ -443,7 +463,7 @@ impl ResponseQueue {
                 Pending::Client { reply: Reply::Sync, .. } | Pending::Injected { reply: Reply::Sync, .. } => {
                     break;
                 }
-                Pending::Client { reply: reply @ Reply::Query, .. } => {
+                Pending::Client { reply: reply @ Reply::Query, .. } if injected_failed => {
                     // A simple query that followed injected extended messages (the tenant
                     // GUC set in its request) is skipped too, and no Sync is coming: the
                     // one pgtenant sends gives the query its ReadyForQuery.
@@ -451,6 +471,9 @@ impl ResponseQueue {
                     fx.send_sync = true;
                     break;
                 }
+                // A simple query the client sent behind its own extended request, before
+                // that request's Sync: the server skips it, and answers it nothing.
+                Pending::Client { reply: Reply::Query, .. } => {}
                 _ => fx.unprepared.extend(p.prepares().map(|s| s.id)),
             }
             self.pending.pop_front();

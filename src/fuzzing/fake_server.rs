@@ -411,8 +411,8 @@ impl Conn {
         Outcome::Done
     }
 
-    /// COPY FROM STDIN: rows until CopyDone, CopyFail or another message (Flush and
-    /// Sync are ignored here, as PostgreSQL does).
+    /// COPY FROM STDIN: rows until CopyDone, CopyFail or another message, which ends
+    /// the connection (Flush and Sync are ignored here, as PostgreSQL does).
     async fn copy_in(&mut self) -> Outcome {
         copy_response(&mut self.out, b'G');
         if self.flush().await.is_none() {
@@ -434,11 +434,13 @@ impl Conn {
                 b'H' | b'S' => {}
                 b'X' => return Outcome::Gone,
                 other => {
-                    self.fail(
-                        "08P01",
-                        &format!("unexpected message type 0x{other:02X} during COPY from stdin"),
-                    );
-                    return Outcome::Failed;
+                    // As PostgreSQL: the copy fails, and the connection with it.
+                    let message = format!("unexpected message type 0x{other:02X} during COPY from stdin");
+                    self.fail("08P01", &message);
+                    let lost = "terminating connection because protocol synchronization was lost";
+                    error_response(&mut self.out, Severity::Fatal, "08P01", lost);
+                    let _ = self.flush().await;
+                    return Outcome::Gone;
                 }
             }
         }

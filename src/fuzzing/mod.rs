@@ -128,36 +128,48 @@ mod tests {
         assert!(replayed >= super::TARGETS.len(), "every target has inputs");
     }
 
+    /// The seed of the programs CI runs (they passed).
+    const FIXED_SEED: u64 = 1795696715444168029;
+
+    /// Runs one session program; a failing one is printed in hex first, for
+    /// `PGTENANT_FUZZ_PROGRAM`. With `RUST_LOG` set, the proxy's logs go to stderr.
+    fn run_session_program(program: &[u8]) {
+        if std::env::var("RUST_LOG").is_ok() {
+            let logs = tracing_subscriber::EnvFilter::from_default_env();
+            let _ = tracing_subscriber::fmt().with_env_filter(logs).try_init();
+        }
+        if let Err(panic) = std::panic::catch_unwind(|| super::session(program)) {
+            let hex: String = program.iter().map(|b| format!("{b:02x}")).collect();
+            println!("the failing program: PGTENANT_FUZZ_PROGRAM={hex}");
+            std::panic::resume_unwind(panic);
+        }
+    }
+
     /// One program from `PGTENANT_FUZZ_PROGRAM` (hex), to look into a finding.
     #[test]
     fn session_program_from_the_environment() {
         if let Ok(hex) = std::env::var("PGTENANT_FUZZ_PROGRAM") {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-                .try_init();
             let program: Vec<u8> =
                 (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
-            if let Err(panic) = std::panic::catch_unwind(|| super::session(&program)) {
-                let hex: String = program.iter().map(|b| format!("{b:02x}")).collect();
-                println!("the failing program: PGTENANT_FUZZ_PROGRAM={hex}");
-                std::panic::resume_unwind(panic);
-            }
+            run_session_program(&program);
         }
     }
 
-    /// Programs the corpus does not hold: each run draws others (the seed is printed),
-    /// briefly, as libFuzzer would with no guidance.
+    /// Programs the corpus does not hold, 200 of them, as libFuzzer would draw them with
+    /// no guidance: from a fixed seed in CI (these passed; the run takes seconds), from
+    /// `PGTENANT_FUZZ_SEED`, or from the clock with `PGTENANT_FUZZ_RANDOM` (the seed is
+    /// printed).
     #[test]
     fn random_session_programs_end_answered() {
-        if std::env::var("RUST_LOG").is_ok() {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-                .try_init();
-        }
-        let now =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-        let mut seed =
-            std::env::var("PGTENANT_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(now | 1);
+        let from_clock = || {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+            now.as_nanos() as u64 | 1
+        };
+        let mut seed = match std::env::var("PGTENANT_FUZZ_SEED") {
+            Ok(seed) => seed.parse().expect("PGTENANT_FUZZ_SEED: a number"),
+            Err(_) if std::env::var("PGTENANT_FUZZ_RANDOM").is_ok() => from_clock(),
+            Err(_) => FIXED_SEED,
+        };
         println!("session programs from seed {seed}");
         for _ in 0..200 {
             let len = (seed % 300) as usize;
@@ -169,11 +181,7 @@ mod tests {
                     seed as u8
                 })
                 .collect();
-            if let Err(panic) = std::panic::catch_unwind(|| super::session(&program)) {
-                let hex: String = program.iter().map(|b| format!("{b:02x}")).collect();
-                println!("the failing program: PGTENANT_FUZZ_PROGRAM={hex}");
-                std::panic::resume_unwind(panic);
-            }
+            run_session_program(&program);
         }
     }
 }

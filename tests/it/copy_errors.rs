@@ -1,6 +1,7 @@
 //! COPY FROM STDIN that the server ends early (issue 21): refused right after
 //! CopyInResponse, a bad row early in a large COPY, CopyFail, inside a transaction and
-//! a savepoint, through the simple and the extended protocol. Each exchange runs
+//! a savepoint, another request in the middle of a COPY, through the simple and the
+//! extended protocol. Each exchange runs
 //! against PostgreSQL directly and through pgtenant in both pool modes, with the copy
 //! data sent both before and after the server's answer arrived; the client must see
 //! the same messages and its session must go on.
@@ -246,4 +247,57 @@ async fn copy_ended_early_by_the_server_answers_as_postgres_does_in_transaction_
 #[tokio::test(flavor = "multi_thread")]
 async fn copy_ended_early_by_the_server_answers_as_postgres_does_in_session_pooling() {
     same_as_postgres(PoolMode::Session, "copy_early_session").await;
+}
+
+/// Found by the session fuzz target: a request sent in the middle of a COPY FROM STDIN
+/// (or right behind the COPY, in one write) hung the session: pgtenant waited for the
+/// COPY's answer before passing the request on, and the server waited for copy data.
+/// PostgreSQL fails the COPY on it (08P01) and then ends the connection (protocol
+/// synchronization lost); through pgtenant the client sees the 08P01 and gets its
+/// ReadyForQuery, and its session goes on, in both protocols and pool modes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_in_the_middle_of_a_copy_fails_the_copy_without_a_hang() {
+    let t = "copy_interrupted";
+    let admin = shard_admin(1, "app").await;
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {t}; CREATE TABLE {t} (tenant_id bigint, a text); GRANT ALL ON {t} TO app"
+        ))
+        .await
+        .unwrap();
+    let csv = format!("COPY {t} FROM STDIN (FORMAT csv)");
+    let cases = [
+        (
+            "simple, a query in the middle",
+            vec![(query(&csv), Until::CopyIn), (query("SELECT 1"), Until::Ready(1))],
+        ),
+        (
+            // Both went to the server before its CopyInResponse came: each is answered.
+            "simple, COPY and a query in one write",
+            vec![(join(&[query(&csv), query("SELECT 1")]), Until::Ready(2))],
+        ),
+        (
+            "extended, a request in the middle",
+            vec![(extended(&csv), Until::CopyIn), (extended("SELECT 1"), Until::Ready(1))],
+        ),
+    ];
+    let direct_addr = format!("127.0.0.1:{}", shards().ports[0]).parse().unwrap();
+    for (name, steps) in &cases {
+        let mut direct = RawClient::login(direct_addr, &[]).await;
+        let seen = run(&mut direct, steps).await;
+        assert!(seen.contains(&"E 08P01".to_string()), "{name}, directly: {seen:?}");
+    }
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let proxy = start_proxy(|c| c.proxy.pool_mode = mode).await;
+        for (name, steps) in &cases {
+            let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+            let seen = run(&mut client, steps).await;
+            assert!(seen.contains(&"E 08P01".to_string()), "{name}, {mode:?} pooling: {seen:?}");
+            assert!(seen.last().is_some_and(|s| s.starts_with('Z')), "{name}, {mode:?} pooling: {seen:?}");
+            let (after, until) = after();
+            let seen = run(&mut client, &[(after, until)]).await;
+            assert!(seen.contains(&"D after".to_string()), "{name}, {mode:?} pooling, then: {seen:?}");
+        }
+        proxy.shutdown().await;
+    }
 }

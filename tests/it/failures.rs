@@ -286,3 +286,44 @@ async fn a_refused_extended_request_keeps_the_session() {
     assert_eq!(answer.last().map(|m| m.tag), Some(b'Z'), "{answer:?}");
     assert_eq!(first_column(&client.query("SELECT 6").await), ["6"]);
 }
+
+/// Found by the session fuzz target: a simple query sent behind an extended request
+/// whose Sync had not come yet (Parse, Bind, Execute, Flush, then Query) waited forever
+/// when that request failed: PostgreSQL skips the query (everything up to the Sync),
+/// pgtenant waited for its answer. Now the client sees what PostgreSQL sends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_query_behind_a_failed_extended_request_is_skipped_as_postgres_skips_it() {
+    use postgres_protocol::message::frontend;
+    let mut out = bytes::BytesMut::new();
+    frontend::parse("", "SELECT 1/0", std::iter::empty(), &mut out).unwrap();
+    harness::raw::bind_unnamed(&mut out);
+    frontend::execute("", 0, &mut out).unwrap();
+    frontend::flush(&mut out);
+    frontend::query("SELECT 2", &mut out).unwrap();
+    frontend::sync(&mut out);
+    frontend::query("SELECT 3", &mut out).unwrap();
+    let describe = |msgs: &[harness::raw::Msg]| -> Vec<String> {
+        msgs.iter()
+            .map(|m| match m.sqlstate() {
+                Some(code) => format!("E {code}"),
+                None => (m.tag as char).to_string(),
+            })
+            .collect()
+    };
+    let direct_addr = format!("127.0.0.1:{}", shards().ports[0]).parse().unwrap();
+    let mut direct = RawClient::login(direct_addr, &[]).await;
+    direct.send(&out).await;
+    let expected = describe(&answers_up_to(&mut direct, 2).await.expect("PostgreSQL answers"));
+    // ParseComplete, the error (at Bind: the division is folded when planned), the
+    // Sync's ReadyForQuery, then SELECT 3: SELECT 2 was skipped.
+    assert_eq!(expected, ["1", "E 22012", "Z", "T", "D", "C", "Z"]);
+    for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
+        let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
+        let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+        client.send(&out).await;
+        let seen = answers_up_to(&mut client, 2).await.map(|m| describe(&m));
+        assert_eq!(seen.as_ref(), Some(&expected), "{mode:?} pooling");
+        assert_eq!(first_column(&client.query("SELECT 4").await), ["4"], "{mode:?}: the session goes on");
+        proxy.shutdown().await;
+    }
+}

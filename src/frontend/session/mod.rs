@@ -453,6 +453,16 @@ impl Session {
                 // that answer, so that this one is routed (and its tenant GUC set) afresh.
                 self.settle().await;
             }
+            if !matches!(frame.tag, b'S' | b'H' | b'd' | b'c' | b'f' | b'X')
+                && let Some(a) = self.server.as_mut().filter(|a| a.conn.queue.awaits_copy_data())
+            {
+                // PostgreSQL in COPY FROM STDIN takes any other message as the copy's end:
+                // it fails the COPY (08P01) and the message is consumed, unanswered. (The
+                // wait above stops there: the server waits for the client.)
+                a.conn.io.wbuf.extend_from_slice(&frame.raw);
+                a.conn.queue.note_copy_data(true);
+                continue;
+            }
             let tag = frame.tag;
             if matches!(tag, b'Q' | b'P') && frame.body().len() >= long_statement::OFF_RUNTIME_BYTES {
                 self.analyze_long_statement(&frame).await;
@@ -477,7 +487,7 @@ impl Session {
                     // message that never comes, and hold up the client's next request.
                     if let Some(a) = self.server.as_mut().filter(|a| a.conn.queue.awaits_server()) {
                         a.conn.io.wbuf.extend_from_slice(&frame.raw);
-                        a.conn.queue.note_copy_data();
+                        a.conn.queue.note_copy_data(frame.tag != b'd');
                         if frame.tag != b'd' {
                             a.conn.queue.push(Pending::CopyEnd);
                         }
@@ -515,7 +525,8 @@ impl Session {
     /// as usual, so that a decision pgtenant takes itself sees the final status.
     async fn settle(&mut self) {
         while let Some(a) = self.server.as_mut() {
-            if a.conn.queue.is_empty() {
+            // A server in COPY FROM STDIN answers nothing more until the client's data.
+            if a.conn.queue.is_empty() || a.conn.queue.awaits_copy_data() {
                 break;
             }
             match a.conn.io.read_more().await {
