@@ -13,9 +13,9 @@
 #
 # Each minute prints one line: the fault, pgbench's transactions per second, failed
 # transactions and the errors that aborted its clients, the proxy's RSS, open fds and
-# threads, the server connections on each shard, and the idle clients' line (held, reconnected, pinged,
-# errors). The summary compares the first and the last samples of RSS, fds and
-# server connections after the warm-up minute.
+# threads, the server connections on each shard, and the idle clients' line (held,
+# reconnected, pinged, errors). The summary compares the samples of RSS, fds and
+# server connections after the warm-up minute with the last ones.
 #
 #   [IDLE=10000] [CHURN=100] [PINGS=200] [RATE=800] bench/soak.sh [MINUTES=60]
 set -euo pipefail
