@@ -22,11 +22,12 @@ use crate::protocol::*;
 /// one is dropped.
 const MAX_MESSAGE: usize = 1 << 22;
 
-/// Listens on a loopback port and serves each connection in its own task.
-pub(crate) async fn start() -> std::io::Result<SocketAddr> {
+/// Listens on a loopback port and serves each connection in its own task, until the
+/// returned task is aborted (connections already open end as their clients leave).
+pub(crate) async fn start() -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut next_pid = 1000u32;
         loop {
             if let Ok((stream, _)) = listener.accept().await {
@@ -36,7 +37,7 @@ pub(crate) async fn start() -> std::io::Result<SocketAddr> {
             }
         }
     });
-    Ok(addr)
+    Ok((addr, task))
 }
 
 /// What a statement is, as far as the fake's answers go.

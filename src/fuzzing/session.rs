@@ -80,14 +80,11 @@ const NAMES: &[&[u8]] = &[b"", b"a", b"b"];
 const PROXY_THREADS: &str = "pgtenant-fuzz-proxy";
 static PANICKED: AtomicBool = AtomicBool::new(false);
 
-struct Harness {
-    runtime: tokio::runtime::Runtime,
-    proxy: SocketAddr,
-}
-
-fn harness() -> &'static Harness {
-    static HARNESS: OnceLock<Harness> = OnceLock::new();
-    HARNESS.get_or_init(|| {
+/// The runtime every program runs on; each program gets its own proxy and fake
+/// server on it, so that it ends as it would alone (a finding reproduces by itself).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
         // A panic on any of the proxy's tasks is a finding, though tokio catches it.
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
@@ -96,24 +93,12 @@ fn harness() -> &'static Harness {
             }
             previous(info);
         }));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(PROXY_THREADS)
             .enable_all()
             .build()
-            .expect("a runtime");
-        let proxy = runtime.block_on(async {
-            let fake = super::fake_server::start().await.expect("the fake server listens");
-            let config =
-                crate::config::Config::from_toml(&config_text(fake), std::path::Path::new("fuzz.toml"))
-                    .expect("the fuzz configuration parses");
-            let proxy = crate::server::start(config).await.expect("the proxy starts");
-            let addr = proxy.addr;
-            // Serves for the rest of the process.
-            std::mem::forget(proxy);
-            addr
-        });
-        Harness { runtime, proxy }
+            .expect("a runtime")
     })
 }
 
@@ -128,6 +113,7 @@ fn config_text(fake: SocketAddr) -> String {
 listen = "127.0.0.1:0"
 checkout_timeout_ms = 2000
 connect_timeout_ms = 2000
+shutdown_timeout_ms = 100
 
 [[users]]
 name = "app"
@@ -394,8 +380,18 @@ fn step_message(program: &mut Program<'_>, client: &mut Client, op: u8, out: &mu
     }
 }
 
+/// A fresh fake server and proxy, the program, then both stopped.
 async fn run(data: &[u8]) {
-    let harness_proxy = harness().proxy;
+    let (fake, fake_task) = super::fake_server::start().await.expect("the fake server listens");
+    let config = crate::config::Config::from_toml(&config_text(fake), std::path::Path::new("fuzz.toml"))
+        .expect("the fuzz configuration parses");
+    let proxy = crate::server::start(config).await.expect("the proxy starts");
+    run_program(proxy.addr, data).await;
+    proxy.shutdown().await;
+    fake_task.abort();
+}
+
+async fn run_program(harness_proxy: SocketAddr, data: &[u8]) {
     let mut program = Program { data };
     let two = program.byte().is_multiple_of(4);
     let mut clients = vec![connect(harness_proxy, &mut program).await];
@@ -550,7 +546,6 @@ pub fn session(data: &[u8]) {
     // and two programs at once would share the small pools.
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let harness = harness();
-    harness.runtime.block_on(run(data));
+    runtime().block_on(run(data));
     assert!(!PANICKED.load(Ordering::SeqCst), "a task of the proxy panicked");
 }
