@@ -1,16 +1,18 @@
 //! The structure-aware session target: the input's bytes are read as a program of
 //! protocol steps (Query, Parse/Bind/Describe/Execute/Close, Sync, Flush, copy
 //! messages, FunctionCall, raw messages, Terminate, pauses, a second client) that one
-//! or two clients send through a real proxy (in this process, shipped defaults but
-//! small pools) to the fake server (`fake_server`), whose markers make a server fail,
-//! die or lag at any point. Both pool modes, both protocols, pipelined lanes.
+//! or two clients send through a real proxy (started in this process for the program:
+//! shipped defaults but small pools) to a fake server of its own (`fake_server`),
+//! whose markers make a server fail, die or lag at any point. Both pool modes, both
+//! protocols, pipelined lanes.
 //!
 //! What must hold, for every program: nothing in the proxy panics, the proxy keeps
 //! accepting, and every client ends its program answered: after a closing
-//! `CopyFail, Sync, ROLLBACK, SELECT 'fuzz-end'` the marker's row and a ReadyForQuery
-//! come back, unless the session was ended with a FATAL error or the program itself
-//! ended it (Terminate, a raw message, a server that died). Waiting longer than
-//! `ANSWER_WITHIN` is a hang.
+//! `CopyFail, Sync, ROLLBACK`, then `ROLLBACK; SELECT 'fuzz-end'` (a few tries), the
+//! marker's row comes back, or a refusal that does not say a server is missing or
+//! broken, unless the session was ended with a FATAL error or the program itself ended
+//! it (Terminate, a raw message, a server that died). Waiting longer than
+//! `ANSWER_WITHIN` for an answer is a hang.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -463,12 +465,10 @@ async fn finish(mut client: Client, i: usize, trace: &[String]) {
             }
         }
     }
-    {
-        put_message(&mut out, b'f', |b| b.put_slice(b"fuzz end\0"));
-        sync(&mut out);
-        query(&mut out, "ROLLBACK");
-        let _ = client.write.write_all(&out).await;
-    }
+    put_message(&mut out, b'f', |b| b.put_slice(b"fuzz end\0"));
+    sync(&mut out);
+    query(&mut out, "ROLLBACK");
+    let _ = client.write.write_all(&out).await;
     // What the program's own requests were answered.
     loop {
         match next(&mut client, Duration::from_millis(100), &mut seen).await {
