@@ -5,6 +5,7 @@
 //! reload everything and empty the cache, so nothing missed can route stale.
 
 mod cache;
+pub mod listen;
 mod load;
 mod watch;
 

@@ -3,14 +3,12 @@
 //! reconnects with backoff; after every (re)connect it reloads the topology and,
 //! when the version moved meanwhile, empties the tenant cache.
 
-use std::future::poll_fn;
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, Client, Notification};
+use tokio_postgres::Client;
 
 use super::Inner;
 use super::load::{self, LoadError};
@@ -61,27 +59,9 @@ enum Ended {
 }
 
 async fn listen(inner: &Weak<Inner>, pg: &tokio_postgres::Config) -> Result<Ended, LoadError> {
-    let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
     // Bounded: the catalog cannot make this proxy hold more than this many changes.
-    let (tx, mut rx) = mpsc::channel::<Notification>(4096);
-    let driver = tokio::spawn(async move {
-        while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if tx.send(n).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "catalog connection ended");
-                    return;
-                }
-            }
-        }
-    });
-    let _stop_driver = AbortOnDrop(driver);
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    let listener = super::listen::listen_to_catalog(pg, CHANNEL, 4096).await?;
+    let (client, mut rx) = (listener.client, listener.notifications);
     // Subscribed first, then read: a change committed in between is both in the
     // snapshot and notified, and the notification is then skipped by its version.
     let Some(strong) = inner.upgrade() else { return Ok(Ended::DirectoryDropped) };
@@ -154,12 +134,4 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
     }
     tracing::debug!(version = change.version, table = %change.table, tenants = ?change.tenants, "routing change applied");
     Ok(())
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -448,12 +448,15 @@ impl Session {
             }
             let Some(frame) = self.client.next_frame(self.max_message)? else { break };
             tracing::trace!(client = self.cancel.pid, tag = %(frame.tag as char), "client message");
-            if !matches!(frame.tag, b'S' | b'H' | b'd' | b'c' | b'f') && self.next_request_must_wait() {
+            // Sync, Flush and the copy messages belong to a request already under way.
+            let starts_request = !matches!(frame.tag, b'S' | b'H' | b'd' | b'c' | b'f');
+            if starts_request && self.next_request_must_wait() {
                 // A request pipelined behind one the server has not answered yet: wait for
                 // that answer, so that this one is routed (and its tenant GUC set) afresh.
                 self.settle().await;
             }
-            if !matches!(frame.tag, b'S' | b'H' | b'd' | b'c' | b'f' | b'X')
+            if starts_request
+                && frame.tag != b'X'
                 && let Some(a) = self.server.as_mut().filter(|a| a.conn.queue.awaits_copy_data())
             {
                 // PostgreSQL in COPY FROM STDIN takes any other message as the copy's end:

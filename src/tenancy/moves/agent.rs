@@ -3,17 +3,17 @@
 //! when told, and taking over moves whose driver stopped heartbeating. It LISTENs on
 //! a connection of its own; after every (re)connect it applies the pauses in force.
 
-use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_postgres::{AsyncMessage, Client};
+use tokio::sync::{oneshot, watch};
+use tokio_postgres::Client;
 
 use super::{Held, MoveError, MoveService, driver, lock};
 use crate::directory::TenantId;
+use crate::directory::listen_to_catalog;
 use crate::tenancy::{PauseOutcome, PauseScope};
 
 pub const CHANNEL: &str = "pgtenant_move";
@@ -63,26 +63,9 @@ async fn session(
     ready: &mut Option<oneshot::Sender<()>>,
 ) -> Result<(), MoveError> {
     let catalog = svc.catalog.pg_config();
-    let (client, mut connection) =
-        catalog.connect(tokio_postgres::NoTls).await.map_err(|e| MoveError::from_catalog(&e))?;
-    let (tx, mut rx) = mpsc::channel(1024);
-    let forward = tokio::spawn(async move {
-        while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
-            match message {
-                Ok(AsyncMessage::Notification(n)) => {
-                    if tx.send(n).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => return,
-            }
-        }
-    });
-    let _abort = AbortOnDrop(forward);
-    let client = Arc::new(client);
+    let listener = listen_to_catalog(&catalog, CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
+    let (client, mut rx) = (Arc::new(listener.client), listener.notifications);
     let catalog_error = |e: tokio_postgres::Error| MoveError::from_catalog(&e);
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await.map_err(catalog_error)?;
     heartbeat(svc, &client).await?;
     // Pauses in force now (a proxy starting mid-cutover holds the tenant too).
     let rows = client
@@ -246,13 +229,5 @@ async fn take_over(svc: &Arc<MoveService>, client: &Client) -> Result<(), MoveEr
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     if stop.wait_for(|s| *s).await.is_err() {
         std::future::pending::<()>().await;
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
