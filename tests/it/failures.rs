@@ -327,3 +327,68 @@ async fn a_query_behind_a_failed_extended_request_is_skipped_as_postgres_skips_i
         proxy.shutdown().await;
     }
 }
+
+/// A transaction whose server connection is lost stays failed until the client ends
+/// it, in both protocols: no later statement of it may run on another server
+/// connection (it would commit alone, outside the transaction the client believes
+/// it is in), and the client learns why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_that_lost_its_server_runs_nothing_more() {
+    use postgres_protocol::message::frontend;
+    for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
+        let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
+        let table = format!("lost_tx_{mode:?}").to_lowercase();
+        let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+        let created = client.query(&format!("CREATE TABLE {table} (tenant_id bigint, v int)")).await;
+        assert!(!created.iter().any(|m| m.tag == b'E'), "{mode:?}: {created:?}");
+        client.query("BEGIN").await;
+        let pid = first_column(&client.query("SELECT pg_backend_pid()").await);
+        let pid: i32 = pid[0].parse().unwrap();
+        let admin = harness::shard_admin(1, "app").await;
+        let killed: bool =
+            admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).await.unwrap().get(0);
+        assert!(killed);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        // The extended protocol first: the statement must not run.
+        let mut out = bytes::BytesMut::new();
+        frontend::parse("", &format!("INSERT INTO {table} VALUES (7, 1)"), std::iter::empty(), &mut out)
+            .unwrap();
+        harness::raw::bind_unnamed(&mut out);
+        frontend::execute("", 0, &mut out).unwrap();
+        frontend::sync(&mut out);
+        let seen = client.request(&out).await;
+        // The server's own goodbye may come first (it was relayed as it came).
+        let codes: Vec<String> = seen.iter().filter_map(|m| m.sqlstate()).collect();
+        assert_eq!(codes.last().map(String::as_str), Some("25P02"), "{mode:?}: {codes:?}");
+        assert!(!seen.iter().any(|m| m.tag == b'C'), "{mode:?}: the insert ran: {seen:?}");
+        assert_eq!(
+            seen.last().map(|m| m.body.clone()),
+            Some(b"E".to_vec()),
+            "{mode:?}: still in a failed transaction"
+        );
+
+        // Then simple queries: refused until the client ends the transaction.
+        let seen = client.query(&format!("INSERT INTO {table} VALUES (7, 2)")).await;
+        assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}");
+        let seen = client.request(&out).await;
+        assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}: {seen:?}");
+        // Ended by a simple ROLLBACK in one mode, an extended one in the other.
+        let seen = if mode == pgtenant::config::PoolMode::Transaction {
+            client.query("ROLLBACK").await
+        } else {
+            out.clear();
+            frontend::parse("", "ROLLBACK", std::iter::empty(), &mut out).unwrap();
+            harness::raw::bind_unnamed(&mut out);
+            frontend::execute("", 0, &mut out).unwrap();
+            frontend::sync(&mut out);
+            client.request(&out).await
+        };
+        assert_eq!(harness::raw::sqlstate(&seen), None, "{mode:?}: {seen:?}");
+        assert_eq!(seen.last().map(|m| m.body.clone()), Some(b"I".to_vec()), "{mode:?}");
+        let rows: i64 = admin.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap().get(0);
+        assert_eq!(rows, 0, "{mode:?}: nothing of the lost transaction was written");
+        assert_eq!(first_column(&client.query("SELECT 5").await), ["5"], "{mode:?}: the session goes on");
+        proxy.shutdown().await;
+    }
+}

@@ -78,6 +78,9 @@ impl Session {
         if !ends_request {
             return Ok(());
         }
+        if self.tx == ClientTx::Failed {
+            return self.extended_in_failed_transaction().await;
+        }
         if self.server.is_none() && self.answer_without_server()? {
             return Ok(());
         }

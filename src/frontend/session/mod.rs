@@ -11,6 +11,7 @@
 
 mod deallocate;
 mod extended;
+mod failed_tx;
 mod in_place;
 mod lane;
 mod long_statement;

@@ -71,8 +71,7 @@ impl Session {
         let ends_tx = matches!(analysis.kind, StatementKind::Commit | StatementKind::Rollback);
         match &self.tx {
             ClientTx::Failed if ends_tx => {
-                self.tx = ClientTx::Idle;
-                self.end_client_transaction(false);
+                self.end_failed_transaction();
                 self.reply_done("ROLLBACK");
                 return Ok(());
             }
@@ -174,6 +173,11 @@ impl Session {
 
     /// FunctionCall (F): runs on the session tenant's shard like a query.
     pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
+        if self.tx == ClientTx::Failed {
+            // As in an aborted transaction on PostgreSQL (see `failed_tx`).
+            self.reply_error(&FrontendError::InFailedTransaction, true);
+            return Ok(());
+        }
         if self.at_transaction_start() {
             let route = self.shared.router.route_tenant(self.tenant.as_ref(), || true).await;
             if !self.begin_or_reply(route.map_err(FrontendError::from), false).await {

@@ -63,7 +63,8 @@ async fn session(
     ready: &mut Option<oneshot::Sender<()>>,
 ) -> Result<(), MoveError> {
     let catalog = svc.catalog.pg_config();
-    let listener = listen_to_catalog(&catalog, CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
+    let listener =
+        listen_to_catalog(&catalog, CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
     let (client, mut rx) = (Arc::new(listener.client), listener.notifications);
     let catalog_error = |e: tokio_postgres::Error| MoveError::from_catalog(&e);
     heartbeat(svc, &client).await?;
