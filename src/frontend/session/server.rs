@@ -126,7 +126,11 @@ impl Session {
             a.conn.tenant = TenantGuc::Known(route.tenant.clone());
             a.conn.read_only = read_only;
         }
-        if let ClientTx::DeferredBegin(begin) = std::mem::replace(&mut self.tx, ClientTx::Idle) {
+        // Only a deferred BEGIN is taken: a failed transaction never gets here (see
+        // `failed_tx`), and must not be turned into an idle one on the way.
+        if matches!(self.tx, ClientTx::DeferredBegin(_))
+            && let ClientTx::DeferredBegin(begin) = std::mem::replace(&mut self.tx, ClientTx::Idle)
+        {
             // The client's own BEGIN text (isolation level and all), now that the shard is known.
             protocol::put_message(&mut a.conn.io.wbuf, b'Q', |b| {
                 b.extend_from_slice(&begin);
