@@ -12,8 +12,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_postgres::Client;
 
 use super::{Held, MoveError, MoveService, driver, lock};
-use crate::directory::TenantId;
-use crate::directory::listen_to_catalog;
+use crate::directory::{TenantId, listen_to_catalog};
 use crate::tenancy::{PauseOutcome, PauseScope};
 
 pub const CHANNEL: &str = "pgtenant_move";
