@@ -373,6 +373,15 @@ async fn a_transaction_that_lost_its_server_runs_nothing_more() {
         assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}");
         let seen = client.request(&out).await;
         assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}: {seen:?}");
+        // A FunctionCall (pg_backend_pid, OID 2026, no arguments, text result) too.
+        let mut call = bytes::BytesMut::new();
+        call.extend_from_slice(b"F");
+        call.extend_from_slice(&14i32.to_be_bytes());
+        call.extend_from_slice(&2026i32.to_be_bytes());
+        call.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+        let seen = client.request(&call).await;
+        assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}: {seen:?}");
+        assert_eq!(seen.last().map(|m| m.body.clone()), Some(b"E".to_vec()), "{mode:?}");
         // Ended by a simple ROLLBACK in one mode, an extended one in the other.
         let seen = if mode == pgtenant::config::PoolMode::Transaction {
             client.query("ROLLBACK").await
