@@ -393,12 +393,12 @@ async fn run(data: &[u8]) {
     fake_task.abort();
 }
 
-async fn run_program(harness_proxy: SocketAddr, data: &[u8]) {
+async fn run_program(proxy: SocketAddr, data: &[u8]) {
     let mut program = Program { data };
     let two = program.byte().is_multiple_of(4);
-    let mut clients = vec![connect(harness_proxy, &mut program).await];
+    let mut clients = vec![connect(proxy, &mut program).await];
     if two {
-        clients.push(connect(harness_proxy, &mut program).await);
+        clients.push(connect(proxy, &mut program).await);
     }
     let mut current = 0;
     let mut out = BytesMut::new();

@@ -20,6 +20,18 @@ use crate::router::{
 };
 
 impl Session {
+    /// Fails the held request as a server fails one: the error, then nothing until the
+    /// client's Sync, which gets its ReadyForQuery.
+    pub(super) async fn refuse_held_request(&mut self, err: &FrontendError) -> Result<(), FrontendError> {
+        self.reply_error(err, false);
+        self.skip_until_sync = true;
+        for frame in std::mem::take(&mut self.batch) {
+            // Through the skip logic, as the messages would have come.
+            Box::pin(self.on_extended(frame)).await?;
+        }
+        Ok(())
+    }
+
     /// Keeps a message of a request that is held (see the module comment) and is not its
     /// end; gives the message back when it needs `on_extended`.
     pub(super) fn hold_extended(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
@@ -95,17 +107,10 @@ impl Session {
             },
             Err(err) => Err(err),
         };
-        let batch = std::mem::take(&mut self.batch);
         if let Err(err) = route {
-            self.reply_error(&err, false);
-            self.skip_until_sync = true;
-            for frame in batch {
-                // Replays the held messages through the skip logic: the Sync gets its ReadyForQuery.
-                Box::pin(self.on_extended(frame)).await?;
-            }
-            return Ok(());
+            return self.refuse_held_request(&err).await;
         }
-        let mut batch = batch;
+        let mut batch = std::mem::take(&mut self.batch);
         for frame in batch.drain(..) {
             if self.skip_until_sync {
                 Box::pin(self.on_extended(frame)).await?;
@@ -243,7 +248,7 @@ impl Session {
                 }
                 b'D' => {
                     if frame.body().first() == Some(&b'S') {
-                        protocol::put_message(&mut reply, b't', |b| b.extend_from_slice(&0i16.to_be_bytes()));
+                        protocol::parameter_description(&mut reply, &[]);
                     }
                     match answer {
                         LocalAnswer::TenantSet { .. } => protocol::put_message(&mut reply, b'n', |_| {}),

@@ -17,13 +17,7 @@ impl Session {
     /// with 25P02 up to its Sync, as PostgreSQL fails it.
     pub(super) async fn extended_in_failed_transaction(&mut self) -> Result<(), FrontendError> {
         if !self.batch_only_ends_transaction()? {
-            self.reply_error(&FrontendError::InFailedTransaction, false);
-            self.skip_until_sync = true;
-            for frame in std::mem::take(&mut self.batch) {
-                // Through the skip logic: the Sync gets its ReadyForQuery.
-                Box::pin(self.on_extended(frame)).await?;
-            }
-            return Ok(());
+            return self.refuse_held_request(&FrontendError::InFailedTransaction).await;
         }
         let mut reply = BytesMut::new();
         for frame in std::mem::take(&mut self.batch) {
@@ -40,7 +34,7 @@ impl Session {
                 b'B' => protocol::bind_complete(&mut reply),
                 b'D' => {
                     if frame.body().first() == Some(&b'S') {
-                        protocol::put_message(&mut reply, b't', |b| b.extend_from_slice(&0i16.to_be_bytes()));
+                        protocol::parameter_description(&mut reply, &[]);
                     }
                     protocol::put_message(&mut reply, b'n', |_| {});
                 }
