@@ -109,6 +109,7 @@ async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter)
     tokio::time::sleep(Duration::from_millis(800)).await;
     stop.store(true, Ordering::Relaxed);
     let mut acknowledged = Vec::new();
+    let mut errors_seen = Vec::new();
     for writer in writers {
         let seen = writer.await.unwrap();
         assert!(
@@ -117,6 +118,7 @@ async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter)
             seen.errors
         );
         acknowledged.extend(seen.acknowledged);
+        errors_seen.extend(seen.errors);
     }
     let new_primary =
         connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
@@ -128,8 +130,13 @@ async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter)
         .map(|r| r.get(0))
         .collect();
     let stored: std::collections::HashSet<i64> = stored.into_iter().collect();
-    let lost: Vec<&i64> = acknowledged.iter().filter(|id| !stored.contains(id)).collect();
-    assert!(lost.is_empty(), "acknowledged inserts missing on the new primary: {lost:?}");
+    let lost: Vec<i64> = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
+    if !lost.is_empty() {
+        panic!(
+            "acknowledged inserts missing on the new primary: {lost:?} ({})",
+            where_the_lost_are(&primary, &lost, &errors_seen).await
+        );
+    }
     let written_after =
         new_primary.query_one("SELECT count(*) FROM failover_writes", &[]).await.unwrap().get::<_, i64>(0);
     assert!(
@@ -159,6 +166,30 @@ async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter)
     assert_eq!(port, i32::from(replica_port), "the newest timeline keeps the writes");
     assert_eq!(rows_in(&old_primary).await, old_rows, "no write reached the old primary");
     proxy.shutdown().await;
+}
+
+/// For a failure message: whether the old primary (started again) holds the lost
+/// inserts (acknowledged there without reaching the standby) or not (acknowledged by
+/// no server at all), with the errors the writers saw.
+async fn where_the_lost_are(
+    old: &pgtenant::dev::cluster::Cluster,
+    lost: &[i64],
+    errors: &[String],
+) -> String {
+    let restarted = old.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || restarted.start()).await.unwrap() {
+        return format!("the old primary did not start again: {e}; writers' errors {errors:?}");
+    }
+    let Ok(client) = connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", old.port)).await
+    else {
+        return format!("the old primary does not answer; writers' errors {errors:?}");
+    };
+    let on_old: Vec<i64> = client
+        .query("SELECT id FROM failover_writes WHERE id = ANY($1) ORDER BY id", &[&lost])
+        .await
+        .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+        .unwrap_or_default();
+    format!("on the old primary: {on_old:?}; writers' errors {errors:?}")
 }
 
 async fn rows_in(client: &tokio_postgres::Client) -> i64 {
