@@ -5,10 +5,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt, pin_mut};
+use pgtenant::config::PoolMode;
 use tokio_postgres::binary_copy::{BinaryCopyInWriter, BinaryCopyOutStream};
 use tokio_postgres::types::Type;
 
-use crate::harness::{self, shard_of, start_proxy, stderr, stdout};
+use crate::harness::{self, eventually, shard_of, start_proxy, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn psql_multi_statements_errors_and_rollback() {
@@ -662,4 +663,111 @@ async fn advisory_locks_pin_until_the_session_ends() {
         }
     }
     assert!(free, "the lock was released with the session");
+}
+
+/// A request pgtenant answers itself (here a tenant SET, refused) waits for the answers the
+/// server still owes before it. While it waits, the client may leave: its session
+/// must end then, not when the server's statement does, and its server connection go.
+/// With a pool of one, the next client is served at once (before the change it waited
+/// for the 20-second statement and its checkout timed out).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_leaves_while_pgtenant_awaits_its_answers_frees_its_server() {
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let proxy = start_proxy(|c| {
+            c.proxy.pool_mode = mode;
+            c.users[0].pool_size = 1;
+            c.proxy.checkout_timeout_ms = 3_000;
+        })
+        .await;
+        let mut c =
+            crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")])
+                .await;
+        let mut out = BytesMut::new();
+        frontend::query("SELECT pg_sleep(20)", &mut out).unwrap();
+        frontend::query("SET pgtenant.tenant_id = 8", &mut out).unwrap();
+        c.send(&out).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        drop(c);
+        let next = proxy.connect(Some(7)).await;
+        let row = next
+            .query_one("SELECT 'served'::text", &[])
+            .await
+            .expect("the pool's one connection is free again");
+        assert_eq!(row.get::<_, String>(0), "served", "{mode:?}");
+        proxy.shutdown().await;
+    }
+}
+
+/// While pgtenant awaits a server's answers for a request it answers itself, it keeps
+/// at most a bounded part of them: a client that does not read a 200 MB result leaves
+/// the server waiting to write (before the change, pgtenant read the whole result into
+/// its memory). Once the client reads, everything arrives, then the SET's answer (a
+/// refusal: the session is bound to its login tenant).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_awaited_before_a_request_pgtenant_answers_is_not_buffered_whole() {
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let proxy = start_proxy(|c| c.proxy.pool_mode = mode).await;
+        let mut c =
+            crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")])
+                .await;
+        let mut out = BytesMut::new();
+        frontend::query(
+            "SELECT repeat('x', 1 << 20) AS big_answer_unread FROM generate_series(1, 200)",
+            &mut out,
+        )
+        .unwrap();
+        frontend::query("SET pgtenant.tenant_id = 8", &mut out).unwrap();
+        c.send(&out).await;
+        let shard = crate::harness::shard_admin(1, "app").await;
+        let waiting = eventually(Duration::from_secs(10), || async {
+        let rows = shard
+            .query(
+                "SELECT state, coalesce(wait_event, '') FROM pg_stat_activity WHERE query LIKE '%AS big_answer_unread%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.len() == 1 && rows[0].get::<_, String>(0) == "active" && rows[0].get::<_, String>(1) == "ClientWrite"
+    })
+    .await;
+        // A moment more: the server stays blocked while the client does not read.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let state: String = shard
+        .query_one(
+            "SELECT state FROM pg_stat_activity WHERE query LIKE '%AS big_answer_unread%' AND pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+        assert!(
+            waiting.is_some() && state == "active",
+            "{mode:?}: the server wrote its whole answer into pgtenant"
+        );
+        let (mut rows, mut bytes) = (0, 0);
+        loop {
+            let m = c.recv().await.expect("the answer");
+            match m.tag {
+                b'D' => {
+                    rows += 1;
+                    bytes += m.body.len();
+                }
+                b'E' => panic!("{:?}", m.sqlstate()),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        assert_eq!(rows, 200);
+        assert!(bytes > 200 << 20, "{bytes}");
+        // pgtenant's own answer (a session bound to its login tenant may not switch).
+        let set = c.until_ready().await;
+        assert_eq!(crate::harness::raw::sqlstate(&set).as_deref(), Some("42501"), "{set:?}");
+        let tenant = c.query("SELECT current_setting('pgtenant.tenant_id')").await;
+        assert_eq!(crate::harness::raw::first_column(&tenant), ["7"]);
+        proxy.shutdown().await;
+    }
 }

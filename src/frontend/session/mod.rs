@@ -454,7 +454,7 @@ impl Session {
             if starts_request && self.next_request_must_wait() {
                 // A request pipelined behind one the server has not answered yet: wait for
                 // that answer, so that this one is routed (and its tenant GUC set) afresh.
-                self.settle().await;
+                self.settle().await?;
             }
             if starts_request
                 && frame.tag != b'X'
@@ -526,20 +526,50 @@ impl Session {
     }
 
     /// Waits until the attached server has answered everything sent to it, relaying
-    /// as usual, so that a decision pgtenant takes itself sees the final status.
-    async fn settle(&mut self) {
+    /// as usual, so that a decision pgtenant takes itself sees the final status. The
+    /// answers are written to the client as they come (the server is read only while
+    /// less than `HIGH_WATER` of them wait), and a client that leaves meanwhile ends
+    /// the wait with an error: an answer of any size, or one that takes an hour, never
+    /// piles up here or outlives its client.
+    async fn settle(&mut self) -> Result<(), FrontendError> {
         while let Some(a) = self.server.as_mut() {
             // A server in COPY FROM STDIN answers nothing more until the client's data.
             if a.conn.queue.is_empty() || a.conn.queue.awaits_copy_data() {
                 break;
             }
-            match a.conn.io.read_more().await {
-                Ok(IoEvent::Read) => self.on_server_bytes(),
-                Ok(IoEvent::Closed) => self.on_server_lost("the server closed the connection".into()),
-                Ok(IoEvent::Drained) => {}
-                Err(e) => self.on_server_lost(e.to_string()),
+            let server_read = self.client.wbuf.len() < HIGH_WATER;
+            // More of the client's messages wait in its buffer for their turn; reading a
+            // bounded amount lets a client that hangs up be seen.
+            let client_read = self.client.rbuf.len() < HIGH_WATER;
+            let client = &mut self.client;
+            let event = poll_fn(|cx| {
+                if let Poll::Ready(r) = poll_side(&mut a.conn.io, cx, server_read, false) {
+                    return Poll::Ready(Event::Server(r));
+                }
+                if let Poll::Ready(r) = poll_side(client, cx, client_read, !server_read) {
+                    return Poll::Ready(Event::Client(r));
+                }
+                Poll::Pending
+            })
+            .await;
+            match event {
+                Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes(),
+                Event::Server(Ok(IoEvent::Closed)) => {
+                    self.on_server_lost("the server closed the connection".into())
+                }
+                Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
+                Event::Client(Ok(IoEvent::Closed)) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the client left",
+                    )
+                    .into());
+                }
+                Event::Client(Err(e)) => return Err(e.into()),
+                _ => {}
             }
         }
+        Ok(())
     }
 
     /// The transaction status the client should see now.

@@ -216,7 +216,7 @@ impl Session {
 
     /// A Query (F) that is a scatter-gather: the whole answer, ReadyForQuery included.
     pub(super) async fn answer_scatter_query(&mut self, analysis: &Analysis) -> Result<(), FrontendError> {
-        self.settle().await;
+        self.settle().await?;
         if self.client_status() == TxStatus::Failed {
             self.reply_error(&FrontendError::InFailedTransaction, true);
             return Ok(());
@@ -335,7 +335,7 @@ impl Session {
                 if max_rows > 0 {
                     return Err(ScatterError::RowLimit.into());
                 }
-                self.settle().await;
+                self.settle().await?;
                 self.run_scatter(&portal.prepared, None, &portal.parameters, &portal.formats, false).await?;
                 Ok(true)
             }

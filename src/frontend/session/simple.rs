@@ -207,7 +207,7 @@ impl Session {
     /// (psycopg and pgJDBC begin one before every statement unless in autocommit), it
     /// holds for the session if the transaction commits, as a SET on a server would.
     pub(super) async fn change_tenant(&mut self, tenant: Option<TenantId>) -> Result<(), FrontendError> {
-        self.settle().await;
+        self.settle().await?;
         let untouched_tx = matches!(self.tx, ClientTx::DeferredBegin(_)) && self.server.is_none();
         let in_tx = (self.client_status() != TxStatus::Idle && !untouched_tx)
             || self.server.as_ref().is_some_and(|a| !a.conn.queue.is_empty());

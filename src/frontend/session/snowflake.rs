@@ -84,7 +84,7 @@ impl Session {
         analysis: &Analysis,
     ) -> Result<(), FrontendError> {
         // Answers follow everything sent before, and carry the final transaction status.
-        self.settle().await;
+        self.settle().await?;
         if self.client_status() == TxStatus::Failed {
             self.reply_error(&FrontendError::InFailedTransaction, true);
             return Ok(());
