@@ -29,9 +29,15 @@ struct Flood {
 impl Flood {
     async fn start(proxy: &harness::Proxy, tenant: i64, clients: usize, sql: &'static str) -> Self {
         let (stop, done) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicUsize::new(0)));
-        let mut tasks = Vec::new();
+        // All log in first, then start together: a login can take longer than a
+        // statement on a loaded machine, and the first ones would be done before the
+        // last began.
+        let mut connected = Vec::new();
         for _ in 0..clients {
-            let client = proxy.connect(Some(tenant)).await;
+            connected.push(proxy.connect(Some(tenant)).await);
+        }
+        let mut tasks = Vec::new();
+        for client in connected {
             let (stop, done) = (stop.clone(), done.clone());
             tasks.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {

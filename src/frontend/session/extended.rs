@@ -268,6 +268,7 @@ impl Session {
                     LocalAnswer::TenantSet { tenant, tag } => {
                         match self.change_tenant(tenant.clone()).await {
                             Ok(()) => protocol::command_complete(&mut reply, tag),
+                            Err(err) if err.is_fatal() => return Err(err),
                             Err(err) => {
                                 crate::frontend::error_response::write_error(&mut reply, &err);
                                 failed = true;

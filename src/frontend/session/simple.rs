@@ -197,6 +197,8 @@ impl Session {
     async fn set_tenant(&mut self, tenant: Option<TenantId>, tag: &str) -> Result<(), FrontendError> {
         match self.change_tenant(tenant).await {
             Ok(()) => self.reply_done(tag),
+            // The client left while earlier answers were awaited.
+            Err(err) if err.is_fatal() => return Err(err),
             Err(err) => self.reply_error(&err, true),
         }
         Ok(())
