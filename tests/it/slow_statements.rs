@@ -19,12 +19,19 @@ impl FastClients {
     /// quick, so that it rides lanes whenever the pool is busy.
     async fn start(proxy: &harness::Proxy, n: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
+        // Every client logs in before any loop starts: a login's key stretching runs on
+        // the test's runtime, which the proxy shares, and in a debug build on a busy
+        // machine it holds a worker thread long enough to delay the looping clients.
+        let mut clients = Vec::new();
         for _ in 0..n {
             let client = proxy.connect(Some(7)).await;
             for _ in 0..3 {
                 client.simple_query("SELECT 1").await.expect("a warm-up run");
             }
+            clients.push(client);
+        }
+        let mut tasks = Vec::new();
+        for client in clients {
             let stop = stop.clone();
             tasks.push(tokio::spawn(async move {
                 let (mut count, mut worst) = (0, Duration::ZERO);
@@ -79,11 +86,16 @@ async fn slow_beside_fast(
     running: &'static str,
     hold: Duration,
 ) -> (Vec<(usize, Duration)>, Vec<tokio::task::JoinHandle<Result<u64, tokio_postgres::Error>>>) {
+    // Logged in first, for the reason given in `FastClients::start`.
+    let mut slow_clients = Vec::new();
+    for _ in 0..4 {
+        slow_clients.push(proxy.connect(Some(8)).await);
+    }
+    let watcher = shard_admin(1, "app").await;
     let fast = FastClients::start(proxy, 8).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut slow = Vec::new();
-    for _ in 0..4 {
-        let client = proxy.connect(Some(8)).await;
+    for client in slow_clients {
         slow.push(tokio::spawn(async move {
             let answer = client.simple_query(sql).await?;
             Ok(answer
@@ -95,7 +107,6 @@ async fn slow_beside_fast(
                 .expect("a CommandComplete"))
         }));
     }
-    let watcher = shard_admin(1, "app").await;
     let all_running = eventually(Duration::from_secs(10), || {
         let watcher = &watcher;
         async move {
