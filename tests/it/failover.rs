@@ -133,8 +133,10 @@ async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter)
     let lost: Vec<i64> = acknowledged.iter().copied().filter(|id| !stored.contains(id)).collect();
     if !lost.is_empty() {
         panic!(
-            "acknowledged inserts missing on the new primary: {lost:?} ({})",
-            where_the_lost_are(&primary, &lost, &errors_seen).await
+            "acknowledged inserts missing on the new primary: {lost:?} ({})\n--- old primary's log:\n{}\n--- promoted replica's log:\n{}",
+            where_the_lost_are(&primary, &lost, &errors_seen).await,
+            log_tail(&primary),
+            log_tail(&replica)
         );
     }
     let written_after =
@@ -190,6 +192,14 @@ async fn where_the_lost_are(
         .map(|rows| rows.iter().map(|r| r.get(0)).collect())
         .unwrap_or_default();
     format!("on the old primary: {on_old:?}; writers' errors {errors:?}")
+}
+
+/// The last lines of a cluster's server log (where each ended its WAL: "redo done
+/// at", the promotion, a record it could not read).
+fn log_tail(cluster: &pgtenant::dev::cluster::Cluster) -> String {
+    let log = std::fs::read_to_string(cluster.data_dir.join("server.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
 async fn rows_in(client: &tokio_postgres::Client) -> i64 {
