@@ -329,7 +329,7 @@ impl LaneInner {
             waiter.to.close();
         }
         if let Some(conn) = self.conn.take() {
-            conn.discard();
+            conn.lost();
         }
     }
 

@@ -228,11 +228,10 @@ impl ServerPool {
         self.close_idle();
     }
 
-    /// Closes the idle connections (once the shelf's lock is let go).
     fn close_idle(&self) {
-        let idle = std::mem::take(&mut *self.0.lock_shelf());
-        drop(idle);
+        self.0.close_idle();
     }
+
 
     /// Whether it was made for `user`'s pool size and server credentials.
     fn serves(&self, user: &UserConfig) -> bool {
@@ -256,6 +255,17 @@ impl PooledConn {
     /// waiting client then opens a new one.
     pub fn discard(mut self) {
         self.conn = None;
+    }
+
+    /// The connection failed under its client (closed or reset by the server, or
+    /// unreadable): closed, and so are its pool's idle ones. A node being stopped ends
+    /// its backends one by one; an idle connection whose backend has not ended yet
+    /// still looks alive, and a request put on it next would fail the same way. The
+    /// next checkout opens a fresh connection instead, which finds out whether the
+    /// node still takes them (and, when not, holds its request for the failover).
+    pub fn lost(mut self) {
+        self.conn = None;
+        self.pool.close_idle();
     }
 
     /// Returns the connection to its pool: at once, or with `reset` once its session
@@ -325,6 +335,12 @@ impl DerefMut for PooledConn {
 impl NodePool {
     fn lock_lanes(&self) -> MutexGuard<'_, Vec<Arc<Lane>>> {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Closes the idle connections (once the shelf's lock is let go).
+    fn close_idle(&self) {
+        let idle = std::mem::take(&mut *self.lock_shelf());
+        drop(idle);
     }
 
     fn lock_shelf(&self) -> MutexGuard<'_, Shelf> {

@@ -194,6 +194,13 @@ impl Cluster {
         append(&self.data_dir.join("postgresql.conf"), &format!("\n{settings}\n"))
     }
 
+    /// Makes the running server read its configuration again (`pg_ctl reload`); the
+    /// settings a reload can change apply once each process has handled the signal.
+    pub fn reload(&self) -> Result<(), String> {
+        let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).arg("reload").output();
+        Self::check("pg_ctl reload", out)
+    }
+
     /// Promotes a replica to primary and waits until it is one.
     pub fn promote(&self) -> Result<(), String> {
         let out = self.command("pg_ctl").arg("-D").arg(&self.data_dir).args(["-w", "promote"]).output();

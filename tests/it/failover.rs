@@ -25,9 +25,22 @@ async fn write_until(conninfo: String, client_no: i64, stop: Arc<AtomicBool>) ->
     while !stop.load(Ordering::Relaxed) {
         let Some(c) = client.as_ref() else { break };
         next += 1;
-        match c.execute("INSERT INTO failover_writes (id, tenant_id) VALUES ($1, 7)", &[&next]).await {
-            Ok(1) => seen.acknowledged.push(next),
-            Ok(n) => seen.errors.push(format!("inserted {n} rows")),
+        // The simple protocol: PostgreSQL commits a lone statement before its
+        // CommandComplete. Through the extended protocol it commits at Sync, after
+        // CommandComplete, and tokio-postgres's `execute` returns on CommandComplete: a
+        // primary killed while that commit waited for the synchronous replica left an
+        // "acknowledged" insert that was never acknowledged (no ReadyForQuery), the
+        // same through pgtenant as directly.
+        let insert = format!("INSERT INTO failover_writes (id, tenant_id) VALUES ({next}, 7)");
+        let inserted = c.simple_query(&insert).await.map(|messages| {
+            messages.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::CommandComplete(n) => Some(*n),
+                _ => None,
+            })
+        });
+        match inserted {
+            Ok(Some(1)) => seen.acknowledged.push(next),
+            Ok(n) => seen.errors.push(format!("inserted {n:?} rows")),
             Err(e) => {
                 seen.errors.push(match e.as_db_error() {
                     Some(db) => format!("{} {}", db.code().code(), db.message()),

@@ -79,9 +79,6 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
     let on_replica =
         connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
     on_replica.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
-    // The pair commits with remote_apply: with replay paused, the primary would wait on
-    // every commit for the replica. These writes only need to make it lag.
-    admin.batch_execute("SET synchronous_commit = local").await.unwrap();
     admin
         .batch_execute("INSERT INTO replica_reads SELECT g, 7 FROM generate_series(1, 50000) g")
         .await

@@ -569,7 +569,7 @@ impl Session {
         if a.conn.queue.answer_lost(&mut self.client.wbuf, &error, status) {
             self.skip_until_sync = true;
         }
-        a.conn.discard();
+        a.conn.lost();
     }
 
     /// The client is gone: roll back what it left open, then give the server back.

@@ -126,22 +126,43 @@ pub fn private_tls_cluster(name: &str, shard_id: u16) -> Cluster {
 }
 
 /// A private primary set up as shard `shard_id` and a streaming replica of it (a
-/// physical slot, synchronous: the primary waits until it replayed every commit, so
-/// no acknowledged write can be lost when it is promoted).
+/// physical slot, synchronous: the primary waits until it flushed every commit, so no
+/// acknowledged write can be lost when it is promoted).
 pub fn private_cluster_with_replica(name: &str, shard_id: u16) -> (Cluster, Cluster) {
     let primary = create_cluster(name, shard_id, false);
     let bin = find_bin_dir().expect("PostgreSQL binaries");
     let replica = Cluster::new(&bin, &base_dir().join(format!("{name}_replica")), free_port());
     replica.init_replica_of(&primary, &format!("{name}_slot")).expect("pg_basebackup");
     replica.start().expect("replica start");
+    // Set by a reload: a restart would break the replica's stream for the 5 s its
+    // walreceiver waits before it connects again.
     primary
-        // remote_apply: a commit is acknowledged once the replica replayed it. With `on`
-        // (flushed there), PostgreSQL 15 here twice acknowledged an insert that the
-        // promoted replica then lacked: its recovery, re-reading the WAL at promotion,
-        // found zeros where it had read a record header before.
-        .configure("synchronous_commit = remote_apply\nsynchronous_standby_names = '*'")
+        .configure("synchronous_commit = on\nsynchronous_standby_names = '*'")
         .expect("synchronous standby");
-    primary.stop().expect("primary stop");
-    primary.start().expect("primary start");
+    primary.reload().expect("primary reload");
+    wait_for_synchronous_standby(&primary);
     (primary, replica)
+}
+
+/// Waits until the primary counts its replica as a synchronous standby (the reload has
+/// reached the walsender and the checkpointer), so every later commit waits for it.
+fn wait_for_synchronous_standby(primary: &Cluster) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = std::process::Command::new("psql")
+            .args(["-X", "-A", "-t", "-h", "127.0.0.1", "-p", &primary.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-c"])
+            .arg("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+            .output()
+            .expect("psql");
+        if String::from_utf8_lossy(&out.stdout).trim() == "1" {
+            // The walsender has the new setting; the checkpointer, which tells committing
+            // backends that a synchronous standby is configured, reads it on the same
+            // signal and is given a moment to.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the replica never became a synchronous standby");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
