@@ -186,6 +186,56 @@ async fn a_server_connection_closed_while_pooled_is_replaced_unseen() {
     proxy.shutdown().await;
 }
 
+/// A server connection lost under a client's request closes its pool's idle ones: on a
+/// node being stopped they are ending too, and the next request must not be put on one
+/// whose backend has not gone yet. The client's next request runs on a fresh one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let (first, second) = (proxy.connect(Some(7)).await, proxy.connect(Some(7)).await);
+    first.batch_execute("BEGIN").await.unwrap();
+    let a: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let b: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    first.batch_execute("COMMIT").await.unwrap();
+    assert_ne!(a, b, "two server connections, both idle now");
+
+    let sleeper = tokio::spawn(async move {
+        let err = first.batch_execute("SELECT pg_sleep(10)").await.unwrap_err();
+        (sqlstate(&err), first)
+    });
+    let admin = harness::shard_admin(1, "app").await;
+    let sleeping =
+        "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10)' AND state = 'active'";
+    let mut running = None;
+    for _ in 0..100 {
+        running = admin.query_opt(sleeping, &[]).await.unwrap().map(|r| r.get::<_, i32>(0));
+        if running.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let running = running.expect("the sleep runs");
+    let idle = if running == a { b } else { a };
+    let killed: bool =
+        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&running]).await.unwrap().get(0);
+    assert!(killed);
+    let (code, first) = sleeper.await.unwrap();
+    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
+    let closed = harness::eventually(Duration::from_secs(3), || async {
+        let n: i64 = admin
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&idle])
+            .await
+            .unwrap()
+            .get(0);
+        n == 0
+    })
+    .await;
+    assert!(closed.is_some(), "the pool's idle connection (pid {idle}) was closed with the lost one");
+    let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert!(next != a && next != b, "the next request runs on a fresh connection");
+    proxy.shutdown().await;
+}
+
 /// A client waiting for a full pool gets the place of a connection that closed under
 /// another client: it opens a new connection there instead of waiting out its timeout.
 #[tokio::test(flavor = "multi_thread")]
