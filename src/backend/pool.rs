@@ -232,7 +232,6 @@ impl ServerPool {
         self.0.close_idle();
     }
 
-
     /// Whether it was made for `user`'s pool size and server credentials.
     fn serves(&self, user: &UserConfig) -> bool {
         let target = &self.0.target;
