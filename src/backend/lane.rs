@@ -87,6 +87,10 @@ struct LaneInner {
     waker: Option<Waker>,
     /// No request may join: the lane is ending, or its connection cannot be trusted.
     closed: bool,
+    /// The driver let the requests written since its last write gather once, by
+    /// going to the back of its worker's run queue: the clients woken with the one
+    /// that wrote add theirs, and one system call sends them all.
+    gathered: bool,
 }
 
 struct Waiter {
@@ -118,6 +122,7 @@ impl Lane {
                 tenant_sets: 0,
                 waker: None,
                 closed: false,
+                gathered: false,
             }),
             settings_version,
             read_only,
@@ -206,6 +211,16 @@ impl LaneInner {
                 }
             }
             let Some(conn) = self.conn.as_deref_mut() else { return Poll::Ready(()) };
+            if !conn.io.wbuf.is_empty() {
+                if !self.gathered {
+                    self.gathered = true;
+                    self.register(cx);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                // This write takes what gathered.
+                self.gathered = false;
+            }
             let read = !self.waiting.is_empty();
             match conn.io.poll_io(cx, read) {
                 Poll::Ready(Ok(IoEvent::Read | IoEvent::Drained)) => {}
