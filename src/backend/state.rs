@@ -114,30 +114,30 @@ pub struct ResponseQueue {
     skipping_until_sync: bool,
     /// Statements whose Parse went out while the server was skipping: never prepared.
     skipped_prepares: Vec<u64>,
-    /// An extended-protocol COPY FROM STDIN is open on the server.
+    /// Whether a COPY FROM STDIN is open on the server.
     copy_in: CopyIn,
-    /// The server's last word was CopyInResponse (either protocol), and the client has
-    /// not ended the copy: the server reads nothing but copy data now.
-    copy_data_awaited: bool,
     /// Since when the server has had a request to answer, and since when the
     /// transaction it is in began (for the pool's statistics).
     request_since: Option<Instant>,
     xact_since: Option<Instant>,
 }
 
-/// The state of an extended-protocol COPY FROM STDIN, for the Syncs the client sent
-/// behind its Execute (libpq sends one at once, and another after CopyDone).
+/// A COPY FROM STDIN on the server, from its CopyInResponse (either protocol) until
+/// it completes, fails or the server is ready again.
 #[derive(Debug, Default)]
 enum CopyIn {
     #[default]
     Closed,
-    /// CopyInResponse came. A server in COPY reads and ignores the Syncs sent behind
-    /// the Execute, so they were taken off the queue; they are kept here in case the
-    /// COPY fails before the server read them.
     Open {
-        ignored_syncs: Vec<Pending>,
-        /// Copy data (or its end) went to the server since.
+        /// The client has not ended the copy: the server reads nothing but copy data.
+        awaits_data: bool,
+        /// Copy data (or its end) went to the server since the CopyInResponse.
         data_sent: bool,
+        /// For an Execute's COPY: a server in COPY reads and ignores the Syncs sent
+        /// behind the Execute (libpq sends one at once, and another after CopyDone), so
+        /// they were taken off the queue; they are kept here in case the COPY fails
+        /// before the server read them. `None` for a Query's.
+        ignored_syncs: Option<Vec<Pending>>,
     },
 }
 
@@ -291,17 +291,23 @@ impl ResponseQueue {
                 i += 1;
             }
         }
-        self.copy_in = CopyIn::Open { ignored_syncs, data_sent: false };
+        self.copy_in =
+            CopyIn::Open { awaits_data: true, data_sent: false, ignored_syncs: Some(ignored_syncs) };
+    }
+
+    /// The server no longer reads copy data (it answered the copy, or failed it).
+    fn copy_data_ended(&mut self) {
+        if let CopyIn::Open { awaits_data, .. } = &mut self.copy_in {
+            *awaits_data = false;
+        }
     }
 
     /// The client's copy data, CopyDone or CopyFail went to the server (`ends`: the
     /// copy ends with it, or with another message that fails it).
     pub fn note_copy_data(&mut self, ends: bool) {
-        if let CopyIn::Open { data_sent, .. } = &mut self.copy_in {
+        if let CopyIn::Open { data_sent, awaits_data, .. } = &mut self.copy_in {
             *data_sent = true;
-        }
-        if ends {
-            self.copy_data_awaited = false;
+            *awaits_data &= !ends;
         }
     }
 
@@ -309,7 +315,7 @@ impl ResponseQueue {
     /// message other than copy data then fails the copy on the server (which consumes
     /// it), and must not wait for the server, which waits for the client.
     pub fn awaits_copy_data(&self) -> bool {
-        self.copy_data_awaited
+        matches!(self.copy_in, CopyIn::Open { awaits_data: true, .. })
     }
 
     /// An extended COPY failed. One that failed before any copy data went out failed as
@@ -319,7 +325,9 @@ impl ResponseQueue {
     /// sent just as the server failed is the one case this reads wrong: the server
     /// and client then see one ReadyForQuery less than each Sync would give.)
     fn on_copy_error(&mut self) {
-        if let CopyIn::Open { ignored_syncs, data_sent: false } = std::mem::take(&mut self.copy_in) {
+        if let CopyIn::Open { ignored_syncs: Some(ignored_syncs), data_sent: false, .. } =
+            std::mem::take(&mut self.copy_in)
+        {
             for (k, sync) in ignored_syncs.into_iter().enumerate() {
                 self.pending.insert((1 + k).min(self.pending.len()), sync);
             }
@@ -353,12 +361,11 @@ impl ResponseQueue {
                 }
             }
             b'E' => {
-                self.copy_data_awaited = false;
+                self.copy_data_ended();
                 self.on_error(raw, out, &mut fx);
             }
             b'Z' => {
                 self.copy_in = CopyIn::Closed;
-                self.copy_data_awaited = false;
                 let status = raw.get(5).copied().and_then(TxStatus::from_byte);
                 fx.status = status;
                 fx.unprepared.append(&mut self.skipped_prepares);
@@ -393,11 +400,14 @@ impl ResponseQueue {
                 if forward {
                     out.extend_from_slice(raw);
                 }
-                self.copy_data_awaited = tag == b'G';
-                if tag == b'G' && reply == Reply::Execute {
-                    self.on_copy_in();
-                } else if tag == b'C' && reply == Reply::Execute {
-                    self.copy_in = CopyIn::Closed;
+                match tag {
+                    b'G' if reply == Reply::Execute => self.on_copy_in(),
+                    b'G' => {
+                        self.copy_in =
+                            CopyIn::Open { awaits_data: true, data_sent: false, ignored_syncs: None }
+                    }
+                    b'C' => self.copy_in = CopyIn::Closed,
+                    _ => self.copy_data_ended(),
                 }
                 self.pop_if_completed(reply, tag);
             }
