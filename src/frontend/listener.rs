@@ -77,11 +77,14 @@ pub async fn run_listener(
     let tasks = TaskTracker::new();
     let mut wait_for_clients = shared.wait_for_clients.subscribe();
     let mut patient = false;
+    // Sessions learn of the shutdown only once the listening sockets are closed, so a
+    // client that sees its idle session ended cannot then connect and be served.
+    let (stop_sessions, sessions_shutdown) = watch::channel(false);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
-                    tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), shutdown.clone()));
+                    tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), sessions_shutdown.clone()));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -105,9 +108,12 @@ pub async fn run_listener(
         }
     }
     for stream in listener.waiting() {
-        tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), shutdown.clone()));
+        tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), sessions_shutdown.clone()));
     }
     drop(listener);
+    if !patient {
+        let _ = stop_sessions.send(true);
+    }
     tasks.close();
     if patient {
         tracing::info!(clients = tasks.len(), "no longer accepting; waiting for every client to leave");
@@ -118,6 +124,7 @@ pub async fn run_listener(
                     // Nobody can stop it any more: the clients' leaving ends it.
                     std::future::pending::<()>().await;
                 }
+                let _ = stop_sessions.send(true);
                 true
             } => stopped,
         };
