@@ -644,16 +644,14 @@ async fn advisory_locks_pin_until_the_session_ends() {
     // The departed session's server is reset (DISCARD ALL) as it goes back to the pool, not
     // when a client next takes it: the lock goes with no other client asking for it.
     let admin = crate::harness::shard_admin(1, "app").await;
-    let released = crate::harness::eventually(Duration::from_secs(5), || async {
-        let held: i64 = admin
-            .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242", &[])
-            .await
-            .unwrap()
-            .get(0);
-        held == 0
-    })
+    let released = crate::harness::eventually_none(
+        &admin,
+        Duration::from_secs(5),
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242",
+        &[],
+    )
     .await;
-    assert!(released.is_some(), "the lock is released when the session ends");
+    assert!(released, "the lock is released when the session ends");
     let fresh = proxy.connect(Some(7)).await;
     let mut free = false;
     for _ in 0..3 {

@@ -221,16 +221,14 @@ async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool()
     assert!(killed);
     let (code, first) = sleeper.await.unwrap();
     assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
-    let closed = harness::eventually(Duration::from_secs(3), || async {
-        let n: i64 = admin
-            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&idle])
-            .await
-            .unwrap()
-            .get(0);
-        n == 0
-    })
+    let closed = harness::eventually_none(
+        &admin,
+        Duration::from_secs(3),
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+        &[&idle],
+    )
     .await;
-    assert!(closed.is_some(), "the pool's idle connection (pid {idle}) was closed with the lost one");
+    assert!(closed, "the pool's idle connection (pid {idle}) was closed with the lost one");
     let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     assert!(next != a && next != b, "the next request runs on a fresh connection");
     proxy.shutdown().await;

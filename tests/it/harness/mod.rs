@@ -213,6 +213,22 @@ where
     None
 }
 
+/// Whether the count that `count_sql` (a `SELECT count(*) ...`) returns falls to 0
+/// within `within`: something pgtenant should let go of was let go.
+pub async fn eventually_none(
+    client: &tokio_postgres::Client,
+    within: std::time::Duration,
+    count_sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> bool {
+    eventually(within, || async {
+        let n: i64 = client.query_one(count_sql, params).await.unwrap().get(0);
+        n == 0
+    })
+    .await
+    .is_some()
+}
+
 /// A superuser connection to shared shard `shard` (1 or 2), database `dbname`.
 pub async fn shard_admin(shard: usize, dbname: &str) -> tokio_postgres::Client {
     let port = shards().ports[shard - 1];
