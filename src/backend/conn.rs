@@ -84,6 +84,8 @@ pub struct ServerConn {
     pub opened_ms: u64,
     /// When it last went back to its pool (`coarse_clock::coarse_ms`).
     pub idle_since_ms: u64,
+    /// Its pool's epoch when it began to open (see `NodePool::epoch`).
+    pub pool_epoch: u64,
     /// Its pool's traffic counters, and the byte counts of `io` already added there.
     pub stats: Arc<PoolStats>,
     /// Its line in the admin console's SHOW SERVERS (once its pool took it).
@@ -358,6 +360,7 @@ async fn login(
         broken: false,
         opened_ms,
         idle_since_ms: opened_ms,
+        pool_epoch: 0,
         stats: Arc::default(),
         listed: None,
         counted_bytes: (0, 0),

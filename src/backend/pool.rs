@@ -89,9 +89,10 @@ struct NodePool {
     /// Where its connections are listed (SHOW SERVERS), and the shard it serves.
     servers: Arc<ConnRegistry>,
     shard: ShardId,
-    /// Connections opened before this (`coarse_clock::now_ms`) are closed as they come
-    /// back (an admin's RECONNECT).
-    retire_before_ms: std::sync::atomic::AtomicU64,
+    /// An admin's RECONNECT moves it on: connections that began to open in an earlier
+    /// epoch close as they come back (a count, not a time: a connection opened in the
+    /// same millisecond as the RECONNECT is retired too). `u64::MAX` retires them all.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 /// How many accepted start-up settings a pool remembers; past that, a login with new
@@ -145,7 +146,7 @@ impl ServerPool {
             stats: Arc::default(),
             servers,
             shard,
-            retire_before_ms: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
@@ -295,8 +296,7 @@ impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
             let now = coarse_clock::coarse_ms();
-            let retired =
-                conn.opened_ms < self.pool.retire_before_ms.load(std::sync::atomic::Ordering::Relaxed);
+            let retired = conn.pool_epoch < self.pool.epoch.load(std::sync::atomic::Ordering::Acquire);
             // A connection left mid-request (a task dropped before its answer ended) is
             // never handed to another client.
             if retired
@@ -354,12 +354,15 @@ impl NodePool {
         permit: SharePermit,
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, BackendError> {
-        let idle = pick(&mut self.lock_shelf(), wanted);
+        let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
+        // One that came back while a RECONNECT ran may have been shelved after it.
+        let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| conn.pool_epoch >= epoch);
         let conn = match idle {
             Some(conn) => conn,
             None => {
                 // Boxed: the login future is large, and every checkout future would carry its size.
                 let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
+                conn.pool_epoch = epoch;
                 let _ = self.startup_params.set(Arc::new(conn.params.clone()));
                 conn.stats = self.stats.clone();
                 conn.listed = Some(self.servers.register(
@@ -564,7 +567,7 @@ impl Pools {
                 // The user's pool size or server credentials changed (a RELOAD): the new
                 // pool takes over; the old one's connections close as they come back.
                 let old = held.insert(pool.clone());
-                old.0.retire_before_ms.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+                old.0.epoch.store(u64::MAX, std::sync::atomic::Ordering::Release);
                 old.close_idle();
                 tracing::info!(shard, user = %user.name, size = user.pool_size, "pool replaced after a configuration change");
                 pool
@@ -588,7 +591,7 @@ impl Pools {
         pools.retain(|key, pool| {
             let keep = users.iter().find(|u| u.name == key.user).is_none_or(|u| pool.serves(u));
             if !keep {
-                pool.0.retire_before_ms.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+                pool.0.epoch.store(u64::MAX, std::sync::atomic::Ordering::Release);
                 pool.close_idle();
             }
             keep
@@ -621,10 +624,12 @@ impl Pools {
             .filter(|(key, _)| pick(key.shard, &key.database))
             .map(|(_, pool)| pool.clone())
             .collect();
-        // Opened in this millisecond or later: kept.
-        let now = coarse_clock::now_ms();
         for pool in &pools {
-            pool.0.retire_before_ms.store(now, std::sync::atomic::Ordering::Relaxed);
+            let _ = pool.0.epoch.fetch_update(
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+                |epoch| Some(epoch.saturating_add(1)),
+            );
             pool.close_idle();
         }
         pools.len()

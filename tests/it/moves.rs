@@ -512,3 +512,73 @@ async fn a_proxy_killed_while_it_drives_a_move_resumes_it_once_restarted() {
         catalog.admin.query_one("SELECT count(*) FROM pgtenant.proxy_instance", &[]).await.unwrap().get(0);
     assert_eq!(proxies, 2, "the killed proxy's row stays (stale), the new one heartbeats");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_the_catalog_stops_asking_for_without_a_resume_is_lifted_and_the_held_client_runs() {
+    let db = "moves_unasked";
+    tenant_database(db).await;
+    seed(db, 1, 77, 10).await;
+    let catalog = new_catalog(db).await;
+    // A switched move whose driver (another proxy, alive) still has tenant 77 paused:
+    // this proxy holds it from the start.
+    catalog
+        .admin
+        .batch_execute(&format!(
+            "INSERT INTO pgtenant.proxy_instance (proxy_id, seen_at) VALUES ('elsewhere', now() + interval '1 hour');
+             INSERT INTO pgtenant.tenant_move (tenant_id, source_shard, target_shard, dbname, phase, driver, pause_epoch, paused)
+             VALUES (77, 1, 2, '{db}', 'switched', 'elsewhere', 1, true)"
+        ))
+        .await
+        .unwrap();
+    let proxy = start_proxy(&catalog, db, |_| {}).await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let held = crate::harness::eventually(Duration::from_secs(10), || async {
+        !console.query("SHOW PAUSES", &[]).await.unwrap().is_empty()
+    })
+    .await;
+    assert!(held.is_some(), "the proxy holds tenant 77 for the move");
+
+    let client = connect(&tenant_conninfo(&proxy, db, 77)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let rows = client.query("SELECT count(*) FROM orders", &[]).await;
+        rows.map(|r| r[0].get::<_, i64>(0))
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "held while the move's pause is in force");
+    // The catalog stops asking without the "resume" notification (a message missed
+    // while the connection was down): the next reconciliation lifts the pause.
+    catalog.admin.batch_execute("UPDATE pgtenant.tenant_move SET paused = false").await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the held client runs once the pause is lifted (pause_hold_ms is 60 s)")
+        .unwrap();
+    assert_eq!(answered.unwrap(), 10, "tenant 77's rows, on its mapped shard");
+    assert!(console.query("SHOW PAUSES", &[]).await.unwrap().is_empty(), "nothing paused any more");
+    // The agent still works: a new pause of another tenant is held and answered.
+    catalog
+        .admin
+        .batch_execute(&format!(
+            "INSERT INTO pgtenant.tenant_move (tenant_id, source_shard, target_shard, dbname, phase, driver, pause_epoch, paused)
+             VALUES (78, 1, 2, '{db}', 'switched', 'elsewhere', 1, true);
+             SELECT pg_notify('pgtenant_move', json_build_object('move_id', currval('pgtenant.tenant_move_move_id_seq'),
+                              'tenant', 78, 'epoch', 1, 'action', 'pause')::text)"
+        ))
+        .await
+        .unwrap();
+    let acked = crate::harness::eventually(Duration::from_secs(10), || async {
+        let n: i64 = catalog
+            .admin
+            .query_one(
+                "SELECT count(*) FROM pgtenant.move_ack a JOIN pgtenant.tenant_move m USING (move_id)
+                 WHERE m.tenant_id = 78",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n == 1
+    })
+    .await;
+    assert!(acked.is_some(), "the proxy acknowledged the second pause");
+    proxy.shutdown().await;
+}

@@ -190,7 +190,13 @@ async fn reconcile_pauses(svc: &MoveService, client: &Client) -> Result<(), Move
             let (paused, current, driver_alive): (bool, i32, bool) = (r.get(1), r.get(2), r.get(3));
             paused && current == epoch && (driver_alive || age < limit)
         });
-        if !wanted && let Some(tenant) = lock(&svc.held).get(&id).map(|h| h.tenant.clone()) {
+        if wanted {
+            continue;
+        }
+        // Its own statement: a guard in an `if let` lives through the block, and
+        // `release` takes the same lock (a worker thread blocked for good).
+        let tenant = lock(&svc.held).get(&id).map(|h| h.tenant.clone());
+        if let Some(tenant) = tenant {
             tracing::warn!(move_id = id, %tenant, "a move's pause the catalog no longer asks for; lifted");
             release(svc, id, &tenant);
         }
