@@ -91,9 +91,12 @@ struct NodePool {
     shard: ShardId,
     /// An admin's RECONNECT moves it on: connections that began to open in an earlier
     /// epoch close as they come back (a count, not a time: a connection opened in the
-    /// same millisecond as the RECONNECT is retired too). `u64::MAX` retires them all.
+    /// same millisecond as the RECONNECT is retired too). `RETIRED` retires them all.
     epoch: std::sync::atomic::AtomicU64,
 }
+
+/// A pool's epoch once it was replaced or dropped: none of its connections is reused.
+const RETIRED: u64 = u64::MAX;
 
 /// How many accepted start-up settings a pool remembers; past that, a login with new
 /// ones is checked by a server each time (a cost, not an error).
@@ -296,7 +299,7 @@ impl Drop for PooledConn {
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
             let now = coarse_clock::coarse_ms();
-            let retired = conn.pool_epoch < self.pool.epoch.load(std::sync::atomic::Ordering::Acquire);
+            let retired = self.pool.retires(conn.pool_epoch);
             // A connection left mid-request (a task dropped before its answer ended) is
             // never handed to another client.
             if retired
@@ -342,6 +345,12 @@ impl NodePool {
         drop(idle);
     }
 
+    /// Whether a connection that began to open in `epoch` is to be closed, not reused.
+    fn retires(&self, epoch: u64) -> bool {
+        let now = self.epoch.load(std::sync::atomic::Ordering::Acquire);
+        epoch < now || now == RETIRED
+    }
+
     fn lock_shelf(&self) -> MutexGuard<'_, Shelf> {
         // The shelf stays consistent across a panic elsewhere: each change is one step.
         self.shelf.lock().unwrap_or_else(|e| e.into_inner())
@@ -356,7 +365,7 @@ impl NodePool {
     ) -> Result<PooledConn, BackendError> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
         // One that came back while a RECONNECT ran may have been shelved after it.
-        let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| conn.pool_epoch >= epoch);
+        let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
         let conn = match idle {
             Some(conn) => conn,
             None => {
@@ -567,7 +576,7 @@ impl Pools {
                 // The user's pool size or server credentials changed (a RELOAD): the new
                 // pool takes over; the old one's connections close as they come back.
                 let old = held.insert(pool.clone());
-                old.0.epoch.store(u64::MAX, std::sync::atomic::Ordering::Release);
+                old.0.epoch.store(RETIRED, std::sync::atomic::Ordering::Release);
                 old.close_idle();
                 tracing::info!(shard, user = %user.name, size = user.pool_size, "pool replaced after a configuration change");
                 pool
@@ -591,7 +600,7 @@ impl Pools {
         pools.retain(|key, pool| {
             let keep = users.iter().find(|u| u.name == key.user).is_none_or(|u| pool.serves(u));
             if !keep {
-                pool.0.epoch.store(u64::MAX, std::sync::atomic::Ordering::Release);
+                pool.0.epoch.store(RETIRED, std::sync::atomic::Ordering::Release);
                 pool.close_idle();
             }
             keep

@@ -338,8 +338,19 @@ impl Session {
             let server = &mut self.server;
             let idle_deadline = &mut self.idle_deadline;
             let listed = &self.listed;
-            // Fixed order: the server's answers first (they free a connection).
+            // Fixed order: an admin's KILL first (as on PostgreSQL, nothing the client
+            // sends after the KILL was answered runs), then the server's answers (they
+            // free a connection).
             let event = poll_fn(|cx| {
+                let killed = if kill_armed {
+                    listed.is_killed()
+                } else {
+                    kill_armed = true;
+                    kill_signal.as_mut().poll(cx).is_ready()
+                };
+                if killed {
+                    return Poll::Ready(Event::Killed);
+                }
                 if let Some(a) = server.as_mut()
                     && let Poll::Ready(r) = poll_side(&mut a.conn.io, cx, server_read, watch_server_drain)
                 {
@@ -368,15 +379,6 @@ impl Session {
                     && grace.as_mut().poll(cx).is_ready()
                 {
                     return Poll::Ready(Event::GraceOver);
-                }
-                let killed = if kill_armed {
-                    listed.is_killed()
-                } else {
-                    kill_armed = true;
-                    kill_signal.as_mut().poll(cx).is_ready()
-                };
-                if killed {
-                    return Poll::Ready(Event::Killed);
                 }
                 Poll::Pending
             })
