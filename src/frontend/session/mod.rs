@@ -440,6 +440,10 @@ impl Session {
     async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
         self.asked_anything = true;
         loop {
+            if self.listed.is_killed() {
+                // Requests queued behind the one that ran when the KILL came do not run.
+                return Err(FrontendError::Killed);
+            }
             if self.client.wbuf.len() >= HIGH_WATER {
                 // Answers pgtenant gives itself (snowflake IDs) can be far larger than the
                 // requests: a client that does not read them must not grow this buffer.
