@@ -421,6 +421,51 @@ async fn kill_reconnect_and_shutdown_act_on_the_proxy() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_killed_client_sends_none_of_the_requests_it_queued() {
+    let proxy = start().await;
+    let shard = crate::harness::shard_admin(1, "app").await;
+    shard
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS kill_queued (tenant_id bigint, note text);
+             GRANT ALL ON kill_queued TO app; DELETE FROM kill_queued",
+        )
+        .await
+        .unwrap();
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    // No session tenant: the INSERT (tenant 7's) waits for the answer ahead of it
+    // before pgtenant routes it.
+    let mut victim = crate::harness::raw::RawClient::login(proxy.addr, &[]).await;
+    let mut pipelined = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query("SELECT pg_sleep(1)", &mut pipelined).unwrap();
+    postgres_protocol::message::frontend::query(
+        "INSERT INTO kill_queued (tenant_id, note) VALUES (7, 'sent after the KILL')",
+        &mut pipelined,
+    )
+    .unwrap();
+    victim.send(&pipelined).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id: i64 = console
+        .query("SHOW CLIENTS", &[])
+        .await
+        .unwrap()
+        .iter()
+        .find(|r| r.get::<_, String>("database") == "app")
+        .map(|r| r.get("id"))
+        .expect("the victim is listed");
+    console.simple_query(&format!("KILL CLIENT {id}")).await.unwrap();
+    let mut seen = Vec::new();
+    while let Some(m) = victim.recv().await {
+        seen.push(m);
+    }
+    assert_eq!(crate::harness::raw::sqlstate(&seen).as_deref(), Some("57P01"), "ended by the KILL");
+    // The sleep ends on the server; the INSERT must never reach it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rows: i64 = shard.query_one("SELECT count(*) FROM kill_queued", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0, "the request queued behind the KILL was not sent");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn readiness_follows_the_catalog() {
     let cluster =
         tokio::task::spawn_blocking(|| crate::harness::private_cluster("ready_catalog", 9)).await.unwrap();

@@ -440,10 +440,8 @@ impl Session {
     async fn on_client_bytes(&mut self) -> Result<bool, FrontendError> {
         self.asked_anything = true;
         loop {
-            if self.listed.is_killed() {
-                // Requests queued behind the one that ran when the KILL came do not run.
-                return Err(FrontendError::Killed);
-            }
+            // Requests queued behind the one that ran when the KILL came are not sent.
+            self.fail_if_killed()?;
             if self.client.wbuf.len() >= HIGH_WATER {
                 // Answers pgtenant gives itself (snowflake IDs) can be far larger than the
                 // requests: a client that does not read them must not grow this buffer.
@@ -461,6 +459,7 @@ impl Session {
                 // A request pipelined behind one the server has not answered yet: wait for
                 // that answer, so that this one is routed (and its tenant GUC set) afresh.
                 self.settle().await?;
+                self.fail_if_killed()?;
             }
             if starts_request
                 && frame.tag != b'X'
@@ -529,6 +528,11 @@ impl Session {
                 && !a.conn.queue.is_empty()
                 && (a.tenant_in_request || self.tenant.is_none() || self.tenant != a.route.tenant)
         })
+    }
+
+    /// An admin's KILL came: the session ends before it sends anything more.
+    fn fail_if_killed(&self) -> Result<(), FrontendError> {
+        if self.listed.is_killed() { Err(FrontendError::Killed) } else { Ok(()) }
     }
 
     /// Waits until the attached server has answered everything sent to it, relaying
