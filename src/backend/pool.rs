@@ -347,8 +347,8 @@ impl NodePool {
 
     /// Whether a connection that began to open in `epoch` is to be closed, not reused.
     fn retires(&self, epoch: u64) -> bool {
-        let now = self.epoch.load(std::sync::atomic::Ordering::Acquire);
-        epoch < now || now == RETIRED
+        let current = self.epoch.load(std::sync::atomic::Ordering::Acquire);
+        epoch < current || current == RETIRED
     }
 
     fn lock_shelf(&self) -> MutexGuard<'_, Shelf> {

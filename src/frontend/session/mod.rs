@@ -338,9 +338,9 @@ impl Session {
             let server = &mut self.server;
             let idle_deadline = &mut self.idle_deadline;
             let listed = &self.listed;
-            // Fixed order: an admin's KILL first (as on PostgreSQL, nothing the client
-            // sends after the KILL was answered runs), then the server's answers (they
-            // free a connection).
+            // Fixed order: an admin's KILL first (a request that arrives with it is not
+            // sent, as a terminated PostgreSQL backend runs nothing more), then the
+            // server's answers (they free a connection).
             let event = poll_fn(|cx| {
                 let killed = if kill_armed {
                     listed.is_killed()
