@@ -236,6 +236,24 @@ impl ServerPool {
         self.0.close_idle();
     }
 
+    /// Replaced or dropped (a RELOAD): none of its connections is reused; idle ones
+    /// close now, busy ones when they come back.
+    fn retire_all(&self) {
+        self.0.epoch.store(RETIRED, std::sync::atomic::Ordering::Release);
+        self.close_idle();
+    }
+
+    /// RECONNECT: the connections open or opening now are not reused (idle ones close
+    /// now, busy ones when they come back); later ones are.
+    fn retire_open(&self) {
+        let _ = self.0.epoch.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |epoch| Some(epoch.saturating_add(1)),
+        );
+        self.close_idle();
+    }
+
     /// Whether it was made for `user`'s pool size and server credentials.
     fn serves(&self, user: &UserConfig) -> bool {
         let target = &self.0.target;
@@ -576,8 +594,7 @@ impl Pools {
                 // The user's pool size or server credentials changed (a RELOAD): the new
                 // pool takes over; the old one's connections close as they come back.
                 let old = held.insert(pool.clone());
-                old.0.epoch.store(RETIRED, std::sync::atomic::Ordering::Release);
-                old.close_idle();
+                old.retire_all();
                 tracing::info!(shard, user = %user.name, size = user.pool_size, "pool replaced after a configuration change");
                 pool
             }
@@ -600,8 +617,7 @@ impl Pools {
         pools.retain(|key, pool| {
             let keep = users.iter().find(|u| u.name == key.user).is_none_or(|u| pool.serves(u));
             if !keep {
-                pool.0.epoch.store(RETIRED, std::sync::atomic::Ordering::Release);
-                pool.close_idle();
+                pool.retire_all();
             }
             keep
         });
@@ -634,12 +650,7 @@ impl Pools {
             .map(|(_, pool)| pool.clone())
             .collect();
         for pool in &pools {
-            let _ = pool.0.epoch.fetch_update(
-                std::sync::atomic::Ordering::AcqRel,
-                std::sync::atomic::Ordering::Acquire,
-                |epoch| Some(epoch.saturating_add(1)),
-            );
-            pool.close_idle();
+            pool.retire_open();
         }
         pools.len()
     }
