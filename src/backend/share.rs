@@ -96,6 +96,25 @@ struct Waiter {
     grant: oneshot::Sender<SharePermit>,
 }
 
+/// A checkout's place in its tenant's line while it waits; given up when dropped.
+struct PlaceInLine<'a> {
+    gate: &'a ShareGate,
+    key: &'a ShareKey,
+    ticket: u64,
+}
+
+impl PlaceInLine<'_> {
+    fn leave(&self) -> bool {
+        self.gate.leave_line(self.key, self.ticket)
+    }
+}
+
+impl Drop for PlaceInLine<'_> {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
 /// One of the gate's places, held by a checked-out connection; dropping it gives the
 /// place back (to the next waiting tenant, if any).
 pub struct SharePermit {
@@ -255,6 +274,9 @@ impl ShareGate {
             self.publish(&state);
             (ticket, granted)
         };
+        // Dropped with this future (its client left, or the wait timed out): the
+        // waiter leaves its line, so it counts as waiting no longer.
+        let place = PlaceInLine { gate: self, key, ticket };
         let deadline = Instant::now() + timeout;
         loop {
             let wait = WAITER_TICK.min(deadline.saturating_duration_since(Instant::now()));
@@ -274,22 +296,29 @@ impl ShareGate {
                     Self::send(grants);
                 }
                 Err(_deadline) => {
-                    let mut state = self.lock();
-                    let removed = state.tenants.get_mut(key).and_then(|line| {
-                        let at = line.queue.iter().position(|w| w.ticket == ticket)?;
-                        line.queue.remove(at)
-                    });
-                    if removed.is_some() {
-                        state.waiting -= 1;
-                        self.publish(&state);
+                    if place.leave() {
                         return Err(GateError::Timeout);
                     }
-                    drop(state);
                     // Granted just now (or closed): the answer is in the channel.
                     return granted.try_recv().map_err(|_| GateError::Closed);
                 }
             }
         }
+    }
+
+    /// Takes waiter `ticket` out of `key`'s line; false when it was not there any more
+    /// (granted meanwhile, or the gate closed).
+    fn leave_line(&self, key: &ShareKey, ticket: u64) -> bool {
+        let mut state = self.lock();
+        let removed = state.tenants.get_mut(key).and_then(|line| {
+            let at = line.queue.iter().position(|w| w.ticket == ticket)?;
+            line.queue.remove(at)
+        });
+        if removed.is_some() {
+            state.waiting -= 1;
+            self.publish(&state);
+        }
+        removed.is_some()
     }
 
     fn lock(&self) -> MutexGuard<'_, GateState> {
@@ -428,6 +457,27 @@ mod tests {
         let mut state = gate.lock();
         state.next_plan_ms = 0;
         gate.plan_if_due(&mut state, coarse_clock::now_ms());
+    }
+
+    /// A checkout dropped while it waits (its client left) leaves its line: it counts
+    /// as waiting no more, and the next place given back goes to a live waiter.
+    #[tokio::test]
+    async fn a_waiting_checkout_that_is_dropped_leaves_its_line() {
+        let gate = gate(1, true);
+        let held = gate.try_acquire(&tenant(7)).unwrap().unwrap();
+        let seven = tenant(7);
+        let waiting = gate.acquire(&seven, Duration::from_secs(30));
+        let abandoned = tokio::time::timeout(Duration::from_millis(50), waiting).await;
+        assert!(abandoned.is_err(), "the pool's one place is held");
+        assert_eq!(gate.waiting(), 0, "the dropped checkout left its line");
+        assert_eq!(gate.lock().tenants.get(&tenant(7)).map_or(0, |l| l.queue.len()), 0);
+        let g = gate.clone();
+        let next = tokio::spawn(async move { g.acquire(&tenant(8), Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        assert_eq!(gate.waiting(), 1);
+        drop(held);
+        assert!(next.await.unwrap().is_ok(), "the place went to the live waiter");
+        assert_eq!(gate.waiting(), 0);
     }
 
     #[tokio::test]

@@ -698,6 +698,78 @@ async fn a_client_that_leaves_while_pgtenant_awaits_its_answers_frees_its_server
     }
 }
 
+/// The application clients the console lists, by state.
+async fn client_states(console: &tokio_postgres::Client) -> Vec<String> {
+    let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
+    let mut states: Vec<String> = rows
+        .iter()
+        .filter(|r| r.get::<_, String>("database") == "app")
+        .map(|r| r.get::<_, String>("state"))
+        .collect();
+    states.sort();
+    states
+}
+
+/// A client that leaves while its request waits (for the one connection of a full pool,
+/// or held by an admin PAUSE) is gone at once: its session ends and its place in the
+/// line is given back. Before, both lasted until the wait timed out (20 s and 60 s here),
+/// the console listed it as waiting all along, and its place counted in the line.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    let login = [("options", "-c pgtenant.tenant_id=7")];
+    let mut query = BytesMut::new();
+    frontend::query("SELECT 'waiter'", &mut query).unwrap();
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let proxy = start_proxy(|c| {
+            c.proxy.pool_mode = mode;
+            c.users[0].pool_size = 1;
+            c.proxy.checkout_timeout_ms = 20_000;
+        })
+        .await;
+        let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
+        let holder = proxy.connect(Some(7)).await;
+        holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        let mut waiter = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
+        waiter.send(&query).await;
+        let waiting = eventually(Duration::from_secs(5), || async {
+            client_states(&console).await == ["active", "waiting"]
+        })
+        .await;
+        assert!(waiting.is_some(), "{mode:?}: {:?}", client_states(&console).await);
+        drop(waiter);
+        let gone =
+            eventually(Duration::from_secs(3), || async { client_states(&console).await == ["active"] })
+                .await;
+        assert!(gone.is_some(), "{mode:?}: still listed: {:?}", client_states(&console).await);
+        let pools = console.query("SHOW POOLS", &[]).await.unwrap();
+        let waiting: i64 = pools.iter().map(|r| r.get::<_, i64>("cl_waiting")).sum();
+        assert_eq!(waiting, 0, "{mode:?}");
+        holder.batch_execute("COMMIT").await.unwrap();
+        drop(holder);
+        let next = proxy.connect(Some(7)).await;
+        let row = next.query_one("SELECT 'served'::text", &[]).await.expect("the connection is free");
+        assert_eq!(row.get::<_, String>(0), "served", "{mode:?}");
+        drop(next);
+
+        // Held by a PAUSE of its shard, then gone.
+        console.simple_query("PAUSE").await.unwrap();
+        let mut held = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
+        held.send(&query).await;
+        let paused =
+            eventually(Duration::from_secs(5), || async { client_states(&console).await == ["paused"] })
+                .await;
+        assert!(paused.is_some(), "{mode:?}: {:?}", client_states(&console).await);
+        drop(held);
+        let gone =
+            eventually(Duration::from_secs(3), || async { client_states(&console).await.is_empty() }).await;
+        assert!(gone.is_some(), "{mode:?}: still listed: {:?}", client_states(&console).await);
+        console.simple_query("RESUME").await.unwrap();
+        proxy.shutdown().await;
+    }
+}
+
 /// While pgtenant awaits a server's answers for a request it answers itself, it keeps
 /// at most a bounded part of them: a client that does not read a 200 MB result leaves
 /// the server waiting to write (before the change, pgtenant read the whole result into

@@ -9,6 +9,7 @@
 //!   pgtenant's own replies go through that queue whenever it is not empty, so the
 //!   client sees them in order.
 
+mod client_watch;
 mod deallocate;
 mod extended;
 mod failed_tx;
@@ -568,13 +569,7 @@ impl Session {
                     self.on_server_lost("the server closed the connection".into())
                 }
                 Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
-                Event::Client(Ok(IoEvent::Closed)) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        "the client left",
-                    )
-                    .into());
-                }
+                Event::Client(Ok(IoEvent::Closed)) => return Err(client_watch::client_left()),
                 Event::Client(Err(e)) => return Err(e.into()),
                 _ => {}
             }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
+use super::client_watch::unless_client_leaves;
 use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, LagBound, NodeKey, PrimaryChoice};
 use crate::backend::{BackendError, CheckoutError};
@@ -271,7 +272,8 @@ impl Session {
             return Ok(None);
         };
         let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
-        match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
+        let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
+        match unless_client_leaves(&mut self.client, checkout).await? {
             Ok(conn) => Ok(Some(conn)),
             Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() => {
                 self.mark_gone(route.shard, &pool, &source);
@@ -305,12 +307,8 @@ impl Session {
         let shard = route.shard;
         let on_hold =
             |held| listed.set_state(if held { ConnState::Paused } else { ConnState::Waiting }, Some(shard));
-        let held = self
-            .shared
-            .pauses
-            .wait_open(shard, route.tenant.as_ref(), hold, on_hold)
-            .await
-            .map_err(FrontendError::Paused)?;
+        let wait = self.shared.pauses.wait_open(shard, route.tenant.as_ref(), hold, on_hold);
+        let held = unless_client_leaves(&mut self.client, wait).await?.map_err(FrontendError::Paused)?;
         if held && let Some(tenant) = &route.tenant {
             let placement =
                 self.shared.router.placement(tenant).await.map_err(|e| FrontendError::Route(e.into()))?;
@@ -335,7 +333,8 @@ impl Session {
         let mut tries = 0;
         loop {
             let pool = self.pool_of(route.shard).await?;
-            match self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted).await {
+            let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
+            match unless_client_leaves(&mut self.client, checkout).await? {
                 Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() && tries < 3 => {
                     tries += 1;
                     self.mark_gone(route.shard, &pool, &source);
@@ -372,7 +371,11 @@ impl Session {
             }
             // Looked at again at least every 100 ms: a change between the look above
             // and this wait is not missed for long.
-            shared.health.changed_within(left.min(Duration::from_millis(100))).await;
+            unless_client_leaves(
+                &mut self.client,
+                shared.health.changed_within(left.min(Duration::from_millis(100))),
+            )
+            .await?;
         }
     }
 
