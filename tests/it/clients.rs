@@ -713,7 +713,8 @@ async fn client_states(console: &tokio_postgres::Client) -> Vec<String> {
 /// A client that leaves while its request waits (for the one connection of a full pool,
 /// or held by an admin PAUSE) is gone at once: its session ends and its place in the
 /// line is given back. Before, both lasted until the wait timed out (20 s and 60 s here),
-/// the console listed it as waiting all along, and its place counted in the line.
+/// the console listed it as waiting all along, and its place counted in the line. An
+/// admin's KILL of a waiting client ends it at once too (before, when the wait ended).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
     use bytes::BytesMut;
@@ -746,6 +747,30 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
         let pools = console.query("SHOW POOLS", &[]).await.unwrap();
         let waiting: i64 = pools.iter().map(|r| r.get::<_, i64>("cl_waiting")).sum();
         assert_eq!(waiting, 0, "{mode:?}");
+        // A waiting client an admin KILLs is ended at once, with the KILL's FATAL only.
+        let mut killed = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
+        killed.send(&query).await;
+        let waiting = eventually(Duration::from_secs(5), || async {
+            client_states(&console).await == ["active", "waiting"]
+        })
+        .await;
+        assert!(waiting.is_some(), "{mode:?}: {:?}", client_states(&console).await);
+        let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
+        let id: i64 =
+            rows.iter().find(|r| r.get::<_, String>("state") == "waiting").map(|r| r.get("id")).unwrap();
+        console.simple_query(&format!("KILL CLIENT {id}")).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(3), async {
+            let mut seen = Vec::new();
+            while let Some(m) = killed.recv().await {
+                seen.push(m);
+            }
+            seen
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{mode:?}: the killed client was not ended within 3 s"));
+        let errors: Vec<(u8, Option<String>)> =
+            ended.iter().filter(|m| m.tag == b'E' || m.tag == b'Z').map(|m| (m.tag, m.sqlstate())).collect();
+        assert_eq!(errors, [(b'E', Some("57P01".to_string()))], "{mode:?}");
         holder.batch_execute("COMMIT").await.unwrap();
         drop(holder);
         let next = proxy.connect(Some(7)).await;

@@ -605,6 +605,11 @@ impl Session {
 
     /// Answers a request with an error; `ready` adds the ReadyForQuery a simple query owes.
     fn reply_error(&mut self, err: &FrontendError, ready: bool) {
+        if matches!(err, FrontendError::Killed) {
+            // A KILL that ended a wait: the session ends at its next look at the kill
+            // flag (before any other request), with the FATAL a KILL sends.
+            return;
+        }
         if matches!(err, FrontendError::Route(_)) {
             let tenant = self.tenant.as_ref().map(ToString::to_string);
             tracing::info!(client = self.cancel.pid, tenant, error = %err, "routing error");
