@@ -720,8 +720,17 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
     use bytes::BytesMut;
     use postgres_protocol::message::frontend;
     let login = [("options", "-c pgtenant.tenant_id=7")];
-    let mut query = BytesMut::new();
-    frontend::query("SELECT 'waiter'", &mut query).unwrap();
+    // The same wait in both protocols, and with a second request pipelined behind it.
+    let mut simple = BytesMut::new();
+    frontend::query("SELECT 'waiter'", &mut simple).unwrap();
+    let mut extended = BytesMut::new();
+    frontend::parse("", "SELECT 'waiter'", std::iter::empty(), &mut extended).unwrap();
+    crate::harness::raw::bind_unnamed(&mut extended);
+    frontend::execute("", 0, &mut extended).unwrap();
+    frontend::sync(&mut extended);
+    let mut pipelined = simple.clone();
+    frontend::query("SELECT 'behind the waiter'", &mut pipelined).unwrap();
+    let requests = [("simple", simple), ("extended", extended), ("pipelined", pipelined)];
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         let proxy = start_proxy(|c| {
             c.proxy.pool_mode = mode;
@@ -732,45 +741,51 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
         let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
         let holder = proxy.connect(Some(7)).await;
         holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
-        let mut waiter = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
-        waiter.send(&query).await;
-        let waiting = eventually(Duration::from_secs(5), || async {
-            client_states(&console).await == ["active", "waiting"]
-        })
-        .await;
-        assert!(waiting.is_some(), "{mode:?}: {:?}", client_states(&console).await);
-        drop(waiter);
-        let gone =
-            eventually(Duration::from_secs(3), || async { client_states(&console).await == ["active"] })
-                .await;
-        assert!(gone.is_some(), "{mode:?}: still listed: {:?}", client_states(&console).await);
-        let pools = console.query("SHOW POOLS", &[]).await.unwrap();
-        let waiting: i64 = pools.iter().map(|r| r.get::<_, i64>("cl_waiting")).sum();
-        assert_eq!(waiting, 0, "{mode:?}");
-        // A waiting client an admin KILLs is ended at once, with the KILL's FATAL only.
-        let mut killed = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
-        killed.send(&query).await;
-        let waiting = eventually(Duration::from_secs(5), || async {
-            client_states(&console).await == ["active", "waiting"]
-        })
-        .await;
-        assert!(waiting.is_some(), "{mode:?}: {:?}", client_states(&console).await);
-        let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
-        let id: i64 =
-            rows.iter().find(|r| r.get::<_, String>("state") == "waiting").map(|r| r.get("id")).unwrap();
-        console.simple_query(&format!("KILL CLIENT {id}")).await.unwrap();
-        let ended = tokio::time::timeout(Duration::from_secs(3), async {
-            let mut seen = Vec::new();
-            while let Some(m) = killed.recv().await {
-                seen.push(m);
-            }
-            seen
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{mode:?}: the killed client was not ended within 3 s"));
-        let errors: Vec<(u8, Option<String>)> =
-            ended.iter().filter(|m| m.tag == b'E' || m.tag == b'Z').map(|m| (m.tag, m.sqlstate())).collect();
-        assert_eq!(errors, [(b'E', Some("57P01".to_string()))], "{mode:?}");
+        for (protocol, request) in &requests {
+            let mut waiter = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
+            waiter.send(request).await;
+            let waiting = eventually(Duration::from_secs(5), || async {
+                client_states(&console).await == ["active", "waiting"]
+            })
+            .await;
+            assert!(waiting.is_some(), "{mode:?} {protocol}: {:?}", client_states(&console).await);
+            drop(waiter);
+            let gone =
+                eventually(Duration::from_secs(3), || async { client_states(&console).await == ["active"] })
+                    .await;
+            assert!(gone.is_some(), "{mode:?} {protocol}: still listed: {:?}", client_states(&console).await);
+            let pools = console.query("SHOW POOLS", &[]).await.unwrap();
+            let waiting: i64 = pools.iter().map(|r| r.get::<_, i64>("cl_waiting")).sum();
+            assert_eq!(waiting, 0, "{mode:?} {protocol}");
+
+            // A waiting client an admin KILLs is ended at once, with the KILL's FATAL only.
+            let mut killed = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
+            killed.send(request).await;
+            let waiting = eventually(Duration::from_secs(5), || async {
+                client_states(&console).await == ["active", "waiting"]
+            })
+            .await;
+            assert!(waiting.is_some(), "{mode:?} {protocol}: {:?}", client_states(&console).await);
+            let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
+            let id: i64 =
+                rows.iter().find(|r| r.get::<_, String>("state") == "waiting").map(|r| r.get("id")).unwrap();
+            console.simple_query(&format!("KILL CLIENT {id}")).await.unwrap();
+            let ended = tokio::time::timeout(Duration::from_secs(3), async {
+                let mut seen = Vec::new();
+                while let Some(m) = killed.recv().await {
+                    seen.push(m);
+                }
+                seen
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{mode:?} {protocol}: the killed client was not ended within 3 s"));
+            let errors: Vec<(u8, Option<String>)> = ended
+                .iter()
+                .filter(|m| m.tag == b'E' || m.tag == b'Z')
+                .map(|m| (m.tag, m.sqlstate()))
+                .collect();
+            assert_eq!(errors, [(b'E', Some("57P01".to_string()))], "{mode:?} {protocol}");
+        }
         holder.batch_execute("COMMIT").await.unwrap();
         drop(holder);
         let next = proxy.connect(Some(7)).await;
@@ -780,16 +795,19 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
 
         // Held by a PAUSE of its shard, then gone.
         console.simple_query("PAUSE").await.unwrap();
-        let mut held = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
-        held.send(&query).await;
-        let paused =
-            eventually(Duration::from_secs(5), || async { client_states(&console).await == ["paused"] })
-                .await;
-        assert!(paused.is_some(), "{mode:?}: {:?}", client_states(&console).await);
-        drop(held);
-        let gone =
-            eventually(Duration::from_secs(3), || async { client_states(&console).await.is_empty() }).await;
-        assert!(gone.is_some(), "{mode:?}: still listed: {:?}", client_states(&console).await);
+        for (protocol, request) in &requests {
+            let mut held = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
+            held.send(request).await;
+            let paused =
+                eventually(Duration::from_secs(5), || async { client_states(&console).await == ["paused"] })
+                    .await;
+            assert!(paused.is_some(), "{mode:?} {protocol}: {:?}", client_states(&console).await);
+            drop(held);
+            let gone =
+                eventually(Duration::from_secs(3), || async { client_states(&console).await.is_empty() })
+                    .await;
+            assert!(gone.is_some(), "{mode:?} {protocol}: still listed: {:?}", client_states(&console).await);
+        }
         console.simple_query("RESUME").await.unwrap();
         proxy.shutdown().await;
     }
