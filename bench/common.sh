@@ -37,6 +37,21 @@ start_dev() {
   [ -d "/proc/$PROXY_PID" ] || { echo "pgtenant dev did not start:" >&2; cat "$STATE/proxy.log" >&2; exit 1; }
 }
 
+# enable_shard_tls DIR PORT: TLS on the shard cluster in DIR (dev's certificate), so
+# that a direct client can use it as it does through the proxies.
+enable_shard_tls() {
+  cp "$STATE/tls/server.crt" "$STATE/tls/server.key" "$1/"
+  chmod 600 "$1/server.key"
+  chown "$(stat -c %U "$1")" "$1/server.crt" "$1/server.key"
+  psql -U postgres -d postgres -p "$2" -XAtq -c "ALTER SYSTEM SET ssl = on" -c "SELECT pg_reload_conf()" >/dev/null
+  for _ in $(seq 50); do
+    PGSSLMODE=require psql -p "$2" -XAtc "select 1" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "TLS on the shard at $2 did not come up" >&2
+  return 1
+}
+
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 
@@ -59,11 +74,20 @@ default_pool_size = 20
 max_client_conn = 200
 logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
+; plain to the server, as pgtenant's default [server_tls] mode = "disable"
+server_tls_sslmode = disable
 INI
+  if [ "${TLS:-0}" = 1 ]; then
+    # TLS to clients with dev's certificate, as pgtenant serves it.
+    cp "$STATE/tls/server.crt" "$STATE/tls/server.key" "$dir/"
+    chmod 600 "$dir/server.key"
+    printf 'client_tls_sslmode = require\nclient_tls_cert_file = %s\nclient_tls_key_file = %s\n' \
+      "$dir/server.crt" "$dir/server.key" >>"$dir/pgbouncer.ini"
+  fi
   echo '"app" "app"' >"$dir/userlist.txt"
   chmod 644 "$dir"/pgbouncer.ini "$dir"/userlist.txt
   local run_as=""
-  [ "$(id -u)" = 0 ] && run_as="runuser -u postgres --" && chown postgres "$dir"
+  [ "$(id -u)" = 0 ] && run_as="runuser -u postgres --" && chown -R postgres "$dir"
   $run_as pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
   wait_for_port "$2" || true
   BOUNCER_PID=$(cat "$dir/pgbouncer.pid" 2>/dev/null || echo 0)

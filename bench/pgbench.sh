@@ -15,9 +15,14 @@
 # Unix socket instead of TCP, as a proxy on the database host would, and so does a
 # second PgBouncer ("pgbouncer-unix") when PgBouncer is installed.
 #
+# Clients connect without TLS unless TLS=1: then every target is reached over TLS
+# (sslmode=require): pgtenant and PgBouncer with dev's certificate, and PostgreSQL itself,
+# which the script turns TLS on for. Both proxies stay plain to the server (pgtenant's
+# default `[server_tls] mode = "disable"`; PgBouncer's server_tls_sslmode = disable).
+#
 # MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
 #
-#   [WORKERS=0] [PGBOUNCER=0] [UNIX=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+#   [WORKERS=0] [TLS=1] [PGBOUNCER=0] [UNIX=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -38,6 +43,11 @@ BOUNCER_PID=""
 UNIX_PID=""
 # Tenant 7 lives on shard 1, whose cluster listens on SHARD_PORT.
 pgbench -p "$SHARD_PORT" -i -q -s "$SCALE" >/dev/null 2>&1
+if [ "${TLS:-0}" = 1 ]; then
+  enable_shard_tls "$STATE/shard1" "$SHARD_PORT"
+  # Set up before the runs: libpq then fails any connection the target cannot encrypt.
+  export PGSSLMODE=require
+fi
 
 TARGETS="direct pgtenant"
 HAVE_BOUNCER=0
@@ -144,6 +154,7 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round done" >&2
 done
 
+echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant workers = ${WORKERS:-0}"
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo
   printf "%-9s %7s | %12s %9s | %14s %9s %7s | %9s %9s %9s %9s %5s\n" mode clients "direct tps" "lat ms" "$target tps" "lat ms" ratio \

@@ -258,6 +258,7 @@ async fn a_pgbouncer_exporter_scrapes_the_console() {
     let body = if scraped.is_some() { http_get(addr, "/metrics").await.1 } else { String::new() };
     let _ = exporter.kill();
     let _ = exporter.wait();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(scraped.is_some(), "the exporter serves its metrics");
     assert!(body.lines().any(|l| l.starts_with("pgbouncer_up") && l.ends_with(" 1.0")), "up: {body}");
     let line = |prefix: &str| body.lines().find(|l| l.starts_with(prefix)).map(str::to_string);
