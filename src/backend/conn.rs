@@ -377,11 +377,34 @@ pub fn record_param(params: &mut Vec<(String, String)>, name: String, value: Str
 
 /// Sends a CancelRequest for `target` on a fresh connection.
 pub async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
-    use tokio::io::AsyncWriteExt;
+    cancel_on(&target, false).await
+}
+
+/// Sends a CancelRequest for `target` and waits until the server closes that
+/// connection, which it does once it has signalled the backend: a statement sent to
+/// the backend after this returns and after its running one answered is not hit by it.
+pub async fn send_cancel_and_wait(target: CancelTarget) -> std::io::Result<()> {
+    cancel_on(&target, true).await
+}
+
+async fn cancel_on(target: &CancelTarget, wait_for_close: bool) -> std::io::Result<()> {
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    async fn on(
+        mut stream: impl AsyncRead + AsyncWrite + Unpin,
+        buf: &[u8],
+        wait: bool,
+    ) -> std::io::Result<()> {
+        stream.write_all(buf).await?;
+        if wait {
+            let mut rest = [0u8; 64];
+            while stream.read(&mut rest).await? > 0 {}
+        }
+        Ok(())
+    }
     let mut buf = BytesMut::new();
     frontend::cancel_request(target.pid as i32, target.key as i32, &mut buf);
     match &target.addr {
-        ServerAddr::Tcp(addr) => TcpStream::connect(addr).await?.write_all(&buf).await,
-        ServerAddr::Unix(path) => UnixStream::connect(path).await?.write_all(&buf).await,
+        ServerAddr::Tcp(addr) => on(TcpStream::connect(addr).await?, &buf, wait_for_close).await,
+        ServerAddr::Unix(path) => on(UnixStream::connect(path).await?, &buf, wait_for_close).await,
     }
 }

@@ -16,7 +16,9 @@ mod share;
 mod state;
 mod tls;
 
-pub use conn::{CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel};
+pub use conn::{
+    CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel, send_cancel_and_wait,
+};
 pub use error::{BackendError, CheckoutError};
 pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};
 pub use pool::{PoolView, PooledConn, Pools, ServerPool, Wanted};

@@ -1,6 +1,6 @@
-//! Failures: pool exhaustion, a shard that dies and comes back, malformed client
-//! input, a client that disappears mid-transaction, and a pooled server connection
-//! that the server closed.
+//! Failures: pool exhaustion, a shard that dies and comes back (and a client that
+//! leaves while its request is held for it), malformed client input, a client that
+//! disappears mid-transaction, and a pooled server connection that the server closed.
 
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,62 @@ async fn a_killed_shard_gives_clear_errors_and_serves_again_when_back() {
     let restart = dying.clone();
     tokio::task::spawn_blocking(move || restart.start()).await.unwrap().expect("restart");
     assert_eq!(shard_of(&client).await, 2, "the same session works again");
+    let _ = tokio::task::spawn_blocking(move || dying.stop()).await;
+}
+
+/// A request held while its shard has no primary gives its place among the held ones
+/// back when its client hangs up. With one place (`max_held_requests = 1`), the next
+/// client's request is then held too, instead of refused at once for want of a place,
+/// and runs once the primary is back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_leaves_during_a_failover_hold_gives_its_place_back() {
+    use postgres_protocol::message::frontend;
+    let dying = private_cluster("holdleave", 2);
+    let port = dying.port;
+    let proxy = start_proxy(move |c| {
+        c.shards[1].nodes[0].port = port;
+        c.health.interval_ms = 200;
+        c.health.failover_hold_ms = 20_000;
+        c.health.max_held_requests = 1;
+    })
+    .await;
+    let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let listed = || async {
+        let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
+        rows.iter()
+            .filter(|r| r.get::<_, String>("database") == "app")
+            .map(|r| r.get::<_, String>("state"))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    // Both log in while the shard is up: a login needs its server's parameters.
+    let login = [("options", "-c pgtenant.tenant_id=1500")];
+    let mut first = RawClient::login(proxy.addr, &login).await;
+    let second = proxy.connect(Some(1500)).await;
+    assert_eq!(shard_of(&second).await, 2);
+    let killer = dying.clone();
+    tokio::task::spawn_blocking(move || killer.kill()).await.unwrap().expect("kill");
+
+    let mut request = bytes::BytesMut::new();
+    frontend::query("SELECT shard_id FROM pgtenant_shard", &mut request).unwrap();
+    first.send(&request).await;
+    let held =
+        harness::eventually(Duration::from_secs(5), || async { listed().await == ["idle", "waiting"] }).await;
+    assert!(held.is_some(), "the first request is held: {:?}", listed().await);
+    drop(first);
+    let gone = harness::eventually(Duration::from_secs(3), || async { listed().await == ["idle"] }).await;
+    assert!(gone.is_some(), "still listed: {:?}", listed().await);
+
+    let waiting = tokio::spawn(async move {
+        second.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await.map(|r| r.get::<_, i32>(0))
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished(), "the second request is held in the place the first gave back");
+    let restart = dying.clone();
+    tokio::task::spawn_blocking(move || restart.start()).await.unwrap().expect("restart");
+    let answered = tokio::time::timeout(Duration::from_secs(15), waiting).await.expect("answered").unwrap();
+    assert_eq!(answered.map_err(|e| sqlstate(&e)), Ok(2), "runs on shard 2 once its primary is back");
     let _ = tokio::task::spawn_blocking(move || dying.stop()).await;
 }
 

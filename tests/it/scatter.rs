@@ -390,6 +390,107 @@ async fn a_reporting_user_may_scatter() {
     assert_eq!(n, 300);
 }
 
+/// A scatter-gather whose checkout on a shard waits behind a full pool ends when its
+/// client hangs up, instead of when `checkout_timeout_ms` passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scatter_that_waits_for_a_shard_ends_when_its_client_leaves() {
+    use postgres_protocol::message::frontend;
+    tables().await;
+    let proxy = start_proxy(|c| {
+        let app = c.users.iter_mut().find(|u| u.name == "app").unwrap();
+        app.scatter_gather = true;
+        app.server_user = Some("postgres".into());
+        app.pool_size = 1;
+        c.proxy.checkout_timeout_ms = 20_000;
+    })
+    .await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let listed = || async {
+        let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
+        rows.iter().filter(|r| r.get::<_, String>("database") == "app").count()
+    };
+    let holder = proxy.connect(Some(7)).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let mut scatter = crate::harness::raw::RawClient::login(proxy.addr, &[]).await;
+    let mut request = bytes::BytesMut::new();
+    frontend::query("SELECT count(*) FROM all_shards.scatter_events", &mut request).unwrap();
+    scatter.send(&request).await;
+    let both = crate::harness::eventually(Duration::from_secs(5), || async { listed().await == 2 }).await;
+    assert!(both.is_some(), "the holder and the scatter are listed: {}", listed().await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(scatter);
+    let gone = crate::harness::eventually(Duration::from_secs(3), || async { listed().await == 1 }).await;
+    assert!(gone.is_some(), "the scatter's session is still listed");
+    holder.batch_execute("COMMIT").await.unwrap();
+    drop(holder);
+    let app = proxy.connect(None).await;
+    let n: i64 = app.query_one("SELECT count(*) FROM all_shards.scatter_events", &[]).await.unwrap().get(0);
+    assert_eq!(n, 300, "the pool serves scatter-gathers again");
+}
+
+/// The coordinator (shard 1 here) runs its own shard's part itself. When that part
+/// fails or runs past `scatter_timeout_ms`, the statement fails naming shard 1
+/// (strict), or leaves shard 1 out with a WARNING (partial), as for any other shard;
+/// and the next statement runs normally.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_coordinators_own_part_fails_and_times_out_as_any_part() {
+    let proxy = start_proxy(|c| c.proxy.scatter_timeout_ms = 1000).await;
+    let (one, two) = (shard_admin(1, "app").await, shard_admin(2, "app").await);
+    two.batch_execute("CREATE OR REPLACE VIEW scatter_own AS SELECT v FROM generate_series(1, 4) v")
+        .await
+        .unwrap();
+    let (tx, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let (client, conn) =
+        tokio_postgres::connect(&admin_conninfo(&proxy, ""), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(async move {
+        let mut conn = conn;
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        use futures_util::StreamExt;
+        while let Some(Ok(tokio_postgres::AsyncMessage::Notice(n))) = messages.next().await {
+            let _ = tx.send((n.code().code().to_string(), n.message().to_string()));
+        }
+    });
+    let sql = "SELECT count(*), sum(v) FROM all_shards.scatter_own";
+    let cases = [
+        (
+            "SELECT v / (v - v) AS v FROM generate_series(1, 3) v",
+            "22012",
+            "division by zero",
+            "division by zero",
+        ),
+        (
+            "SELECT v FROM generate_series(1, 3) v, pg_sleep(3)",
+            "57014",
+            "did not answer within 1000 ms",
+            "no answer within 1000 ms",
+        ),
+    ];
+    for (view, code, why, partial_why) in cases {
+        one.batch_execute(&format!("CREATE OR REPLACE VIEW scatter_own AS {view}")).await.unwrap();
+        client.batch_execute("SET pgtenant.scatter = strict").await.unwrap();
+        let started = Instant::now();
+        let err = client.query_one(sql, &[]).await.unwrap_err();
+        assert_eq!(sqlstate(&err), code, "{err:?}");
+        let message = err.as_db_error().unwrap().message().to_string();
+        assert!(message.contains("shard 1") && message.contains(why), "{message}");
+        assert!(started.elapsed() < Duration::from_millis(2500), "{code}: {:?}", started.elapsed());
+
+        client.batch_execute("SET pgtenant.scatter = partial").await.unwrap();
+        let row = client.query_one(sql, &[]).await.unwrap();
+        assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (4, 10), "{code}: shard 2's rows only");
+        let (warning, text) = notices.recv().await.expect("a warning");
+        assert_eq!(warning, "01000");
+        assert!(text.contains("shard 1 is missing") && text.contains(partial_why), "{text}");
+    }
+    one.batch_execute("CREATE OR REPLACE VIEW scatter_own AS SELECT v FROM generate_series(1, 3) v")
+        .await
+        .unwrap();
+    client.batch_execute("SET pgtenant.scatter = strict").await.unwrap();
+    let row = client.query_one(sql, &[]).await.unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (7, 16), "both shards again");
+    assert!(notices.try_recv().is_err(), "no more warnings");
+}
+
 /// The proxy's `/metrics` page.
 async fn metrics(proxy: &Proxy) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

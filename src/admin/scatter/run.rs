@@ -1,7 +1,9 @@
 //! Running a scatter-gather statement: the probe that describes it on one shard, the
 //! shards' parts in parallel, and either the rows streamed straight to the client or
 //! the partial rows copied (binary COPY, copy-free: a DataRow's body is a COPY tuple)
-//! into the coordinator's table and the final statement's rows streamed back.
+//! into the coordinator's table and the final statement's rows streamed back. The
+//! coordinator runs its own shard's part itself (INSERT ... SELECT into its table), so
+//! that a statement needs one connection of each shard's pool.
 //!
 //! Memory stays flat: rows move in batches through a bounded channel, and the client
 //! (or the coordinator) is written to before more is read.
@@ -409,12 +411,14 @@ async fn shard_part(
 /// Runs `prepared`: the shards in `links`, merged on `coordinator` when the plan says
 /// so, the answer written to `client` up to and including CommandComplete (and the
 /// WARNINGs of a partial result). `missing`: shards that could not even be reached.
+/// The coordinator comes with the shard whose part it runs itself, if any (that
+/// shard then has no link: see `Coordinator::start`).
 pub async fn execute(
     prepared: &Prepared,
     request: &Request<'_>,
     links: Vec<Link>,
     mut missing: Vec<(ShardId, String)>,
-    coordinator: Option<&mut ServerConn>,
+    coordinator: Option<(&mut ServerConn, Option<ShardId>)>,
     client: &mut Duplex,
 ) -> Result<Outcome, ScatterError> {
     if request.policy == Policy::Strict
@@ -451,12 +455,23 @@ pub async fn execute(
         let with_formats = protocol::row_description_with_formats(description, request.result_formats);
         client.wbuf.extend_from_slice(&with_formats.unwrap_or_default());
     }
+    let deadline = tokio::time::Instant::now() + request.timeout;
     let mut merge = match (coordinated, coordinator) {
-        (true, Some(conn)) => Some(Coordinator::start(conn, prepared).await?),
+        (true, Some((conn, own))) => {
+            let own = own.map(|shard| OwnPart { shard, deadline });
+            let (merge, own_end) = Coordinator::start(conn, prepared, request, own).await?;
+            match own_end {
+                Some((shard, OwnEnd::Answered)) => {
+                    outcome.shard_us.push((shard, started.elapsed().as_micros() as u64));
+                }
+                Some((shard, OwnEnd::Missing(why))) => missing.push((shard, why)),
+                None => {}
+            }
+            Some(merge)
+        }
         (true, None) => return Err(ScatterError::NoCoordinator { reason: "none was given".into() }),
         (false, _) => None,
     };
-    let deadline = tokio::time::Instant::now() + request.timeout;
     let mut failed: Vec<ShardId> = Vec::new();
     while !pending.is_empty() {
         let event = match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -470,7 +485,7 @@ pub async fn execute(
                 }
                 for shard in pending.drain(..) {
                     failed.push(shard);
-                    missing.push((shard, format!("no answer within {ms} ms (scatter_timeout_ms)")));
+                    missing.push((shard, timeout_reason(ms)));
                 }
                 break;
             }
@@ -525,6 +540,11 @@ pub async fn execute(
     Ok(outcome)
 }
 
+/// Why a partial result lacks a shard that did not answer in time.
+fn timeout_reason(ms: u64) -> String {
+    format!("no answer within {ms} ms (scatter_timeout_ms)")
+}
+
 /// Ends a merge that will not finish (its transaction rolls back), returning `error`.
 async fn abandon(merge: Option<Coordinator<'_>>, error: ScatterError) -> ScatterError {
     if let Some(m) = merge {
@@ -538,11 +558,35 @@ struct Coordinator<'a> {
     conn: &'a mut ServerConn,
 }
 
+/// The part of the coordinator's own shard, which it runs into its table itself.
+struct OwnPart {
+    shard: ShardId,
+    /// The statement's `scatter_timeout_ms`, which that part must keep too.
+    deadline: tokio::time::Instant,
+}
+
+/// How the coordinator's own part ended, when the statement goes on.
+enum OwnEnd {
+    Answered,
+    /// Left out of a partial result, and why.
+    Missing(String),
+}
+
+/// The savepoint that a failed own part of a partial result is rolled back to.
+const OWN_SAVEPOINT: &str = "__pgtenant_own";
+
 /// The binary COPY header: signature, flags, header extension length.
 const COPY_HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
 
 impl<'a> Coordinator<'a> {
-    async fn start(conn: &'a mut ServerConn, prepared: &Prepared) -> Result<Coordinator<'a>, ScatterError> {
+    /// Creates the table and starts the COPY into it; with `own`, first runs that
+    /// shard's part into it (so that a statement holds one connection of each pool).
+    async fn start(
+        conn: &'a mut ServerConn,
+        prepared: &Prepared,
+        request: &Request<'_>,
+        own: Option<OwnPart>,
+    ) -> Result<(Coordinator<'a>, Option<(ShardId, OwnEnd)>), ScatterError> {
         let columns = prepared.plan.partial_columns().unwrap_or(0);
         let names: Vec<String> = (0..columns).map(column_name).collect();
         let nulls = vec!["NULL"; prepared.param_types.len()];
@@ -565,13 +609,29 @@ impl<'a> Coordinator<'a> {
                 names.join(", ")
             ),
         );
+        // Read-only from here on, as on the shards (a temporary table stays writable):
+        // what the own part runs may write no more than the others' parts.
         protocol::query(
             w,
             &format!(
-                "DEALLOCATE __pgtenant_partial; ALTER TABLE pg_temp.{PARTIAL_TABLE} ADD COLUMN {FROM_COLUMN} integer"
+                "DEALLOCATE __pgtenant_partial; ALTER TABLE pg_temp.{PARTIAL_TABLE} ADD COLUMN {FROM_COLUMN} integer; \
+                 SET TRANSACTION READ ONLY"
             ),
         );
-        protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
+        if let Some(own) = &own {
+            protocol::query(w, &format!("SAVEPOINT {OWN_SAVEPOINT}"));
+            let insert = format!(
+                "INSERT INTO pg_temp.{PARTIAL_TABLE} SELECT __pgtenant_own.*, {} FROM ({}) __pgtenant_own",
+                own.shard,
+                prepared.plan.shard_sql(i64::from(own.shard))
+            );
+            protocol::parse(w, b"", insert.as_bytes(), &type_section(&prepared.param_types));
+            protocol::bind_with(w, b"", request.parameters, &[]);
+            protocol::execute(w);
+            protocol::sync(w);
+        } else {
+            protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
+        }
         let coordinator_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
         conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
         let mut error = None;
@@ -580,6 +640,38 @@ impl<'a> Coordinator<'a> {
                 error.get_or_insert(fields);
             }
         }
+        let own_end = match own {
+            Some(own) => {
+                let ended = Self::own_part(conn, &own, request).await.map_err(coordinator_error)?;
+                let ended = match ended {
+                    // The table could not be made: reported below, as without an own part.
+                    _ if error.is_some() => OwnEnd::Answered,
+                    Ok(()) => OwnEnd::Answered,
+                    Err(part_error) if request.policy == Policy::Strict => {
+                        let _ = conn.run_sql("ROLLBACK").await;
+                        return Err(part_error);
+                    }
+                    Err(part_error) => {
+                        protocol::query(&mut conn.io.wbuf, &format!("ROLLBACK TO SAVEPOINT {OWN_SAVEPOINT}"));
+                        OwnEnd::Missing(match part_error {
+                            // Worded as for a shard of its own (see `execute`).
+                            ScatterError::Timeout { ms, .. } => timeout_reason(ms),
+                            other => other.to_string(),
+                        })
+                    }
+                };
+                let w = &mut conn.io.wbuf;
+                protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
+                conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
+                if matches!(ended, OwnEnd::Missing(_))
+                    && let Some(fields) = read_until_ready(conn, |_| {}).await.map_err(coordinator_error)?
+                {
+                    error.get_or_insert(fields);
+                }
+                Some((own.shard, ended))
+            }
+            None => None,
+        };
         // The COPY answers CopyInResponse, or an error and ReadyForQuery.
         loop {
             let frame = coordinator_frame(conn).await?;
@@ -597,7 +689,46 @@ impl<'a> Coordinator<'a> {
             }
         }
         put_copy_data(&mut conn.io.wbuf, |b| b.put_slice(COPY_HEADER));
-        Ok(Coordinator { conn })
+        Ok((Coordinator { conn }, own_end))
+    }
+
+    /// Reads the answers to the own part's SAVEPOINT and INSERT (within the
+    /// statement's timeout): `Err` is how the part failed, as a shard's would.
+    async fn own_part(
+        conn: &mut ServerConn,
+        own: &OwnPart,
+        request: &Request<'_>,
+    ) -> Result<Result<(), ScatterError>, BackendError> {
+        let shard = own.shard;
+        if let Some(fields) = read_until_ready(conn, |_| {}).await? {
+            return read_until_ready(conn, |_| {}).await.map(|_| Err(ScatterError::Shard { shard, fields }));
+        }
+        match tokio::time::timeout_at(own.deadline, read_until_ready(conn, |_| {})).await {
+            Ok(Ok(None)) => Ok(Ok(())),
+            Ok(Ok(Some(fields))) => Ok(Err(ScatterError::Shard { shard, fields })),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                // Canceled, then read to its end (what was read before stays buffered).
+                // The cancel can stop only this INSERT: the server has signalled the
+                // backend when the call returns, the next statement is sent after the
+                // INSERT's ReadyForQuery, and a backend drops a cancel that finds it idle.
+                let canceled = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    crate::backend::send_cancel_and_wait(conn.cancel.clone()),
+                )
+                .await;
+                if !matches!(canceled, Ok(Ok(()))) {
+                    conn.broken = true;
+                    return Err(BackendError::Protocol {
+                        addr: conn.addr.clone(),
+                        message: "the cancel of a timed-out part was not confirmed".into(),
+                    });
+                }
+                read_until_ready(conn, |_| {}).await?;
+                let ms = request.timeout.as_millis() as u64;
+                Ok(Err(ScatterError::Timeout { shard, ms }))
+            }
+        }
     }
 
     async fn copy_rows(&mut self, shard: ShardId, rows: &[Bytes]) -> Result<(), ScatterError> {

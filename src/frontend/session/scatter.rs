@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::Session;
+use super::client_watch::unless_client_leaves;
 use super::extended::malformed;
 use crate::admin::scatter::{self, Link, Policy, Prepared, Request, ScatterError};
 use crate::backend::health::{LagBound, PrimaryChoice};
 use crate::backend::{PooledConn, SettingValue, Wanted};
+use crate::config::NodeConfig;
 use crate::directory::{ShardId, ShardStatus};
 use crate::frontend::error::FrontendError;
 use crate::observe::scatter::Ended;
@@ -85,46 +87,63 @@ impl Session {
             .collect()
     }
 
-    /// A connection to `shard` with this client's settings and no tenant: its primary,
-    /// or a healthy replica when `replica` and the session prefers replicas.
-    async fn scatter_conn(&mut self, shard: ShardId, replica: bool) -> Result<PooledConn, String> {
+    /// The node a part on `shard` runs on: its primary, or a healthy replica when
+    /// `replica` and the session prefers replicas; and whether it is the primary.
+    fn scatter_node(&self, shard: ShardId, replica: bool) -> Result<(NodeConfig, bool), String> {
         let topology = self.shared.router.topology();
         let s = topology.shard(shard).ok_or_else(|| format!("shard {shard} is not in the topology"))?;
         let on_replica =
             replica.then(|| self.shared.health.replica_of(s, LagBound::of(&self.shared.config.health)));
-        let node = match on_replica.flatten() {
-            Some(node) => node,
+        match on_replica.flatten() {
+            Some(node) => Ok((node, false)),
             None if replica && self.target == TargetMode::Replica => {
-                return Err("no healthy replica (pgtenant.target = replica)".into());
+                Err("no healthy replica (pgtenant.target = replica)".into())
             }
             None => match self.shared.health.primary_of(s) {
-                PrimaryChoice::Node(node) => node,
-                PrimaryChoice::Holding(reason) => return Err(format!("no primary: {}", reason.describe())),
+                PrimaryChoice::Node(node) => Ok((node, true)),
+                PrimaryChoice::Holding(reason) => Err(format!("no primary: {}", reason.describe())),
             },
+        }
+    }
+
+    /// A connection to `shard` with this client's settings and no tenant, on
+    /// `scatter_node`'s node; the inner error says why that shard gave none. The outer
+    /// one ends the session: the client left (or was KILLed) while the checkout waited.
+    async fn scatter_conn(
+        &mut self,
+        shard: ShardId,
+        replica: bool,
+    ) -> Result<Result<PooledConn, String>, FrontendError> {
+        let node = match self.scatter_node(shard, replica) {
+            Ok((node, _)) => node,
+            Err(why) => return Ok(Err(why)),
         };
         let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
         let wanted = Wanted { tenant: Some(None), settings: Some(self.settings.version) };
-        let mut conn =
-            self.shared.pools.checkout_from(&pool, shard, &None, wanted).await.map_err(|e| e.to_string())?;
+        let checkout = self.shared.pools.checkout_from(&pool, shard, &None, wanted);
+        let mut conn = match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
+            Ok(conn) => conn,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
         let context = crate::frontend::tenant_context(&self.shared.config);
         if let Err(e) = scatter::ready(&mut conn, &self.settings, context).await {
             conn.discard();
-            return Err(e.to_string());
+            return Ok(Err(e.to_string()));
         }
-        Ok(conn)
+        Ok(Ok(conn))
     }
 
     /// The first shard (by id) whose primary gives a connection: where a statement is
     /// described and partial results are merged.
-    async fn scatter_coordinator(&mut self) -> Result<(ShardId, PooledConn), ScatterError> {
+    async fn scatter_coordinator(&mut self) -> Result<(ShardId, PooledConn), FrontendError> {
         let mut reasons = Vec::new();
         for shard in self.scatter_shards() {
-            match self.scatter_conn(shard, false).await {
+            match self.scatter_conn(shard, false).await? {
                 Ok(conn) => return Ok((shard, conn)),
                 Err(why) => reasons.push(format!("shard {shard}: {why}")),
             }
         }
-        Err(ScatterError::NoCoordinator { reason: reasons.join("; ") })
+        Err(ScatterError::NoCoordinator { reason: reasons.join("; ") }.into())
     }
 
     /// Describes and plans `sql` on a coordinator, which is handed back for the run.
@@ -132,12 +151,12 @@ impl Session {
         &mut self,
         sql: &str,
         declared: &[u32],
-    ) -> Result<(Arc<Prepared>, PooledConn), FrontendError> {
+    ) -> Result<(Arc<Prepared>, (ShardId, PooledConn)), FrontendError> {
         self.check_scatter_allowed()?;
         let Some(parsed) = scatter::parse(sql)? else {
             return Err(ScatterError::Unparsed("it names no all_shards. table".into()).into());
         };
-        let (_, mut conn) = self.scatter_coordinator().await?;
+        let (shard, mut conn) = self.scatter_coordinator().await?;
         conn.broken = true;
         let prepared = scatter::prepare(&parsed, &mut conn, declared).await;
         conn.broken = conn.status != TxStatus::Idle;
@@ -148,14 +167,20 @@ impl Session {
                 .unwrap_or(ScatterError::NoCoordinator { reason: "left busy".into() })
                 .into());
         }
-        Ok((Arc::new(prepared?), conn))
+        Ok((Arc::new(prepared?), (shard, conn)))
     }
 
     /// Runs a prepared scatter-gather and writes its answer (up to CommandComplete).
+    ///
+    /// It holds at most one connection of each pool, taken in shard order, the
+    /// coordinator first: the coordinator runs its own shard's part itself (when that
+    /// part would run on the same primary), so that no statement waits for a second
+    /// connection of a pool while it holds one (with `pool_size = 1` it would wait for
+    /// itself; with several at once, for each other).
     async fn run_scatter(
         &mut self,
         prepared: &Prepared,
-        coordinator: Option<PooledConn>,
+        coordinator: Option<(ShardId, PooledConn)>,
         parameters: &[u8],
         formats: &[i16],
         describe: bool,
@@ -164,19 +189,28 @@ impl Session {
         let policy = self.scatter_policy();
         let started = Instant::now();
         let replica = self.target != TargetMode::Primary;
+        let coordinator = match (prepared.plan.partial_columns(), coordinator) {
+            // Given back before any shard's connection is taken.
+            (None, _) => None,
+            (Some(_), Some(given)) => Some(given),
+            (Some(_), None) => Some(self.scatter_coordinator().await?),
+        };
+        let folded = coordinator
+            .as_ref()
+            .map(|(shard, _)| *shard)
+            .filter(|shard| self.scatter_node(*shard, replica).is_ok_and(|(_, primary)| primary));
         let mut links = Vec::new();
         let mut missing = Vec::new();
         for shard in self.scatter_shards() {
-            match self.scatter_conn(shard, replica).await {
+            if folded == Some(shard) {
+                continue;
+            }
+            match self.scatter_conn(shard, replica).await? {
                 Ok(conn) => links.push(Link { shard, conn }),
                 Err(why) => missing.push((shard, why)),
             }
         }
-        let mut coordinator = match (prepared.plan.partial_columns(), coordinator) {
-            (None, _) => None,
-            (Some(_), Some(conn)) => Some(conn),
-            (Some(_), None) => Some(self.scatter_coordinator().await?.1),
-        };
+        let mut coordinator = coordinator.map(|(_, conn)| conn);
         let mut targets: Vec<_> = links.iter().map(|l| l.conn.cancel.clone()).collect();
         targets.extend(coordinator.as_ref().map(|c| c.cancel.clone()));
         self.cancel.set_targets(targets);
@@ -192,7 +226,7 @@ impl Session {
             &request,
             links,
             missing,
-            coordinator.as_deref_mut(),
+            coordinator.as_deref_mut().map(|conn| (conn, folded)),
             &mut self.client,
         )
         .await;
