@@ -423,9 +423,29 @@ async fn a_scatter_that_waits_for_a_shard_ends_when_its_client_leaves() {
     assert!(gone.is_some(), "the scatter's session is still listed");
     holder.batch_execute("COMMIT").await.unwrap();
     drop(holder);
+    // With one connection per pool, merged and streamed, in both protocols: each
+    // statement holds one connection of each pool (before, a merged one waited for a
+    // second connection of shard 1's pool, and a streamed simple query held the
+    // probe's while it waited for shard 1's part).
     let app = proxy.connect(None).await;
     let n: i64 = app.query_one("SELECT count(*) FROM all_shards.scatter_events", &[]).await.unwrap().get(0);
     assert_eq!(n, 300, "the pool serves scatter-gathers again");
+    for sql in [
+        "SELECT count(*) FROM all_shards.scatter_events",
+        "SELECT id FROM all_shards.scatter_events WHERE id IN (1, 300)",
+    ] {
+        let messages = app.simple_query(sql).await.unwrap();
+        let mut values: Vec<String> = messages
+            .iter()
+            .filter_map(|m| match m {
+                SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        values.sort();
+        let expected = if sql.contains("count") { vec!["300"] } else { vec!["1", "300"] };
+        assert_eq!(values, expected, "{sql}");
+    }
 }
 
 /// The coordinator (shard 1 here) runs its own shard's part itself. When that part
