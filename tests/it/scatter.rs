@@ -239,8 +239,19 @@ fn sorted<T: Ord>(mut rows: Vec<T>, ordered: bool) -> Vec<T> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_construct_matches_one_database_in_both_protocols() {
+    // With connections to spare, and with one per pool, where the coordinator runs its
+    // own shard's part itself (INSERT ... SELECT into its table).
+    for pool_size in [20, 1] {
+        every_construct_matches_with(pool_size).await;
+    }
+}
+
+async fn every_construct_matches_with(pool_size: usize) {
     let reference = tables().await;
-    let proxy = start_proxy(|_| {}).await;
+    let proxy = start_proxy(move |c| {
+        c.users.iter_mut().find(|u| u.name == demo::ADMIN_USER).unwrap().pool_size = pool_size;
+    })
+    .await;
     let client = admin(&proxy).await;
     for (sql, ordered) in QUERIES {
         let (names, rows, tag) = simple(&client, sql).await.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
@@ -448,13 +459,17 @@ async fn a_scatter_that_waits_for_a_shard_ends_when_its_client_leaves() {
     }
 }
 
-/// The coordinator (shard 1 here) runs its own shard's part itself. When that part
-/// fails or runs past `scatter_timeout_ms`, the statement fails naming shard 1
-/// (strict), or leaves shard 1 out with a WARNING (partial), as for any other shard;
-/// and the next statement runs normally.
+/// With one connection per pool, the coordinator (shard 1 here) runs its own shard's
+/// part itself. When that part fails or runs past `scatter_timeout_ms`, the statement
+/// fails naming shard 1 (strict), or leaves shard 1 out with a WARNING (partial), as
+/// for any other shard; and the next statement runs normally.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_coordinators_own_part_fails_and_times_out_as_any_part() {
-    let proxy = start_proxy(|c| c.proxy.scatter_timeout_ms = 1000).await;
+    let proxy = start_proxy(|c| {
+        c.proxy.scatter_timeout_ms = 1000;
+        c.users.iter_mut().find(|u| u.name == demo::ADMIN_USER).unwrap().pool_size = 1;
+    })
+    .await;
     let (one, two) = (shard_admin(1, "app").await, shard_admin(2, "app").await);
     two.batch_execute("CREATE OR REPLACE VIEW scatter_own AS SELECT v FROM generate_series(1, 4) v")
         .await

@@ -1,9 +1,10 @@
 //! Running a scatter-gather statement: the probe that describes it on one shard, the
 //! shards' parts in parallel, and either the rows streamed straight to the client or
 //! the partial rows copied (binary COPY, copy-free: a DataRow's body is a COPY tuple)
-//! into the coordinator's table and the final statement's rows streamed back. The
-//! coordinator runs its own shard's part itself (INSERT ... SELECT into its table), so
-//! that a statement needs one connection of each shard's pool.
+//! into the coordinator's table and the final statement's rows streamed back. When no
+//! second connection of its pool is free at once, the coordinator runs its own shard's
+//! part itself (INSERT ... SELECT into its table), so that a statement never waits for
+//! a second connection of a pool it holds one of.
 //!
 //! Memory stays flat: rows move in batches through a bounded channel, and the client
 //! (or the coordinator) is written to before more is read.

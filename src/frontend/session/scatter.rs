@@ -121,16 +121,30 @@ impl Session {
         let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
         let wanted = Wanted { tenant: Some(None), settings: Some(self.settings.version) };
         let checkout = self.shared.pools.checkout_from(&pool, shard, &None, wanted);
-        let mut conn = match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
-            Ok(conn) => conn,
-            Err(e) => return Ok(Err(e.to_string())),
-        };
+        match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
+            Ok(conn) => Ok(self.ready_for_scatter(conn).await),
+            Err(e) => Ok(Err(e.to_string())),
+        }
+    }
+
+    /// A second connection of the primary's pool of `shard` (the coordinator's), only
+    /// if one is free at once: never waited for while the coordinator is held.
+    async fn scatter_conn_at_once(&mut self, shard: ShardId) -> Option<PooledConn> {
+        let (node, _) = self.scatter_node(shard, false).ok()?;
+        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
+        let wanted = Wanted { tenant: Some(None), settings: Some(self.settings.version) };
+        let conn = self.shared.pools.checkout_if_free(&pool, shard, &None, wanted).await.ok()??;
+        self.ready_for_scatter(conn).await.ok()
+    }
+
+    /// Gives `conn` the client's settings and no tenant.
+    async fn ready_for_scatter(&self, mut conn: PooledConn) -> Result<PooledConn, String> {
         let context = crate::frontend::tenant_context(&self.shared.config);
         if let Err(e) = scatter::ready(&mut conn, &self.settings, context).await {
             conn.discard();
-            return Ok(Err(e.to_string()));
+            return Err(e.to_string());
         }
-        Ok(Ok(conn))
+        Ok(conn)
     }
 
     /// The first shard (by id) whose primary gives a connection: where a statement is
@@ -172,11 +186,12 @@ impl Session {
 
     /// Runs a prepared scatter-gather and writes its answer (up to CommandComplete).
     ///
-    /// It holds at most one connection of each pool, taken in shard order, the
-    /// coordinator first: the coordinator runs its own shard's part itself (when that
-    /// part would run on the same primary), so that no statement waits for a second
-    /// connection of a pool while it holds one (with `pool_size = 1` it would wait for
-    /// itself; with several at once, for each other).
+    /// Connections are taken in shard order, the coordinator first, and no statement
+    /// waits for a second connection of a pool while it holds one (with `pool_size = 1`
+    /// it would wait for itself; with several at once, for each other). The part of the
+    /// coordinator's shard, when it would run on the same primary, gets a connection of
+    /// its own only if one is free at once; otherwise the coordinator runs it itself
+    /// (as an INSERT ... SELECT, which PostgreSQL does not run in parallel).
     async fn run_scatter(
         &mut self,
         prepared: &Prepared,
@@ -195,14 +210,21 @@ impl Session {
             (Some(_), Some(given)) => Some(given),
             (Some(_), None) => Some(self.scatter_coordinator().await?),
         };
-        let folded = coordinator
+        let same_pool = coordinator
             .as_ref()
             .map(|(shard, _)| *shard)
             .filter(|shard| self.scatter_node(*shard, replica).is_ok_and(|(_, primary)| primary));
         let mut links = Vec::new();
+        let mut folded = None;
+        if let Some(shard) = same_pool {
+            match self.scatter_conn_at_once(shard).await {
+                Some(conn) => links.push(Link { shard, conn }),
+                None => folded = Some(shard),
+            }
+        }
         let mut missing = Vec::new();
         for shard in self.scatter_shards() {
-            if folded == Some(shard) {
+            if same_pool == Some(shard) {
                 continue;
             }
             match self.scatter_conn(shard, replica).await? {
