@@ -698,18 +698,6 @@ async fn a_client_that_leaves_while_pgtenant_awaits_its_answers_frees_its_server
     }
 }
 
-/// The application clients the console lists, by state.
-async fn client_states(console: &tokio_postgres::Client) -> Vec<String> {
-    let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
-    let mut states: Vec<String> = rows
-        .iter()
-        .filter(|r| r.get::<_, String>("database") == "app")
-        .map(|r| r.get::<_, String>("state"))
-        .collect();
-    states.sort();
-    states
-}
-
 /// A client that leaves while its request waits (for the one connection of a full pool,
 /// or held by an admin PAUSE) is gone at once: its session ends and its place in the
 /// line is given back. Before, both lasted until the wait timed out (20 s and 60 s here),
@@ -745,15 +733,20 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
             let mut waiter = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
             waiter.send(request).await;
             let waiting = eventually(Duration::from_secs(5), || async {
-                client_states(&console).await == ["active", "waiting"]
+                harness::client_states(&console).await == ["active", "waiting"]
             })
             .await;
-            assert!(waiting.is_some(), "{mode:?} {protocol}: {:?}", client_states(&console).await);
+            assert!(waiting.is_some(), "{mode:?} {protocol}: {:?}", harness::client_states(&console).await);
             drop(waiter);
-            let gone =
-                eventually(Duration::from_secs(3), || async { client_states(&console).await == ["active"] })
-                    .await;
-            assert!(gone.is_some(), "{mode:?} {protocol}: still listed: {:?}", client_states(&console).await);
+            let gone = eventually(Duration::from_secs(3), || async {
+                harness::client_states(&console).await == ["active"]
+            })
+            .await;
+            assert!(
+                gone.is_some(),
+                "{mode:?} {protocol}: still listed: {:?}",
+                harness::client_states(&console).await
+            );
             let pools = console.query("SHOW POOLS", &[]).await.unwrap();
             let waiting: i64 = pools.iter().map(|r| r.get::<_, i64>("cl_waiting")).sum();
             assert_eq!(waiting, 0, "{mode:?} {protocol}");
@@ -762,10 +755,10 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
             let mut killed = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
             killed.send(request).await;
             let waiting = eventually(Duration::from_secs(5), || async {
-                client_states(&console).await == ["active", "waiting"]
+                harness::client_states(&console).await == ["active", "waiting"]
             })
             .await;
-            assert!(waiting.is_some(), "{mode:?} {protocol}: {:?}", client_states(&console).await);
+            assert!(waiting.is_some(), "{mode:?} {protocol}: {:?}", harness::client_states(&console).await);
             let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
             let id: i64 =
                 rows.iter().find(|r| r.get::<_, String>("state") == "waiting").map(|r| r.get("id")).unwrap();
@@ -798,15 +791,21 @@ async fn a_client_that_leaves_while_its_request_waits_is_gone_at_once() {
         for (protocol, request) in &requests {
             let mut held = crate::harness::raw::RawClient::login(proxy.addr, &login).await;
             held.send(request).await;
-            let paused =
-                eventually(Duration::from_secs(5), || async { client_states(&console).await == ["paused"] })
-                    .await;
-            assert!(paused.is_some(), "{mode:?} {protocol}: {:?}", client_states(&console).await);
+            let paused = eventually(Duration::from_secs(5), || async {
+                harness::client_states(&console).await == ["paused"]
+            })
+            .await;
+            assert!(paused.is_some(), "{mode:?} {protocol}: {:?}", harness::client_states(&console).await);
             drop(held);
-            let gone =
-                eventually(Duration::from_secs(3), || async { client_states(&console).await.is_empty() })
-                    .await;
-            assert!(gone.is_some(), "{mode:?} {protocol}: still listed: {:?}", client_states(&console).await);
+            let gone = eventually(Duration::from_secs(3), || async {
+                harness::client_states(&console).await.is_empty()
+            })
+            .await;
+            assert!(
+                gone.is_some(),
+                "{mode:?} {protocol}: still listed: {:?}",
+                harness::client_states(&console).await
+            );
         }
         console.simple_query("RESUME").await.unwrap();
         proxy.shutdown().await;

@@ -88,15 +88,7 @@ async fn a_client_that_leaves_during_a_failover_hold_gives_its_place_back() {
     })
     .await;
     let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
-    let listed = || async {
-        let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
-        rows.iter()
-            .filter(|r| r.get::<_, String>("database") == "app")
-            .map(|r| r.get::<_, String>("state"))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect::<Vec<_>>()
-    };
+    let listed = || harness::client_states(&console);
     // Both log in while the shard is up: a login needs its server's parameters.
     let login = [("options", "-c pgtenant.tenant_id=1500")];
     let mut first = RawClient::login(proxy.addr, &login).await;

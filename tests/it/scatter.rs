@@ -416,10 +416,7 @@ async fn a_scatter_that_waits_for_a_shard_ends_when_its_client_leaves() {
     })
     .await;
     let console = connect(&proxy.admin_conninfo()).await.unwrap();
-    let listed = || async {
-        let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
-        rows.iter().filter(|r| r.get::<_, String>("database") == "app").count()
-    };
+    let listed = || async { crate::harness::client_states(&console).await.len() };
     let holder = proxy.connect(Some(7)).await;
     holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
     let mut scatter = crate::harness::raw::RawClient::login(proxy.addr, &[]).await;

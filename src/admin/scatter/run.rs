@@ -631,7 +631,7 @@ impl<'a> Coordinator<'a> {
             protocol::execute(w);
             protocol::sync(w);
         } else {
-            protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
+            start_copy(w);
         }
         let coordinator_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
         conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
@@ -642,35 +642,7 @@ impl<'a> Coordinator<'a> {
             }
         }
         let own_end = match own {
-            Some(own) => {
-                let ended = Self::own_part(conn, &own, request).await.map_err(coordinator_error)?;
-                let ended = match ended {
-                    // The table could not be made: reported below, as without an own part.
-                    _ if error.is_some() => OwnEnd::Answered,
-                    Ok(()) => OwnEnd::Answered,
-                    Err(part_error) if request.policy == Policy::Strict => {
-                        let _ = conn.run_sql("ROLLBACK").await;
-                        return Err(part_error);
-                    }
-                    Err(part_error) => {
-                        protocol::query(&mut conn.io.wbuf, &format!("ROLLBACK TO SAVEPOINT {OWN_SAVEPOINT}"));
-                        OwnEnd::Missing(match part_error {
-                            // Worded as for a shard of its own (see `execute`).
-                            ScatterError::Timeout { ms, .. } => timeout_reason(ms),
-                            other => other.to_string(),
-                        })
-                    }
-                };
-                let w = &mut conn.io.wbuf;
-                protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
-                conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
-                if matches!(ended, OwnEnd::Missing(_))
-                    && let Some(fields) = read_until_ready(conn, |_| {}).await.map_err(coordinator_error)?
-                {
-                    error.get_or_insert(fields);
-                }
-                Some((own.shard, ended))
-            }
+            Some(own) => Some((own.shard, Self::end_own_part(conn, &own, request, &mut error).await?)),
             None => None,
         };
         // The COPY answers CopyInResponse, or an error and ReadyForQuery.
@@ -691,6 +663,43 @@ impl<'a> Coordinator<'a> {
         }
         put_copy_data(&mut conn.io.wbuf, |b| b.put_slice(COPY_HEADER));
         Ok((Coordinator { conn }, own_end))
+    }
+
+    /// Reads how the own part ended and starts the COPY after it: a failed part fails
+    /// a strict statement, and is rolled back to its savepoint and reported missing in
+    /// a partial one. A failure to make the table (`error`, already read) is left for
+    /// the COPY's answer to report, as without an own part.
+    async fn end_own_part(
+        conn: &mut ServerConn,
+        own: &OwnPart,
+        request: &Request<'_>,
+        error: &mut Option<ErrorFields>,
+    ) -> Result<OwnEnd, ScatterError> {
+        let coordinator_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
+        let ended = match Self::own_part(conn, own, request).await.map_err(coordinator_error)? {
+            _ if error.is_some() => OwnEnd::Answered,
+            Ok(()) => OwnEnd::Answered,
+            Err(part_error) if request.policy == Policy::Strict => {
+                let _ = conn.run_sql("ROLLBACK").await;
+                return Err(part_error);
+            }
+            Err(part_error) => {
+                protocol::query(&mut conn.io.wbuf, &format!("ROLLBACK TO SAVEPOINT {OWN_SAVEPOINT}"));
+                OwnEnd::Missing(match part_error {
+                    // Worded as for a shard of its own (see `execute`).
+                    ScatterError::Timeout { ms, .. } => timeout_reason(ms),
+                    other => other.to_string(),
+                })
+            }
+        };
+        start_copy(&mut conn.io.wbuf);
+        conn.io.flush().await.map_err(io_error(conn)).map_err(coordinator_error)?;
+        if matches!(ended, OwnEnd::Missing(_))
+            && let Some(fields) = read_until_ready(conn, |_| {}).await.map_err(coordinator_error)?
+        {
+            error.get_or_insert(fields);
+        }
+        Ok(ended)
     }
 
     /// Reads the answers to the own part's SAVEPOINT and INSERT (within the
@@ -844,6 +853,11 @@ async fn coordinator_frame(conn: &mut ServerConn) -> Result<Frame, ScatterError>
 
 /// Which shard a partial row came from, so a partial result can leave a shard out.
 const FROM_COLUMN: &str = "__pgtenant_from";
+
+/// The COPY that fills the coordinator's table with the shards' rows.
+fn start_copy(w: &mut BytesMut) {
+    protocol::query(w, &format!("COPY pg_temp.{PARTIAL_TABLE} FROM STDIN (FORMAT binary)"));
+}
 
 fn put_copy_data(buf: &mut BytesMut, body: impl FnOnce(&mut BytesMut)) {
     protocol::put_message(buf, b'd', body);

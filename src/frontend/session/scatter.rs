@@ -14,7 +14,7 @@ use super::client_watch::unless_client_leaves;
 use super::extended::malformed;
 use crate::admin::scatter::{self, Link, Policy, Prepared, Request, ScatterError};
 use crate::backend::health::{LagBound, PrimaryChoice};
-use crate::backend::{PooledConn, SettingValue, Wanted};
+use crate::backend::{PooledConn, ServerPool, SettingValue, Wanted};
 use crate::config::NodeConfig;
 use crate::directory::{ShardId, ShardStatus};
 use crate::frontend::error::FrontendError;
@@ -118,8 +118,7 @@ impl Session {
             Ok((node, _)) => node,
             Err(why) => return Ok(Err(why)),
         };
-        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
-        let wanted = Wanted { tenant: Some(None), settings: Some(self.settings.version) };
+        let (pool, wanted) = self.scatter_pool(shard, &node);
         let checkout = self.shared.pools.checkout_from(&pool, shard, &None, wanted);
         match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
             Ok(conn) => Ok(self.ready_for_scatter(conn).await),
@@ -131,10 +130,16 @@ impl Session {
     /// if one is free at once: never waited for while the coordinator is held.
     async fn scatter_conn_at_once(&mut self, shard: ShardId) -> Option<PooledConn> {
         let (node, _) = self.scatter_node(shard, false).ok()?;
-        let pool = self.shared.pools.pool(shard, &node, &self.user, &self.database);
-        let wanted = Wanted { tenant: Some(None), settings: Some(self.settings.version) };
+        let (pool, wanted) = self.scatter_pool(shard, &node);
         let conn = self.shared.pools.checkout_if_free(&pool, shard, &None, wanted).await.ok()??;
         self.ready_for_scatter(conn).await.ok()
+    }
+
+    /// The pool a part on `node` of `shard` draws from, and what its connection must
+    /// carry: the client's settings and no tenant.
+    fn scatter_pool(&self, shard: ShardId, node: &NodeConfig) -> (ServerPool, Wanted<'static>) {
+        let pool = self.shared.pools.pool(shard, node, &self.user, &self.database);
+        (pool, Wanted { tenant: Some(None), settings: Some(self.settings.version) })
     }
 
     /// Gives `conn` the client's settings and no tenant.

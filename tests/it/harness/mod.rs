@@ -213,6 +213,19 @@ where
     None
 }
 
+/// The states SHOW CLIENTS lists for the application's clients (database `app`),
+/// sorted; `console` is an admin connection to the console.
+pub async fn client_states(console: &tokio_postgres::Client) -> Vec<String> {
+    let rows = console.query("SHOW CLIENTS", &[]).await.unwrap();
+    let mut states: Vec<String> = rows
+        .iter()
+        .filter(|r| r.get::<_, String>("database") == "app")
+        .map(|r| r.get::<_, String>("state"))
+        .collect();
+    states.sort();
+    states
+}
+
 /// Whether the count that `count_sql` (a `SELECT count(*) ...`) returns falls to 0
 /// within `within`: something pgtenant should let go of was let go.
 pub async fn eventually_none(
