@@ -80,7 +80,7 @@ pub struct Shared {
     pruned_for: AtomicUsize,
     /// Strict isolation's view of the shards' tenant tables.
     strict: strict::StrictCatalog,
-    /// Blocking threads that may parse long statements at once: half the cores, so
+    /// Threads that may parse long statements at once: half the cores, so
     /// that the runtime's workers keep the rest.
     pub parse_threads: tokio::sync::Semaphore,
     /// The connected clients (the admin console's SHOW CLIENTS).
