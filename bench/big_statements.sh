@@ -6,11 +6,13 @@
 # Targets, interleaved: direct (the shard itself: what the machine alone does to the
 # fast clients while PostgreSQL parses), pgtenant (shipped defaults) and
 # pgtenant-parse-all (max_parsed_statement_bytes raised so that every statement goes to
-# the parser, on the blocking thread). Prints the fast clients' queries and p50 / p99 / max latency
+# the parser, on its low-priority thread), and PgBouncer (transaction pooling, pool 20)
+# when it is installed: a pooler also gives several clients' statements to one server
+# process, which the kernel then schedules against the one parsing. Prints the fast clients' queries and p50 / p99 / max latency
 # (ms) with and without the long statements, and how long each long one took.
 # Goal: max <= 50 ms beside them.
 #
-#   [FAST=4] [BIG=3] [SIZE=2200000] [WORKERS=0] bench/big_statements.sh [rounds=2] [seconds=6]
+#   [FAST=4] [BIG=3] [SIZE=2200000] [WORKERS=0] [PGBOUNCER=0] bench/big_statements.sh [rounds=2] [seconds=6]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -21,6 +23,7 @@ SIZE=${SIZE:-2200000}
 PROXY_PORT=${PROXY_PORT:-6932}
 SHARD_PORT=${SHARD_PORT:-6942}
 PARSE_ALL_PORT=${PARSE_ALL_PORT:-6952}
+BOUNCER_PORT=${BOUNCER_PORT:-6962}
 
 source bench/common.sh
 start_dev big "${WORKERS:-0}"
@@ -28,13 +31,21 @@ serve_variant "$PARSE_ALL_PORT" max_parsed_statement_bytes "max_parsed_statement
 # direct: the same clients on the shard itself, for what the machine alone does to the
 # fast clients' latency while PostgreSQL parses the long statements.
 TARGETS="direct pgtenant pgtenant-parse-all"
+if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
+  start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1
+  TARGETS="$TARGETS pgbouncer"
+fi
 port_of() {
   case $1 in
     direct) echo "$SHARD_PORT" ;;
     pgtenant) echo "$PROXY_PORT" ;;
+    pgbouncer) echo "$BOUNCER_PORT" ;;
     *) echo "$PARSE_ALL_PORT" ;;
   esac
 }
+# tenant_options TENANT TARGET: PGOPTIONS naming the tenant, for the targets that read it
+# (PgBouncer refuses the startup option).
+tenant_options() { [ "$2" = pgbouncer ] || echo "-c pgtenant.tenant_id=$1"; }
 
 echo "SELECT 1;" >"$STATE/fast.sql"
 LOGS="$STATE/logs"
@@ -54,14 +65,14 @@ next_big=1
 for round in $(seq "$ROUNDS"); do
   for target in $TARGETS; do
     for phase in quiet big; do
-      (cd "$LOGS" && PGOPTIONS="-c pgtenant.tenant_id=8" pgbench -p "$(port_of "$target")" -n -c "$FAST" -j 1 \
+      (cd "$LOGS" && PGOPTIONS="$(tenant_options 8 "$target")" pgbench -p "$(port_of "$target")" -n -c "$FAST" -j 1 \
         -T "$SECONDS_PER_RUN" -f "$STATE/fast.sql" --log --log-prefix="$target.$phase.$round" >/dev/null 2>&1) &
       fast=$!
       if [ "$phase" = big ]; then
         sleep 1
         for _ in $(seq "$BIG"); do
           start=$(date +%s%N)
-          PGOPTIONS="-c pgtenant.tenant_id=7" psql -p "$(port_of "$target")" -XAtq -f "$STATE/big.$next_big.sql" >/dev/null
+          PGOPTIONS="$(tenant_options 7 "$target")" psql -p "$(port_of "$target")" -XAtq -f "$STATE/big.$next_big.sql" >/dev/null
           echo "$target $(( ($(date +%s%N) - start) / 1000000 ))" >>"$LOGS/big-times"
           next_big=$((next_big + 1))
         done
