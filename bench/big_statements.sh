@@ -12,7 +12,7 @@
 # (ms) with and without the long statements, and how long each long one took.
 # Goal: max <= 50 ms beside them.
 #
-#   [FAST=4] [BIG=3] [SIZE=2200000] [WORKERS=0] [PGBOUNCER=0] bench/big_statements.sh [rounds=2] [seconds=6]
+#   [FAST=4] [BIG=3] [SIZE=2200000] [WORKERS=0] [PGBOUNCER=0] [SERVERS_APART=1] bench/big_statements.sh [rounds=2] [seconds=6]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -83,6 +83,7 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round done" >&2
 done
 
+scheduling_note
 printf "%-20s %-6s %9s %9s %9s %9s\n" target phase queries "p50 ms" "p99 ms" "max ms"
 for target in $TARGETS; do
   for phase in quiet big; do

@@ -3,10 +3,27 @@
 # script registered, when the script exits.
 #
 # Expects PROXY_PORT and SHARD_PORT; sets BIN, STATE and PROXY_PID.
-
-BIN=target/release/pgtenant
-export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
+#
+# Scheduling groups: with the kernel's autogroup scheduling (sched_autogroup_enabled = 1,
+# the default of most distributions) a session is a scheduling group, and the cores are
+# shared between groups before threads. PostgreSQL runs in a session of its own (pg_ctl
+# makes one); the proxies run in the script's, beside pgbench, unless SERVERS_APART=1
+# gives each its own. That choice moves the 8-client ratios by 10-40 % (pgbench -S,
+# extended, 8 clients, pgtenant / PgBouncer: 1.17 and 1.35 in the script's session, 0.93
+# and 0.85 apart, 1.01 with autogroup off), so pgbench.sh, mixed.sh and big_statements.sh print which they ran under.
 STOP_ON_EXIT=()
+
+# apart COMMAND...: runs a server, in a session of its own with SERVERS_APART=1. Started
+# in the background, the function's subshell becomes COMMAND (exec), so that $! is the
+# server's process id; it leads no process group, so setsid(1) does not fork either.
+apart() { if [ "${SERVERS_APART:-0}" = 1 ]; then exec setsid "$@"; else exec "$@"; fi; }
+
+# scheduling_note: one line on the scheduling the run had.
+scheduling_note() {
+  local where="in the clients' session"
+  [ "${SERVERS_APART:-0}" = 1 ] && where="in sessions of their own (SERVERS_APART=1)"
+  echo "proxies $where; sched_autogroup_enabled = $(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo "?")"
+}
 
 # wait_for_port PORT [TRIES]: until a query through PORT answers (0.2 s per try).
 wait_for_port() {
@@ -30,7 +47,7 @@ start_dev() {
   cargo build --release --quiet
   STATE=$(mktemp -d "/tmp/pgtenant-$1.XXXXXX")
   chmod 755 "$STATE"
-  "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "$2" ${DEV_ARGS:-} >"$STATE/proxy.log" 2>&1 &
+  apart "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "$2" ${DEV_ARGS:-} >"$STATE/proxy.log" 2>&1 &
   PROXY_PID=$!
   trap stop_all EXIT
   wait_for_port "$PROXY_PORT" 150 || true
@@ -88,7 +105,7 @@ INI
   chmod 644 "$dir"/pgbouncer.ini "$dir"/userlist.txt
   local run_as=""
   [ "$(id -u)" = 0 ] && run_as="runuser -u postgres --" && chown -R postgres "$dir"
-  $run_as pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
+  apart $run_as pgbouncer "$dir/pgbouncer.ini" >/dev/null 2>&1 &
   wait_for_port "$2" || true
   BOUNCER_PID=$(cat "$dir/pgbouncer.pid" 2>/dev/null || echo 0)
   stop_on_exit "$BOUNCER_PID" TERM
@@ -102,7 +119,7 @@ INI
 serve_variant() {
   awk -v port="$1" '/^listen = / { if (++seen == 1) print "listen = \"127.0.0.1:" port "\""; next } { print }' \
     "$STATE/pgtenant.toml" | sed -e "/^$2 *=/d" -e "s/^\[proxy\]$/[proxy]\n$3/" >"$STATE/variant-$1.toml"
-  "$BIN" serve --config "$STATE/variant-$1.toml" >"$STATE/variant-$1.log" 2>&1 &
+  apart "$BIN" serve --config "$STATE/variant-$1.toml" >"$STATE/variant-$1.log" 2>&1 &
   stop_on_exit $! INT
   wait_for_port "$1" || { echo "variant on $1 did not start:" >&2; cat "$STATE/variant-$1.log" >&2; exit 1; }
 }

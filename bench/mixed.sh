@@ -51,6 +51,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 # Log lines: client transaction latency_us script epoch epoch_us.
+scheduling_note
 printf "%-10s %-5s %9s %9s %9s %9s\n" target script count "p50 ms" "p99 ms" "max ms"
 for target in $TARGETS; do
   for script in 0 1; do

@@ -22,7 +22,7 @@
 #
 # MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
 #
-#   [WORKERS=0] [TLS=1] [PGBOUNCER=0] [UNIX=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+#   [WORKERS=0] [TLS=1] [PGBOUNCER=0] [UNIX=1] [SERVERS_APART=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -76,7 +76,7 @@ text += '\n[[ranges]]\nmin = 1\nmax = 1000\nshard = 1\n\n[[ranges]]\nmin = 1001\
 text += '\n[[tenant_map]]\ntenant = 42\nshard = 2\n'
 open(f"{state}/unix.toml", "w").write(text)
 PY
-  "$BIN" serve --config "$STATE/unix.toml" >"$STATE/unix.log" 2>&1 &
+  apart "$BIN" serve --config "$STATE/unix.toml" >"$STATE/unix.log" 2>&1 &
   UNIX_PID=$!
   stop_on_exit "$UNIX_PID"
   wait_for_port "$UNIX_PROXY_PORT" || true
@@ -155,6 +155,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant workers = ${WORKERS:-0}"
+scheduling_note
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo
   printf "%-9s %7s | %12s %9s | %14s %9s %7s | %9s %9s %9s %9s %5s\n" mode clients "direct tps" "lat ms" "$target tps" "lat ms" ratio \

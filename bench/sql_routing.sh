@@ -42,7 +42,7 @@ start_dev bench-sql 1
 NOGUC_PORT=$((PROXY_PORT + 1))
 sed -e "s/^listen = .*/listen = \"127.0.0.1:$NOGUC_PORT\"/" -e "s/^set_tenant_guc = .*/set_tenant_guc = false/" \
   -e "s/^workers = .*/workers = 1/" "$STATE/pgtenant.toml" >"$STATE/noguc.toml"
-"$BIN" serve --config "$STATE/noguc.toml" >"$STATE/noguc.log" 2>&1 &
+apart "$BIN" serve --config "$STATE/noguc.toml" >"$STATE/noguc.log" 2>&1 &
 NOGUC_PID=$!
 stop_on_exit "$NOGUC_PID"
 wait_for_port "$NOGUC_PORT" || true
