@@ -50,19 +50,43 @@ impl Listeners {
 impl Listeners {
     /// The connections already waiting in the accept queues. Taken before the sockets
     /// close: with SO_REUSEPORT the kernel would reset them, where the process taking
-    /// over the port never saw them.
+    /// over the port never saw them. Accepted with the system call itself, until the
+    /// queue is empty: the runtime's `accept` answers from the readiness it last saw,
+    /// and a connection that arrived since would be left behind.
     fn waiting(&self) -> Vec<Stream> {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut out = Vec::new();
-        while let std::task::Poll::Ready(Ok((s, _))) = self.tcp.poll_accept(&mut cx) {
-            out.push(Stream::Plain(s));
+        while let Some(fd) = accept_now(&self.tcp) {
+            match tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)) {
+                Ok(s) => out.push(Stream::Plain(s)),
+                Err(e) => tracing::warn!(error = %e, "a waiting connection could not be taken"),
+            }
         }
         if let Some(unix) = &self.unix {
-            while let std::task::Poll::Ready(Ok((s, _))) = unix.poll_accept(&mut cx) {
-                out.push(Stream::Unix(s));
+            while let Some(fd) = accept_now(unix) {
+                match tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(fd)) {
+                    Ok(s) => out.push(Stream::Unix(s)),
+                    Err(e) => tracing::warn!(error = %e, "a waiting connection could not be taken"),
+                }
             }
         }
         out
+    }
+}
+
+/// One connection from `listener`'s queue without waiting (non-blocking, as the runtime
+/// wants its sockets); `None` when the queue is empty or the accept failed.
+fn accept_now(listener: &impl std::os::fd::AsFd) -> Option<std::os::fd::OwnedFd> {
+    use rustix::net::{SocketFlags, accept_with};
+    loop {
+        match accept_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC) {
+            Ok(fd) => return Some(fd),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN) => return None,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept of a waiting connection failed");
+                return None;
+            }
+        }
     }
 }
 
@@ -107,10 +131,13 @@ pub async fn run_listener(
             }
         }
     }
-    for stream in listener.waiting() {
+    // Closed right after the last accept: a connection the kernel queues in between is
+    // reset (unless net.ipv4.tcp_migrate_req hands it to the process taking over).
+    let waiting = listener.waiting();
+    drop(listener);
+    for stream in waiting {
         tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), sessions_shutdown.clone()));
     }
-    drop(listener);
     if !patient {
         let _ = stop_sessions.send(true);
     }
@@ -135,4 +162,34 @@ pub async fn run_listener(
         tracing::warn!(remaining = tasks.len(), "sessions still busy after the drain timeout");
     }
     shared.pools.close();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn connections_the_runtime_has_not_seen_yet_are_taken_before_the_close() {
+        let dir = std::env::temp_dir().join(format!("pgtenant-waiting-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(".s.PGSQL.1");
+        let _ = std::fs::remove_file(&path);
+        let listeners = Listeners {
+            tcp: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            unix: Some(UnixListener::bind(&path).unwrap()),
+            unix_path: Some(path.clone()),
+        };
+        let addr = listeners.tcp.local_addr().unwrap();
+        // Connected in the kernel (the handshake is done), never polled by the runtime.
+        let _tcp: Vec<_> = (0..3).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+        let _unix: Vec<_> = (0..2).map(|_| std::os::unix::net::UnixStream::connect(&path).unwrap()).collect();
+        let taken = listeners.waiting();
+        let plain = taken.iter().filter(|s| matches!(s, Stream::Plain(_))).count();
+        let unix = taken.iter().filter(|s| matches!(s, Stream::Unix(_))).count();
+        assert_eq!((plain, unix), (3, 2), "every queued connection is taken");
+        assert!(listeners.waiting().is_empty(), "and the queues are then empty");
+        drop(listeners);
+        assert!(!path.exists(), "the socket file goes with the listeners");
+        let _ = std::fs::remove_dir(&dir);
+    }
 }

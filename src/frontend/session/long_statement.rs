@@ -49,7 +49,8 @@ impl Session {
             // A request's held messages are analyzed together at its Sync: those of one
             // request are all kept.
             Some(analysis) => self.recent.prime(analysis, self.batch.is_empty()),
-            // A parse that panicked: the handler analyzes again, and answers its error.
+            // A parse that panicked, or no thread for it: the handler analyzes again, and
+            // answers any error.
             None => tracing::warn!("analysis of a long statement failed"),
         }
     }
