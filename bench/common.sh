@@ -10,7 +10,11 @@
 # makes one); the proxies run in the script's, beside pgbench, unless SERVERS_APART=1
 # gives each its own. That choice moves the 8-client ratios by 10-40 % (pgbench -S,
 # extended, 8 clients, pgtenant / PgBouncer: 1.17 and 1.35 in the script's session, 0.93
-# and 0.85 apart, 1.01 with autogroup off), so pgbench.sh, mixed.sh and big_statements.sh print which they ran under.
+# and 0.85 apart, 1.01 with autogroup off), so pgbench.sh,
+# mixed.sh and big_statements.sh print which they ran under.
+
+BIN=target/release/pgtenant
+export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
 STOP_ON_EXIT=()
 
 # apart COMMAND...: runs a server, in a session of its own with SERVERS_APART=1. Started
