@@ -8,8 +8,9 @@
 # pgtenant-parse-all (max_parsed_statement_bytes raised so that every statement goes to
 # the parser, on its low-priority thread), and PgBouncer (transaction pooling, pool 20)
 # when it is installed: a pooler also gives several clients' statements to one server
-# process, which the kernel then schedules against the one parsing. Prints the fast clients' queries and p50 / p99 / max latency
-# (ms) with and without the long statements, and how long each long one took.
+# process, which the kernel then schedules against the one parsing. Prints the fast
+# clients' queries and p50 / p99 / max latency (ms) with and without the long
+# statements, and how long each long one took.
 # Goal: max <= 50 ms beside them.
 #
 #   [FAST=4] [BIG=3] [SIZE=2200000] [WORKERS=0] [PGBOUNCER=0] [SERVERS_APART=1] bench/big_statements.sh [rounds=2] [seconds=6]

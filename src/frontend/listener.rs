@@ -55,36 +55,33 @@ impl Listeners {
     /// and a connection that arrived since would be left behind.
     fn waiting(&self) -> Vec<Stream> {
         let mut out = Vec::new();
-        while let Some(fd) = accept_now(&self.tcp) {
-            match tokio::net::TcpStream::from_std(std::net::TcpStream::from(fd)) {
-                Ok(s) => out.push(Stream::Plain(s)),
-                Err(e) => tracing::warn!(error = %e, "a waiting connection could not be taken"),
-            }
-        }
+        take_queued(&self.tcp, &mut out, |fd| tokio::net::TcpStream::from_std(fd.into()).map(Stream::Plain));
         if let Some(unix) = &self.unix {
-            while let Some(fd) = accept_now(unix) {
-                match tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(fd)) {
-                    Ok(s) => out.push(Stream::Unix(s)),
-                    Err(e) => tracing::warn!(error = %e, "a waiting connection could not be taken"),
-                }
-            }
+            take_queued(unix, &mut out, |fd| tokio::net::UnixStream::from_std(fd.into()).map(Stream::Unix));
         }
         out
     }
 }
 
-/// One connection from `listener`'s queue without waiting (non-blocking, as the runtime
-/// wants its sockets); `None` when the queue is empty or the accept failed.
-fn accept_now(listener: &impl std::os::fd::AsFd) -> Option<std::os::fd::OwnedFd> {
+/// Accepts from `listener`'s queue without waiting (non-blocking, as the runtime wants
+/// its sockets) until it is empty, and adds each connection to `out` as `stream` makes
+/// it into the runtime's.
+fn take_queued(
+    listener: &impl std::os::fd::AsFd,
+    out: &mut Vec<Stream>,
+    stream: impl Fn(std::os::fd::OwnedFd) -> std::io::Result<Stream>,
+) {
+    use rustix::io::Errno;
     use rustix::net::{SocketFlags, accept_with};
     loop {
-        match accept_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC) {
-            Ok(fd) => return Some(fd),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(rustix::io::Errno::AGAIN) => return None,
+        match accept_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC).map(&stream) {
+            Ok(Ok(s)) => out.push(s),
+            Ok(Err(e)) => tracing::warn!(error = %e, "a waiting connection could not be taken"),
+            Err(Errno::INTR) => {}
+            Err(Errno::AGAIN) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "accept of a waiting connection failed");
-                return None;
+                return;
             }
         }
     }
