@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
             pgtenant::observe::init_logging_as("info", config.observe.log_format == LogFormat::Json);
-            run(config.proxy.workers, async move {
+            run(async move {
                 let proxy =
                     pgtenant::server::start_with_file(config, Some(file)).await.map_err(|e| e.to_string())?;
                 proxy.serve_until_signal().await;
@@ -63,23 +63,17 @@ fn main() -> std::process::ExitCode {
                 replicas,
                 auto_promote,
                 http_port,
+                workers,
             };
-            run(workers, pgtenant::dev::run(options))
+            run(pgtenant::dev::run(options))
         }
     }
 }
 
-fn run(workers: usize, job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
-    // One worker: a single-threaded runtime, which avoids cross-thread wake-ups.
-    let mut builder = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    if workers > 1 {
-        builder.worker_threads(workers);
-    }
-    let runtime = builder.enable_all().build().expect("tokio runtime");
+fn run(job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
+    // The control plane's runtime: clients are served on threads of their own
+    // (`workers`, see `net::client_threads`).
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
     match runtime.block_on(job) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

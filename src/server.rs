@@ -13,6 +13,7 @@ use crate::backend::{Pools, ServerTls};
 use crate::config::{self, Config};
 use crate::directory::{CatalogDirectory, CatalogError, Directory, StaticDirectory};
 use crate::frontend::{self, Shared};
+use crate::net::client_threads::ClientThreads;
 use crate::router::Router;
 use crate::snowflake::{self, lease::LeaseKeeper};
 
@@ -26,6 +27,8 @@ pub enum StartError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Catalog(#[from] CatalogError),
+    #[error("cannot start the client threads: {0}")]
+    Threads(std::io::Error),
 }
 
 /// A proxy serving in the background.
@@ -164,7 +167,8 @@ pub async fn start_with_file(
     }
     let shared_weak = Arc::downgrade(&shared);
     let drain = Duration::from_millis(config.proxy.shutdown_timeout_ms);
-    let listening = tokio::spawn(frontend::run_listener(listener, shared, rx, drain));
+    let clients = ClientThreads::start(config.proxy.workers).map_err(StartError::Threads)?;
+    let listening = tokio::spawn(frontend::run_listener(listener, shared, clients, rx, drain));
     let http_addr = http.as_ref().map(|(addr, _)| *addr);
     let task = tokio::spawn(async move {
         let _ = listening.await;

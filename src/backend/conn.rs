@@ -82,6 +82,9 @@ pub struct ServerConn {
     pub broken: bool,
     /// When it was opened (`coarse_clock::now_ms`).
     pub opened_ms: u64,
+    /// The client thread its socket is registered on (`net::client_threads`), whose
+    /// clients it serves without waking another thread.
+    pub home: Option<usize>,
     /// When it last went back to its pool (`coarse_clock::coarse_ms`).
     pub idle_since_ms: u64,
     /// Its pool's epoch when it began to open (see `NodePool::epoch`).
@@ -359,6 +362,7 @@ async fn login(
         queue: ResponseQueue::default(),
         broken: false,
         opened_ms,
+        home: crate::net::client_threads::current(),
         idle_since_ms: opened_ms,
         pool_epoch: 0,
         stats: Arc::default(),

@@ -68,6 +68,9 @@ pub struct Lane {
     pub settings_version: u64,
     /// Whether `default_transaction_read_only` is on there.
     pub read_only: bool,
+    /// The client thread its driver runs on (`net::client_threads`): only clients of
+    /// that thread join, so that handing them their answers wakes no other thread.
+    pub home: Option<usize>,
 }
 
 struct LaneInner {
@@ -126,6 +129,7 @@ impl Lane {
             }),
             settings_version,
             read_only,
+            home: crate::net::client_threads::current(),
         })
     }
 

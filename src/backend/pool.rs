@@ -46,15 +46,18 @@ pub struct Wanted<'a> {
 }
 
 impl Wanted<'_> {
-    const ALL: u8 = 3;
+    const ALL: u8 = 7;
 
-    /// How much of what is wanted `conn` holds. The settings count for more: their SETs
-    /// go in a query of their own ahead of the client's request (an extra answer for
-    /// the server to flush), where a switch of tenant alone mostly rides inside the request.
-    fn score(&self, conn: &ServerConn) -> u8 {
+    /// How much of what is wanted `conn` holds, for a client on thread `home`. The
+    /// settings count for more: their SETs go in a query of their own ahead of the
+    /// client's request (an extra answer for the server to flush), where a switch of
+    /// tenant alone mostly rides inside the request. Then its thread: one of another
+    /// thread is registered again on the client's (`Stream::rehome`, four system
+    /// calls) before the newest is preferred.
+    fn score(&self, conn: &ServerConn, home: Option<usize>) -> u8 {
         let tenant = self.tenant.is_some_and(|t| conn.tenant.holds(t));
         let settings = self.settings == Some(conn.settings.version);
-        2 * u8::from(settings) + u8::from(tenant)
+        4 * u8::from(settings) + 2 * u8::from(tenant) + u8::from(conn.home == home)
     }
 }
 
@@ -110,14 +113,15 @@ const SCAN_DEPTH: usize = 32;
 /// the newest `SCAN_DEPTH`), skipping (and closing) any that cannot serve; `None` when
 /// none is left.
 fn pick(shelf: &mut Shelf, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
+    let home = crate::net::client_threads::current();
     loop {
         let newest = shelf.len().checked_sub(1)?;
-        let (mut best, mut best_score) = (newest, wanted.score(&shelf[newest]));
+        let (mut best, mut best_score) = (newest, wanted.score(&shelf[newest], home));
         for at in (newest.saturating_sub(SCAN_DEPTH - 1)..newest).rev() {
             if best_score == Wanted::ALL {
                 break;
             }
-            let score = wanted.score(&shelf[at]);
+            let score = wanted.score(&shelf[at], home);
             if score > best_score {
                 (best, best_score) = (at, score);
             }
@@ -187,7 +191,7 @@ impl ServerPool {
     /// connection: lanes then take no more riders, so that they drain and give their
     /// connections to the waiting checkouts in turn (a lane that busy clients keep
     /// joining would otherwise never end, and a request that may not ride one, such
-    /// as an UPDATE, would wait for ever).
+    /// as an UPDATE, would wait for ever). One of the caller's client thread first.
     pub fn lane_with_room(
         &self,
         settings_version: u64,
@@ -197,12 +201,17 @@ impl ServerPool {
         if self.0.gate.waiting() > 0 {
             return None;
         }
+        // Another thread's lane wakes that thread for every answer: joined only when
+        // the alternative is waiting for a connection.
+        let home = crate::net::client_threads::current();
+        let any_thread = self.0.gate.free() == 0;
         let lanes = self.0.lock_lanes();
         lanes
             .iter()
             .filter(|l| l.settings_version == settings_version && l.read_only == read_only)
+            .filter(|l| any_thread || l.home == home)
             .filter_map(|l| l.depth_for_joining(join.window).filter(|d| *d < join.depth).map(|d| (d, l)))
-            .min_by_key(|(d, _)| *d)
+            .min_by_key(|(d, l)| (l.home != home, *d))
             .map(|(_, l)| l.clone())
     }
 
@@ -408,6 +417,11 @@ impl NodePool {
                 Box::new(conn)
             }
         };
+        let mut conn = conn;
+        let home = crate::net::client_threads::current();
+        if conn.home != home && conn.io.stream.rehome().is_ok() {
+            conn.home = home;
+        }
         if let Some(listed) = &conn.listed {
             listed.set_state(ConnState::Active, Some(self.shard));
         }

@@ -407,7 +407,8 @@ pub struct ProxyConfig {
     /// `SELECT pgtenant.set_context_key('...')` (`sql/rls.sql`): row-level security then
     /// trusts only the tenant pgtenant set, not one the tenant's SQL set itself.
     pub tenant_context_key: Option<String>,
-    /// Tokio worker threads; 0 means one per core.
+    /// Threads serving clients, each a single-threaded runtime (`net::client_threads`);
+    /// 0 means one per core.
     pub workers: usize,
     /// A client idle inside a transaction this long is disconnected (25P03) and its
     /// transaction rolled back, so it cannot hold a server connection forever; 0 = never.

@@ -23,10 +23,12 @@ pub struct DevOptions {
     pub auto_promote: bool,
     /// 0: no HTTP endpoints.
     pub http_port: u16,
+    /// The proxy's `workers` (client threads; 0: one per core).
+    pub workers: usize,
 }
 
 pub async fn run(options: DevOptions) -> Result<(), String> {
-    let DevOptions { dir, port, shard_port, shards, replicas, auto_promote, http_port } = options;
+    let DevOptions { dir, port, shard_port, shards, replicas, auto_promote, http_port, workers } = options;
     if shards < 2 {
         return Err("pgtenant dev needs at least 2 shards (its demo tenants live on shards 1 and 2)".into());
     }
@@ -78,6 +80,7 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
     let listen = format!("127.0.0.1:{port}").parse().map_err(|e| format!("{e}"))?;
     let catalog = demo::local_catalog(catalog_port, CATALOG_DATABASE);
     let mut config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
+    config.proxy.workers = workers;
     if http_port != 0 {
         config.observe.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port)));
     }

@@ -12,6 +12,7 @@ use tokio_util::task::TaskTracker;
 use super::Shared;
 use super::login::serve_connection;
 use crate::net::Stream;
+use crate::net::client_threads::ClientThreads;
 
 /// Where clients connect: TCP, and a Unix socket when configured.
 pub struct Listeners {
@@ -66,6 +67,30 @@ impl Listeners {
 /// Accepts from `listener`'s queue without waiting (non-blocking, as the runtime wants
 /// its sockets) until it is empty, and adds each connection to `out` as `stream` makes
 /// it into the runtime's.
+/// What an accepted connection's session is given besides its socket.
+struct Session {
+    shared: Arc<Shared>,
+    slots: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Session {
+    /// Serves `stream` on the next client thread, registered there (so that its
+    /// readiness wakes that thread, not the accepting one).
+    fn hand_over(self, stream: Stream, clients: &ClientThreads, tasks: &TaskTracker) {
+        let stream = match stream.unregister() {
+            Ok(s) => s,
+            Err(e) => return tracing::warn!(error = %e, "could not hand an accepted connection over"),
+        };
+        clients.spawn(tasks.track_future(async move {
+            match stream.register() {
+                Ok(stream) => serve_connection(stream, self.shared, self.slots, self.shutdown).await,
+                Err(e) => tracing::warn!(error = %e, "could not register an accepted connection"),
+            }
+        }));
+    }
+}
+
 fn take_queued(
     listener: &impl std::os::fd::AsFd,
     out: &mut Vec<Stream>,
@@ -88,9 +113,12 @@ fn take_queued(
 }
 
 /// Accepts clients until `shutdown` turns true, then waits up to `drain` for sessions.
+/// Each client is served on one of `clients`' threads, in turn; they stop when this
+/// returns.
 pub async fn run_listener(
     listener: Listeners,
     shared: Arc<Shared>,
+    clients: ClientThreads,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
@@ -105,7 +133,8 @@ pub async fn run_listener(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(stream) => {
-                    tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), sessions_shutdown.clone()));
+                    let session = Session { shared: shared.clone(), slots: slots.clone(), shutdown: sessions_shutdown.clone() };
+                    session.hand_over(stream, &clients, &tasks);
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -133,7 +162,9 @@ pub async fn run_listener(
     let waiting = listener.waiting();
     drop(listener);
     for stream in waiting {
-        tasks.spawn(serve_connection(stream, shared.clone(), slots.clone(), sessions_shutdown.clone()));
+        let session =
+            Session { shared: shared.clone(), slots: slots.clone(), shutdown: sessions_shutdown.clone() };
+        session.hand_over(stream, &clients, &tasks);
     }
     if !patient {
         let _ = stop_sessions.send(true);

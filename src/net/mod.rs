@@ -13,6 +13,8 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::protocol::{Frame, FrameError, try_parse_frame};
 
+pub mod client_threads;
+
 /// A connection that may have been upgraded to TLS, or a Unix socket to a local server.
 pub enum Stream {
     Plain(TcpStream),
@@ -62,6 +64,60 @@ impl AsyncWrite for Stream {
 impl Stream {
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::TlsServer(_) | Stream::TlsClient(_))
+    }
+
+    /// An accepted (not yet upgraded) socket taken out of the runtime it was accepted
+    /// on, to be served on another thread (`Unregistered::register`).
+    pub fn unregister(self) -> io::Result<Unregistered> {
+        match self {
+            Stream::Plain(s) => s.into_std().map(Unregistered::Tcp),
+            Stream::Unix(s) => s.into_std().map(Unregistered::Unix),
+            Stream::TlsServer(_) | Stream::TlsClient(_) => {
+                Err(io::Error::other("a TLS stream cannot move to another runtime"))
+            }
+        }
+    }
+}
+
+impl Stream {
+    /// Registers the socket again, with the runtime of the caller: its readiness then
+    /// wakes the caller's thread instead of the one it was registered on. A duplicate
+    /// of the descriptor takes the old one's place (four system calls: dup, two
+    /// epoll_ctl, close); TLS state stays as it is. On an error (no descriptor left)
+    /// the stream is as before, and still works from any thread.
+    pub fn rehome(&mut self) -> io::Result<()> {
+        use std::os::fd::AsFd;
+        fn tcp(s: &mut TcpStream) -> io::Result<()> {
+            let fd = s.as_fd().try_clone_to_owned()?;
+            *s = TcpStream::from_std(std::net::TcpStream::from(fd))?;
+            Ok(())
+        }
+        match self {
+            Stream::Plain(s) => tcp(s),
+            Stream::TlsServer(s) => tcp(s.get_mut().0),
+            Stream::TlsClient(s) => tcp(s.get_mut().0),
+            Stream::Unix(s) => {
+                let fd = s.as_fd().try_clone_to_owned()?;
+                *s = UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A socket registered with no runtime (non-blocking, as tokio left it).
+pub enum Unregistered {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Unregistered {
+    /// Registers the socket with the runtime of the caller.
+    pub fn register(self) -> io::Result<Stream> {
+        match self {
+            Unregistered::Tcp(s) => TcpStream::from_std(s).map(Stream::Plain),
+            Unregistered::Unix(s) => UnixStream::from_std(s).map(Stream::Unix),
+        }
     }
 }
 

@@ -18,8 +18,13 @@ async fn backend_of(client: &tokio_postgres::Client) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
-    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
-    // Tenants 1, 2 and 3 all live on shard 1: one pool of two connections.
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 2;
+        c.proxy.workers = 2;
+    })
+    .await;
+    // Tenants 1, 2 and 3 all live on shard 1: one pool of two connections. Clients
+    // take the two client threads in turn: 1 and 3 are served on one, 2 on the other.
     let one = proxy.connect(Some(1)).await;
     let two = proxy.connect(Some(2)).await;
     let three = proxy.connect(Some(3)).await;
@@ -40,8 +45,10 @@ async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
     // No idle connection holds tenant 3: it takes the newest and switches it.
     assert_eq!(backend_of(&three).await, (first, "3".to_string()));
     assert_eq!(backend_of(&two).await, (second, "2".to_string()), "tenant 2 keeps its connection");
-    // And tenant 1 now gets the newest (tenant 2's), switched back to it.
-    assert_eq!(backend_of(&one).await, (second, "1".to_string()));
+    // And tenant 1, whose tenant no idle connection holds now, gets the one of its own
+    // thread (tenant 3's), switched back to it, before the newest (tenant 2's, which
+    // another thread used last).
+    assert_eq!(backend_of(&one).await, (first, "1".to_string()));
 }
 
 #[tokio::test(flavor = "multi_thread")]
