@@ -270,3 +270,58 @@ impl Duplex {
         !matches!(quiet, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    /// A TCP and a Unix socket registered on a runtime that has ended, and their peers.
+    fn orphaned() -> (Stream, std::net::TcpStream, Stream, std::os::unix::net::UnixStream) {
+        runtime().block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let tcp = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (tcp_peer, _) = listener.accept().await.unwrap();
+            let (unix, unix_peer) = UnixStream::pair().unwrap();
+            let peers = (tcp_peer.into_std().unwrap(), unix_peer.into_std().unwrap());
+            peers.0.set_nonblocking(false).unwrap();
+            peers.1.set_nonblocking(false).unwrap();
+            (Stream::Plain(tcp), peers.0, Stream::Unix(unix), peers.1)
+        })
+    }
+
+    /// A socket rehomed on another runtime works there after the first is gone; without
+    /// the rehome its I/O fails with the first runtime's driver.
+    #[test]
+    fn a_rehomed_stream_works_on_its_new_runtime_alone() {
+        use std::io::{Read, Write};
+        let (mut tcp, mut tcp_peer, mut unix, mut unix_peer) = orphaned();
+        let (mut unmoved, _peer, _, _) = orphaned();
+        let second = runtime();
+        second.block_on(async {
+            assert!(unmoved.write_all(b"x").await.is_err(), "the ended runtime's driver still serves it");
+            tcp.rehome().unwrap();
+            unix.rehome().unwrap();
+            tcp.write_all(b"ping").await.unwrap();
+            unix.write_all(b"unix").await.unwrap();
+        });
+        let mut got = [0u8; 4];
+        tcp_peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        unix_peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"unix");
+        tcp_peer.write_all(b"pong").unwrap();
+        unix_peer.write_all(b"back").unwrap();
+        second.block_on(async {
+            tcp.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"pong");
+            unix.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"back");
+        });
+    }
+}
