@@ -34,7 +34,8 @@ fn main() -> std::process::ExitCode {
                 }
             };
             pgtenant::observe::init_logging_as("info", config.observe.log_format == LogFormat::Json);
-            run(async move {
+            let (workers, per_core) = (config.proxy.workers, config.proxy.thread_per_core);
+            run(if per_core { 1 } else { workers }, async move {
                 let proxy =
                     pgtenant::server::start_with_file(config, Some(file)).await.map_err(|e| e.to_string())?;
                 proxy.serve_until_signal().await;
@@ -65,15 +66,24 @@ fn main() -> std::process::ExitCode {
                 http_port,
                 workers,
             };
-            run(pgtenant::dev::run(options))
+            run(workers, pgtenant::dev::run(options))
         }
     }
 }
 
-fn run(job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
-    // The control plane's runtime: clients are served on threads of their own
-    // (`workers`, see `net::client_threads`).
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+/// Runs `job` on a runtime of `workers` threads (0: one per core; 1: a single-threaded
+/// runtime, which also serves the control plane alone when clients have threads of
+/// their own, `thread_per_core`).
+fn run(workers: usize, job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    if workers > 1 {
+        builder.worker_threads(workers);
+    }
+    let runtime = builder.enable_all().build().expect("tokio runtime");
     match runtime.block_on(job) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -105,6 +105,10 @@ pub async fn start_with_file(
         None => Arc::new(StaticDirectory::from_config(&config).map_err(|e| StartError::Invalid(vec![e]))?),
     };
     let pools = Pools::new(config.clone(), server_tls, directory.clone());
+    let clients = match config.proxy.thread_per_core {
+        true => Some(ClientThreads::start(config.proxy.workers).map_err(StartError::Threads)?),
+        false => None,
+    };
     let router = Router::new(&config, directory);
     let bind_error = |source| StartError::Bind { addr: config.proxy.listen, source };
     let listener = bind_tcp(config.proxy.listen, config.proxy.reuse_port).map_err(bind_error)?;
@@ -167,7 +171,6 @@ pub async fn start_with_file(
     }
     let shared_weak = Arc::downgrade(&shared);
     let drain = Duration::from_millis(config.proxy.shutdown_timeout_ms);
-    let clients = ClientThreads::start(config.proxy.workers).map_err(StartError::Threads)?;
     let listening = tokio::spawn(frontend::run_listener(listener, shared, clients, rx, drain));
     let http_addr = http.as_ref().map(|(addr, _)| *addr);
     let task = tokio::spawn(async move {

@@ -201,8 +201,10 @@ impl ServerPool {
         if self.0.gate.waiting() > 0 {
             return None;
         }
-        // Another thread's lane wakes that thread for every answer: joined only when
-        // the alternative is waiting for a connection.
+        // With client threads, another thread's lane wakes that thread for every
+        // answer: joined only when the alternative is waiting for a connection. (Lanes
+        // of all threads would keep pipelines deep, but gave back what the threads
+        // saved: `thread_per_core` in config/pgtenant.toml.)
         let home = crate::net::client_threads::current();
         let any_thread = self.0.gate.free() == 0;
         let lanes = self.0.lock_lanes();
@@ -393,7 +395,7 @@ impl NodePool {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
         // One that came back while a RECONNECT ran may have been shelved after it.
         let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
-        let conn = match idle {
+        let mut conn = match idle {
             Some(conn) => conn,
             None => {
                 // Boxed: the login future is large, and every checkout future would carry its size.
@@ -417,7 +419,6 @@ impl NodePool {
                 Box::new(conn)
             }
         };
-        let mut conn = conn;
         let home = crate::net::client_threads::current();
         if conn.home != home && conn.io.stream.rehome().is_ok() {
             conn.home = home;

@@ -48,7 +48,7 @@ pub enum Command {
         /// Port of the HTTP endpoints (`/metrics`, `/healthz`, `/readyz`); 0 turns them off.
         #[arg(long, default_value_t = 9930)]
         http_port: u16,
-        /// Threads serving the proxy's clients, each a single-threaded runtime; 0 means one per core.
+        /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
         #[arg(long, default_value_t = 0)]
         workers: usize,
     },

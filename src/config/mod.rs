@@ -407,9 +407,13 @@ pub struct ProxyConfig {
     /// `SELECT pgtenant.set_context_key('...')` (`sql/rls.sql`): row-level security then
     /// trusts only the tenant pgtenant set, not one the tenant's SQL set itself.
     pub tenant_context_key: Option<String>,
-    /// Threads serving clients, each a single-threaded runtime (`net::client_threads`);
-    /// 0 means one per core.
+    /// Threads serving clients (tokio workers, or with `thread_per_core` single-threaded
+    /// runtimes); 0 means one per core.
     pub workers: usize,
+    /// Serve each client, with the lanes it opens and the server connections it takes,
+    /// on one of `workers` single-threaded runtimes (`net::client_threads`) instead of
+    /// a multi-threaded runtime: less proxy CPU per transaction, shallower pipelines.
+    pub thread_per_core: bool,
     /// A client idle inside a transaction this long is disconnected (25P03) and its
     /// transaction rolled back, so it cannot hold a server connection forever; 0 = never.
     pub idle_transaction_timeout_ms: u64,
@@ -462,6 +466,7 @@ impl Default for ProxyConfig {
             set_tenant_guc: true,
             tenant_context_key: None,
             workers: 0,
+            thread_per_core: false,
             idle_transaction_timeout_ms: 0,
             max_prepared_statements: 1000,
             server_lifetime_ms: 3_600_000,

@@ -23,7 +23,7 @@ pub struct DevOptions {
     pub auto_promote: bool,
     /// 0: no HTTP endpoints.
     pub http_port: u16,
-    /// The proxy's `workers` (client threads; 0: one per core).
+    /// The proxy's `workers` (0: one per core).
     pub workers: usize,
 }
 

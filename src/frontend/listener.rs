@@ -64,17 +64,18 @@ impl Listeners {
     }
 }
 
-/// Accepts from `listener`'s queue without waiting (non-blocking, as the runtime wants
-/// its sockets) until it is empty, and adds each connection to `out` as `stream` makes
-/// it into the runtime's.
 /// What an accepted connection's session is given besides its socket.
-struct Session {
+struct Handover {
     shared: Arc<Shared>,
     slots: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
 }
 
-impl Session {
+impl Handover {
+    async fn serve(self, stream: Stream) {
+        serve_connection(stream, self.shared, self.slots, self.shutdown).await
+    }
+
     /// Serves `stream` on the next client thread, registered there (so that its
     /// readiness wakes that thread, not the accepting one).
     fn hand_over(self, stream: Stream, clients: &ClientThreads, tasks: &TaskTracker) {
@@ -84,13 +85,16 @@ impl Session {
         };
         clients.spawn(tasks.track_future(async move {
             match stream.register() {
-                Ok(stream) => serve_connection(stream, self.shared, self.slots, self.shutdown).await,
+                Ok(stream) => self.serve(stream).await,
                 Err(e) => tracing::warn!(error = %e, "could not register an accepted connection"),
             }
         }));
     }
 }
 
+/// Accepts from `listener`'s queue without waiting (non-blocking, as the runtime wants
+/// its sockets) until it is empty, and adds each connection to `out` as `stream` makes
+/// it into the runtime's.
 fn take_queued(
     listener: &impl std::os::fd::AsFd,
     out: &mut Vec<Stream>,
@@ -113,12 +117,12 @@ fn take_queued(
 }
 
 /// Accepts clients until `shutdown` turns true, then waits up to `drain` for sessions.
-/// Each client is served on one of `clients`' threads, in turn; they stop when this
-/// returns.
+/// Each client is served on one of `clients`' threads, in turn, when there are client
+/// threads (they stop when this returns), or else on this runtime.
 pub async fn run_listener(
     listener: Listeners,
     shared: Arc<Shared>,
-    clients: ClientThreads,
+    clients: Option<ClientThreads>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
 ) {
@@ -129,13 +133,18 @@ pub async fn run_listener(
     // Sessions learn of the shutdown only once the listening sockets are closed, so a
     // client that sees its idle session ended cannot then connect and be served.
     let (stop_sessions, sessions_shutdown) = watch::channel(false);
+    let serve = |stream| {
+        let handover =
+            Handover { shared: shared.clone(), slots: slots.clone(), shutdown: sessions_shutdown.clone() };
+        match &clients {
+            Some(clients) => handover.hand_over(stream, clients, &tasks),
+            None => drop(tasks.spawn(handover.serve(stream))),
+        }
+    };
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(stream) => {
-                    let session = Session { shared: shared.clone(), slots: slots.clone(), shutdown: sessions_shutdown.clone() };
-                    session.hand_over(stream, &clients, &tasks);
-                }
+                Ok(stream) => serve(stream),
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -161,11 +170,7 @@ pub async fn run_listener(
     // reset (unless net.ipv4.tcp_migrate_req hands it to the process taking over).
     let waiting = listener.waiting();
     drop(listener);
-    for stream in waiting {
-        let session =
-            Session { shared: shared.clone(), slots: slots.clone(), shutdown: sessions_shutdown.clone() };
-        session.hand_over(stream, &clients, &tasks);
-    }
+    waiting.into_iter().for_each(serve);
     if !patient {
         let _ = stop_sessions.send(true);
     }

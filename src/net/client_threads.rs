@@ -53,16 +53,6 @@ impl ClientThreads {
         Ok(ClientThreads { threads, next: AtomicUsize::new(0) })
     }
 
-    /// How many there are.
-    pub fn len(&self) -> usize {
-        self.threads.len()
-    }
-
-    /// Whether there are none (never, once started).
-    pub fn is_empty(&self) -> bool {
-        self.threads.is_empty()
-    }
-
     /// Runs `task` on the next thread in turn.
     pub fn spawn<F>(&self, task: F)
     where
@@ -93,7 +83,6 @@ mod tests {
     #[tokio::test]
     async fn tasks_take_the_threads_in_turn_and_know_which_they_are_on() {
         let threads = ClientThreads::start(3).unwrap();
-        assert_eq!(threads.len(), 3);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for _ in 0..6 {
             let tx = tx.clone();

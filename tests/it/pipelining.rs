@@ -4,16 +4,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pgtenant::config::Config;
+
 use crate::harness::{self, eventually, shard_admin, start_proxy};
 
 /// A proxy with one server connection per pool, a checkout timeout of 500 ms, and a
 /// pipelining join window of `window_us`.
 async fn proxy_with_one_connection(window_us: u64) -> harness::Proxy {
+    proxy_with_one_connection_and(window_us, |_| {}).await
+}
+
+async fn proxy_with_one_connection_and(window_us: u64, tweak: impl FnOnce(&mut Config)) -> harness::Proxy {
     start_proxy(|c| {
         c.users[0].pool_size = 1;
         c.proxy.checkout_timeout_ms = 500;
         c.proxy.pipeline_join_window_us = window_us;
         c.proxy.pipeline_quick_us = GENEROUS_QUICK_US;
+        tweak(c);
     })
     .await
 }
@@ -113,14 +120,29 @@ async fn a_request_waiting_for_a_lock(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_joins_a_busy_connection_instead_of_waiting_for_a_free_one() {
-    let table = "pipelining_gate_join";
     let proxy = proxy_with_one_connection(60_000_000).await;
+    joins_a_busy_connection(&proxy, "pipelining_gate_join").await;
+}
+
+/// The same with client threads: the two clients are served on different threads, and
+/// the second joins the first's lane, of another thread, as no connection is free.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_client_threads_a_request_joins_another_threads_lane_instead_of_waiting() {
+    let proxy = proxy_with_one_connection_and(60_000_000, |c| {
+        c.proxy.thread_per_core = true;
+        c.proxy.workers = 2;
+    })
+    .await;
+    joins_a_busy_connection(&proxy, "pipelining_gate_join_threads").await;
+}
+
+async fn joins_a_busy_connection(proxy: &harness::Proxy, table: &str) {
     // Tenants 7 and 8 both live on shard 1, whose pool has one connection. A simple
     // query and a one-message-batch extended one (an unnamed statement): both are
     // autocommit requests that may ride a lane.
     let columns = "count(*), pg_backend_pid(), current_setting('pgtenant.tenant_id')";
     let sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
-    let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, table, columns, sql).await;
+    let (gate, blocked, second) = a_request_waiting_for_a_lock(proxy, table, columns, sql).await;
     let behind = tokio::spawn(async move {
         second.query_typed(sql, &[]).await.map(|rows| (rows[0].get::<_, i32>(0), rows[0].get::<_, String>(1)))
     });

@@ -21,6 +21,7 @@ async fn a_tenant_gets_back_the_connection_that_holds_its_guc() {
     let proxy = start_proxy(|c| {
         c.users[0].pool_size = 2;
         c.proxy.workers = 2;
+        c.proxy.thread_per_core = true;
     })
     .await;
     // Tenants 1, 2 and 3 all live on shard 1: one pool of two connections. Clients
