@@ -1,16 +1,18 @@
-//! The threads client sessions run on: each a single-threaded tokio runtime, and each
-//! accepted client handed to one of them in turn, where its session, the lanes it
-//! opens and the server connections it opens stay. A request then goes from client
-//! to server and back without a wake-up across threads: on a multi-threaded runtime
-//! the workers hand tasks to each other (a futex wake-up, a sleeping thread woken) for
-//! most transactions, which cost a quarter of the proxy's CPU per transaction
-//! (`bench/pgbench.sh`, README). The control plane (health checks, the catalog, the
-//! admin HTTP endpoint, the accept loop) stays on the runtime that started the server.
+//! The threads client sessions run on with `thread_per_core`: each a single-threaded
+//! tokio runtime, and each accepted client handed to one of them in turn, where its
+//! session, the lanes it opens and the server connections it takes stay. A request
+//! then goes from client to server and back without a wake-up across threads: on a
+//! multi-threaded runtime the workers hand tasks to each other (a futex wake-up, a
+//! sleeping thread woken) for most transactions, a sixth to a quarter of the proxy's
+//! CPU per transaction (README, `thread_per_core`). The control plane (health checks,
+//! the catalog, the HTTP endpoint, the accept loop) stays on the runtime that started
+//! the server.
 //!
-//! A connection registered on one thread may still be used from another (a pool's
-//! idle connection taken by a client of another thread): tokio delivers its readiness
-//! through the thread it was registered on, which is correct and only slower; pools
-//! and lanes prefer their own thread's (`current`).
+//! A connection registered on one thread may still be used from another (a lane
+//! joined by a client of another thread): tokio delivers its readiness through the
+//! thread it was registered on, which is correct and only slower. Pools register an
+//! idle connection again on the thread that takes it (`Stream::rehome`), and lanes
+//! take their own thread's clients first (`current`).
 
 use std::cell::Cell;
 use std::future::Future;
