@@ -68,8 +68,9 @@ pub struct Lane {
     pub settings_version: u64,
     /// Whether `default_transaction_read_only` is on there.
     pub read_only: bool,
-    /// The client thread its driver runs on (`net::client_threads`): only clients of
-    /// that thread join, so that handing them their answers wakes no other thread.
+    /// The client thread its driver runs on (`net::client_threads`): clients of other
+    /// threads join only for want of a free connection (`ServerPool::lane_with_room`),
+    /// as handing them their answers wakes their thread.
     pub home: Option<usize>,
 }
 
