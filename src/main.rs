@@ -55,7 +55,17 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
-        Command::Dev { dir, port, shard_port, shards, replicas, auto_promote, http_port, workers } => {
+        Command::Dev {
+            dir,
+            port,
+            shard_port,
+            shards,
+            replicas,
+            auto_promote,
+            http_port,
+            workers,
+            thread_per_core,
+        } => {
             let options = pgtenant::dev::DevOptions {
                 dir,
                 port,
@@ -65,8 +75,9 @@ fn main() -> std::process::ExitCode {
                 auto_promote,
                 http_port,
                 workers,
+                thread_per_core,
             };
-            run(workers, pgtenant::dev::run(options))
+            run(if thread_per_core { 1 } else { workers }, pgtenant::dev::run(options))
         }
     }
 }

@@ -51,6 +51,10 @@ pub enum Command {
         /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
         #[arg(long, default_value_t = 0)]
         workers: usize,
+        /// Serve each client on one of `workers` single-threaded runtimes
+        /// (`[proxy] thread_per_core`).
+        #[arg(long)]
+        thread_per_core: bool,
     },
     /// Validate a configuration file and list every problem.
     CheckConfig { file: PathBuf },

@@ -25,10 +25,22 @@ pub struct DevOptions {
     pub http_port: u16,
     /// The proxy's `workers` (0: one per core).
     pub workers: usize,
+    /// The proxy's `thread_per_core`.
+    pub thread_per_core: bool,
 }
 
 pub async fn run(options: DevOptions) -> Result<(), String> {
-    let DevOptions { dir, port, shard_port, shards, replicas, auto_promote, http_port, workers } = options;
+    let DevOptions {
+        dir,
+        port,
+        shard_port,
+        shards,
+        replicas,
+        auto_promote,
+        http_port,
+        workers,
+        thread_per_core,
+    } = options;
     if shards < 2 {
         return Err("pgtenant dev needs at least 2 shards (its demo tenants live on shards 1 and 2)".into());
     }
@@ -81,6 +93,7 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
     let catalog = demo::local_catalog(catalog_port, CATALOG_DATABASE);
     let mut config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
     config.proxy.workers = workers;
+    config.proxy.thread_per_core = thread_per_core;
     if http_port != 0 {
         config.observe.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port)));
     }
