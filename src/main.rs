@@ -34,8 +34,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
             pgtenant::observe::init_logging_as("info", config.observe.log_format == LogFormat::Json);
-            let (workers, per_core) = (config.proxy.workers, config.proxy.thread_per_core);
-            run(if per_core { 1 } else { workers }, async move {
+            run(config.proxy.workers, config.proxy.thread_per_core, async move {
                 let proxy =
                     pgtenant::server::start_with_file(config, Some(file)).await.map_err(|e| e.to_string())?;
                 proxy.serve_until_signal().await;
@@ -55,37 +54,19 @@ fn main() -> std::process::ExitCode {
                 }
             }
         }
-        Command::Dev {
-            dir,
-            port,
-            shard_port,
-            shards,
-            replicas,
-            auto_promote,
-            http_port,
-            workers,
-            thread_per_core,
-        } => {
-            let options = pgtenant::dev::DevOptions {
-                dir,
-                port,
-                shard_port,
-                shards,
-                replicas,
-                auto_promote,
-                http_port,
-                workers,
-                thread_per_core,
-            };
-            run(if thread_per_core { 1 } else { workers }, pgtenant::dev::run(options))
-        }
+        Command::Dev(options) => run(options.workers, options.thread_per_core, pgtenant::dev::run(options)),
     }
 }
 
 /// Runs `job` on a runtime of `workers` threads (0: one per core; 1: a single-threaded
-/// runtime, which also serves the control plane alone when clients have threads of
-/// their own, `thread_per_core`).
-fn run(workers: usize, job: impl Future<Output = Result<(), String>>) -> std::process::ExitCode {
+/// runtime), or, when clients have threads of their own (`thread_per_core`), on a
+/// single-threaded runtime that serves the control plane alone.
+fn run(
+    workers: usize,
+    thread_per_core: bool,
+    job: impl Future<Output = Result<(), String>>,
+) -> std::process::ExitCode {
+    let workers = if thread_per_core { 1 } else { workers };
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {

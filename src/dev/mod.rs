@@ -12,20 +12,39 @@ use cluster::{Cluster, find_bin_dir};
 /// The catalog database `dev` creates.
 pub const CATALOG_DATABASE: &str = "pgtenant_catalog";
 
-/// What `pgtenant dev` was asked for (see `cli`).
+/// What `pgtenant dev` was asked for (its command-line arguments).
+#[derive(clap::Args, Debug)]
 pub struct DevOptions {
+    /// State directory (clusters, certificates); reused on the next start.
+    #[arg(long, default_value = ".pgtenant-dev")]
     pub dir: PathBuf,
+    /// Port of the proxy.
+    #[arg(long, default_value_t = 6432)]
     pub port: u16,
+    /// First port of the shard clusters (shard 1, then shard 2, the catalog, then
+    /// the replicas).
+    #[arg(long, default_value_t = 6442)]
     pub shard_port: u16,
-    /// Shard clusters (2 by default); shard i holds tenants (i - 1) * 1000 + 1 ..= i * 1000.
+    /// Shard clusters; shard i holds tenants (i - 1) * 1000 + 1 ..= i * 1000.
+    #[arg(long, default_value_t = 2)]
     pub shards: u16,
+    /// Streaming replicas of each shard (pg_basebackup, physical slots), so that
+    /// failover can be tried locally: stop a shard's primary and promote its replica.
+    #[arg(long, default_value_t = 1)]
     pub replicas: u16,
+    /// Let the proxy promote a shard's replica itself when the primary is down
+    /// (`[health] auto_promote`), instead of leaving it to you.
+    #[arg(long)]
     pub auto_promote: bool,
-    /// 0: no HTTP endpoints.
+    /// Port of the HTTP endpoints (`/metrics`, `/healthz`, `/readyz`); 0 turns them off.
+    #[arg(long, default_value_t = 9930)]
     pub http_port: u16,
-    /// The proxy's `workers` (0: one per core).
+    /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
+    #[arg(long, default_value_t = 0)]
     pub workers: usize,
-    /// The proxy's `thread_per_core`.
+    /// Serve each client on one of `workers` single-threaded runtimes
+    /// (`[proxy] thread_per_core`).
+    #[arg(long)]
     pub thread_per_core: bool,
 }
 
