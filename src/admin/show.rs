@@ -83,6 +83,7 @@ fn pools(view: &AdminView<'_>) -> Table {
         cl_idle: u64,
         sv_active: u64,
         sv_idle: u64,
+        sv_being_canceled: u64,
         size: u64,
         oldest_wait_ms: Option<u64>,
     }
@@ -104,6 +105,7 @@ fn pools(view: &AdminView<'_>) -> Table {
         let p = by_key.entry((pool.database.clone(), pool.user.clone())).or_default();
         p.sv_active += pool.active as u64;
         p.sv_idle += pool.idle as u64;
+        p.sv_being_canceled += pool.being_canceled as u64;
         p.size += pool.size as u64;
     }
     for ((database, user), p) in by_key {
@@ -123,7 +125,7 @@ fn pools(view: &AdminView<'_>) -> Table {
             int(0),
             int(p.sv_active),
             int(0),
-            int(0),
+            int(p.sv_being_canceled),
             int(p.sv_idle),
             int(0),
             int(0),

@@ -6,11 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::Buf;
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
 use postgres_protocol::message::frontend;
 use tokio::net::{TcpStream, UnixStream};
 
+use super::cancel::CancelTarget;
 use super::error::BackendError;
 use super::prepared::server_name;
 use super::prepared_on_server::PreparedOnServer;
@@ -47,14 +48,6 @@ pub enum ServerAddr {
     Tcp(SocketAddr),
     /// The socket file, `<dir>/.s.PGSQL.<port>`.
     Unix(Arc<Path>),
-}
-
-/// What a CancelRequest for this connection needs.
-#[derive(Clone, Debug)]
-pub struct CancelTarget {
-    pub addr: ServerAddr,
-    pub pid: u32,
-    pub key: u32,
 }
 
 /// Messages larger than this from a server are treated as a broken connection.
@@ -351,7 +344,7 @@ async fn login(
     Ok(ServerConn {
         io,
         addr: addr.to_string(),
-        cancel: CancelTarget { addr: peer, pid: key.0, key: key.1 },
+        cancel: CancelTarget::new(peer, key.0, key.1),
         params,
         prepared: PreparedOnServer::new(target.max_prepared),
         settings: Settings::empty(),
@@ -376,39 +369,5 @@ pub fn record_param(params: &mut Vec<(String, String)>, name: String, value: Str
     match params.iter_mut().find(|(n, _)| *n == name) {
         Some(p) => p.1 = value,
         None => params.push((name, value)),
-    }
-}
-
-/// Sends a CancelRequest for `target` on a fresh connection.
-pub async fn send_cancel(target: CancelTarget) -> std::io::Result<()> {
-    cancel_on(&target, false).await
-}
-
-/// Sends a CancelRequest for `target` and waits until the server closes that
-/// connection, which it does once it has signalled the backend: a statement sent to
-/// the backend after this returns and after its running one answered is not hit by it.
-pub async fn send_cancel_and_wait(target: CancelTarget) -> std::io::Result<()> {
-    cancel_on(&target, true).await
-}
-
-async fn cancel_on(target: &CancelTarget, wait_for_close: bool) -> std::io::Result<()> {
-    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-    async fn on(
-        mut stream: impl AsyncRead + AsyncWrite + Unpin,
-        buf: &[u8],
-        wait: bool,
-    ) -> std::io::Result<()> {
-        stream.write_all(buf).await?;
-        if wait {
-            let mut rest = [0u8; 64];
-            while stream.read(&mut rest).await? > 0 {}
-        }
-        Ok(())
-    }
-    let mut buf = BytesMut::new();
-    frontend::cancel_request(target.pid as i32, target.key as i32, &mut buf);
-    match &target.addr {
-        ServerAddr::Tcp(addr) => on(TcpStream::connect(addr).await?, &buf, wait_for_close).await,
-        ServerAddr::Unix(path) => on(UnixStream::connect(path).await?, &buf, wait_for_close).await,
     }
 }

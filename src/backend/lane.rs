@@ -24,7 +24,8 @@ use bytes::BytesMut;
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
 
-use super::conn::{CancelTarget, ServerConn};
+use super::cancel::{CancelState, CancelTarget};
+use super::conn::ServerConn;
 use super::pool::PooledConn;
 use super::relay::{RelayNotes, RelayStop};
 use super::settings::TenantGuc;
@@ -145,13 +146,13 @@ impl Lane {
     pub fn depth_for_joining(&self, window: Duration) -> Option<usize> {
         let inner = self.lock();
         let fresh = inner.waiting.front().is_none_or(|w| w.since.elapsed() < window);
-        (!inner.closed && fresh).then_some(inner.waiting.len())
+        inner.takes_riders().filter(|_| fresh).map(|()| inner.waiting.len())
     }
 
     /// Enters the lane to add a request, unless it stopped taking them.
     pub fn enter(&self) -> Option<LaneEntry<'_>> {
         let inner = self.lock();
-        (!inner.closed).then_some(LaneEntry { inner })
+        inner.takes_riders().map(|()| LaneEntry { inner })
     }
 
     /// Runs the lane until no request is left on it, then gives its connection back
@@ -200,6 +201,13 @@ fn set_cancel(slot: &CancelSlot, target: Option<CancelTarget>) {
 }
 
 impl LaneInner {
+    /// Open, and no cancel in flight for its connection: a cancel meant for the request
+    /// it runs could land on one put behind it (`backend::cancel`).
+    fn takes_riders(&self) -> Option<()> {
+        let conn = self.conn.as_ref().filter(|_| !self.closed)?;
+        (conn.cancel.state() == CancelState::Settled).then_some(())
+    }
+
     fn poll_drive(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         loop {
             // The first waiter must be able to take a piece before more is read for it.

@@ -2,6 +2,7 @@
 //! (node, user, database), what each connection still owes, and the settings and
 //! prepared statements it carries.
 
+mod cancel;
 mod coarse_clock;
 mod conn;
 mod error;
@@ -16,9 +17,8 @@ mod share;
 mod state;
 mod tls;
 
-pub use conn::{
-    CancelTarget, MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param, send_cancel, send_cancel_and_wait,
-};
+pub use cancel::{CANCEL_CONFIRM_TIMEOUT, CancelState, CancelTarget};
+pub use conn::{MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param};
 pub use error::{BackendError, CheckoutError};
 pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};
 pub use pool::{PoolView, PooledConn, Pools, ServerPool, Wanted};

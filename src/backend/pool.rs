@@ -20,9 +20,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
+use super::cancel::CancelState;
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
@@ -96,6 +98,8 @@ struct NodePool {
     /// epoch close as they come back (a count, not a time: a connection opened in the
     /// same millisecond as the RECONNECT is retired too). `RETIRED` retires them all.
     epoch: std::sync::atomic::AtomicU64,
+    /// Connections given back and held until a cancel sent to them is confirmed.
+    being_canceled: AtomicUsize,
 }
 
 /// A pool's epoch once it was replaced or dropped: none of its connections is reused.
@@ -154,6 +158,7 @@ impl ServerPool {
             servers,
             shard,
             epoch: std::sync::atomic::AtomicU64::new(0),
+            being_canceled: AtomicUsize::new(0),
         }))
     }
 
@@ -278,8 +283,9 @@ impl ServerPool {
 pub struct PooledConn {
     conn: Option<Box<ServerConn>>,
     pool: Arc<NodePool>,
-    /// Given back after the connection is on the shelf (fields drop after `drop`).
-    _permit: SharePermit,
+    /// Given back after the connection is on the shelf (fields drop after `drop`);
+    /// taken along while a cancel is waited for.
+    permit: Option<SharePermit>,
 }
 
 impl PooledConn {
@@ -337,6 +343,12 @@ impl Drop for PooledConn {
             {
                 return;
             }
+            match conn.cancel.state() {
+                CancelState::Settled => {}
+                // It may still cancel whatever runs next on it.
+                CancelState::Unconfirmed => return,
+                CancelState::InFlight => return self.shelve_once_canceled(conn),
+            }
             conn.idle_since_ms = now;
             if let Some(listed) = &conn.listed {
                 listed.set_state(ConnState::Idle, Some(self.pool.shard));
@@ -347,6 +359,43 @@ impl Drop for PooledConn {
                 shelf.push(conn);
             }
         }
+    }
+}
+
+impl PooledConn {
+    /// A cancel sent to `conn` is not confirmed yet: its signal could still hit the
+    /// next client's statement, so the connection stays checked out (its permit held,
+    /// as PgBouncer's `sv_being_canceled`) until it is, and is shelved then.
+    fn shelve_once_canceled(&mut self, mut conn: Box<ServerConn>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        // Untrusted while it waits: if the task is dropped midway (at shutdown), the
+        // connection is closed instead of shelved.
+        conn.broken = true;
+        let mut waiting =
+            PooledConn { conn: Some(conn), pool: self.pool.clone(), permit: self.permit.take() };
+        let counted = BeingCanceled::new(&self.pool);
+        runtime.spawn(async move {
+            waiting.cancel.settled().await;
+            drop(counted);
+            // Dropped now: shelved if the cancel was confirmed, closed if not.
+            waiting.broken = false;
+        });
+    }
+}
+
+/// Counts a connection in its pool's `being_canceled` while it lives.
+struct BeingCanceled(Arc<NodePool>);
+
+impl BeingCanceled {
+    fn new(pool: &Arc<NodePool>) -> Self {
+        pool.being_canceled.fetch_add(1, Ordering::Relaxed);
+        BeingCanceled(pool.clone())
+    }
+}
+
+impl Drop for BeingCanceled {
+    fn drop(&mut self) {
+        self.0.being_canceled.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -426,7 +475,7 @@ impl NodePool {
         if let Some(listed) = &conn.listed {
             listed.set_state(ConnState::Active, Some(self.shard));
         }
-        Ok(PooledConn { conn: Some(conn), pool: self.clone(), _permit: permit })
+        Ok(PooledConn { conn: Some(conn), pool: self.clone(), permit: Some(permit) })
     }
 }
 
@@ -441,9 +490,11 @@ pub struct PoolView {
     pub database: String,
     pub server_database: String,
     pub size: usize,
-    /// Connections held by clients (checked out), and on the shelf.
+    /// Connections held by clients (checked out), on the shelf, and held back until
+    /// a cancel sent to them is confirmed.
     pub active: usize,
     pub idle: usize,
+    pub being_canceled: usize,
     /// Checkouts waiting for a place.
     pub waiting: usize,
     pub lanes: usize,
@@ -679,6 +730,7 @@ impl Pools {
                 let p = &pool.0;
                 let idle = p.lock_shelf().len();
                 let held = p.gate.size().saturating_sub(p.gate.free());
+                let being_canceled = p.being_canceled.load(Ordering::Relaxed).min(held);
                 PoolView {
                     shard: key.shard,
                     host: key.host.clone(),
@@ -687,8 +739,9 @@ impl Pools {
                     database: key.database.clone(),
                     server_database: p.target.database.clone(),
                     size: p.gate.size(),
-                    active: held,
+                    active: held - being_canceled,
                     idle,
+                    being_canceled,
                     waiting: p.gate.waiting(),
                     lanes: p.lock_lanes().len(),
                     stats: p.stats.snapshot(),

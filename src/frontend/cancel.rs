@@ -87,13 +87,13 @@ mod tests {
         let reg = Arc::new(CancelRegistry::default());
         let k = reg.register();
         assert!(reg.lookup(k.pid, k.key).is_empty());
-        let target =
-            CancelTarget { addr: ServerAddr::Tcp("127.0.0.1:5432".parse().unwrap()), pid: 5, key: 6 };
+        let addr = ServerAddr::Tcp("127.0.0.1:5432".parse().unwrap());
+        let target = CancelTarget::new(addr.clone(), 5, 6);
         k.set_target(Some(target.clone()));
         assert_eq!(reg.lookup(k.pid, k.key).iter().map(|t| t.pid).collect::<Vec<_>>(), vec![5]);
         assert!(reg.lookup(k.pid, k.key.wrapping_add(1)).is_empty());
         k.set_target(None);
-        k.set_targets(vec![target.clone(), CancelTarget { pid: 7, ..target }]);
+        k.set_targets(vec![target.clone(), CancelTarget::new(addr, 7, 6)]);
         assert_eq!(reg.lookup(k.pid, k.key).iter().map(|t| t.pid).collect::<Vec<_>>(), vec![5, 7]);
         let pid = k.pid;
         drop(k);

@@ -17,7 +17,7 @@ use super::startup::{Negotiated, negotiate};
 use super::{Shared, primary_now};
 use crate::backend::{
     BackendError, CheckoutError, PooledConn, ServerPool, SettingValue, Settings, TenantGuc, Wanted,
-    send_cancel, settings_sql, tenant_sql,
+    settings_sql, tenant_sql,
 };
 use crate::net::{Duplex, Stream};
 use crate::observe::conns::ConnState;
@@ -151,10 +151,12 @@ async fn forward_cancel(shared: &Shared, pid: u32, key: u32) {
     if targets.is_empty() {
         tracing::debug!(pid, "cancel request for no running query");
     }
-    for target in targets {
-        if let Err(e) = send_cancel(target).await {
-            tracing::warn!(error = %e, "could not forward a cancel request");
-        }
+    // All at once, and the client's connection closed only when every server has
+    // signalled its backend, as PostgreSQL closes it: a client that waits for that
+    // close (libpq's PQcancel does) knows its next statement cannot be hit.
+    let sent = futures_util::future::join_all(targets.iter().map(|t| t.cancel())).await;
+    for e in sent.into_iter().filter_map(Result::err) {
+        tracing::warn!(error = %e, "could not forward a cancel request");
     }
 }
 

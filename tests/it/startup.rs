@@ -206,6 +206,78 @@ async fn cancel_stops_a_running_query() {
     assert_eq!(one, 1);
 }
 
+/// A cancel that reaches the server only after its statement ended on its own does
+/// not hit the statement its server connection runs next, another client's: the
+/// connection goes back to the pool only once the server confirmed the cancel. And
+/// the client's cancel connection closes only then, as PostgreSQL's does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_cancel_never_hits_the_next_clients_statement() {
+    let hold = Duration::from_millis(2500);
+    let shard = std::net::SocketAddr::from(([127, 0, 0, 1], harness::shards().ports[0]));
+    let (relay, cancels_received) = harness::slow_cancels::relay_holding_cancels(shard, hold).await;
+    let proxy = start_proxy(|c| {
+        c.shards[0].nodes[0].port = relay.port();
+        c.users[0].pool_size = 1;
+        c.proxy.checkout_timeout_ms = 10_000;
+    })
+    .await;
+    let mut first = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let (pid, key) = first.key.expect("BackendKeyData");
+    let second = proxy.connect(Some(7)).await;
+    let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    // (being canceled, waiting for a connection) of the app pool, as PgBouncer shows them.
+    let held_back = || async {
+        let pools = console.query("SHOW POOLS", &[]).await.unwrap();
+        let app = pools.iter().find(|r| r.get::<_, String>("database") == "app").expect("the app pool");
+        (app.get::<_, i64>("sv_being_canceled"), app.get::<_, i64>("cl_waiting"))
+    };
+
+    let mut query = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query("SELECT pg_backend_pid() FROM pg_sleep(1)", &mut query)
+        .unwrap();
+    let started = Instant::now();
+    first.send(&query).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Sent while the statement runs; the relay passes it on after the statement ended.
+    let proxy_addr = proxy.addr;
+    let canceller = tokio::spawn(async move {
+        let mut cancel = tokio::net::TcpStream::connect(proxy_addr).await.unwrap();
+        let mut request = bytes::BytesMut::new();
+        postgres_protocol::message::frontend::cancel_request(pid, key, &mut request);
+        let sent = Instant::now();
+        cancel.write_all(&request).await.unwrap();
+        let mut rest = Vec::new();
+        cancel.read_to_end(&mut rest).await.unwrap();
+        sent.elapsed()
+    });
+    let forwarded = harness::eventually(Duration::from_secs(2), || async {
+        cancels_received.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    assert!(forwarded.is_some(), "pgtenant passed the cancel on");
+    // Waits for the only server connection, then runs for longer than the cancel is
+    // held back (extended protocol).
+    let second_pid = tokio::spawn(async move {
+        second.query_one("SELECT pg_backend_pid() FROM pg_sleep(1)", &[]).await.map(|r| r.get::<_, i32>(0))
+    });
+
+    let answer = first.until_ready().await;
+    let ended = started.elapsed();
+    assert_eq!(crate::harness::raw::sqlstate(&answer), None, "ended on its own: {answer:?}");
+    let first_pid: i32 = crate::harness::raw::first_column(&answer)[0].parse().unwrap();
+    // Until the cancel is confirmed, its connection is held back.
+    let seen = harness::eventually(Duration::from_secs(1), || async { held_back().await == (1, 1) }).await;
+    assert!(seen.is_some(), "{:?} after {ended:?} and more", held_back().await);
+    let second_pid = second_pid.await.unwrap().expect("the late cancel did not hit it");
+    assert_eq!(second_pid, first_pid, "the same server connection, the one the cancel was for");
+    let confirmed_after = canceller.await.unwrap();
+    assert!(confirmed_after >= hold - Duration::from_millis(300), "closed after {confirmed_after:?}");
+    assert_eq!(held_back().await, (0, 0));
+    // The first client goes on.
+    let again = first.query("SELECT 1").await;
+    assert_eq!(crate::harness::raw::first_column(&again), vec!["1".to_string()]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn too_many_clients_get_53300() {
     let proxy = start_proxy(|c| c.proxy.max_clients = 1).await;

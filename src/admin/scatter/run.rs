@@ -353,7 +353,8 @@ async fn shard_part(
                 frame = conn.io.read_frame(MAX_SERVER_MESSAGE) => frame.map_err(io_error(conn))?,
                 _ = stop.changed(), if !abandoned => {
                     abandoned = true;
-                    let _ = crate::backend::send_cancel(conn.cancel.clone()).await;
+                    // Not reused before the server confirms it (backend::cancel).
+                    tokio::spawn(conn.cancel.cancel());
                     continue;
                 }
             };
@@ -374,7 +375,7 @@ async fn shard_part(
                             // The statement gave up (the client left): the shard stops
                             // too, and what it still sends is read and dropped.
                             abandoned = true;
-                            let _ = crate::backend::send_cancel(conn.cancel.clone()).await;
+                            tokio::spawn(conn.cancel.cancel());
                         }
                     } else if abandoned {
                         batch.clear();
@@ -722,12 +723,7 @@ impl<'a> Coordinator<'a> {
                 // The cancel can stop only this INSERT: the server has signalled the
                 // backend when the call returns, the next statement is sent after the
                 // INSERT's ReadyForQuery, and a backend drops a cancel that finds it idle.
-                let canceled = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    crate::backend::send_cancel_and_wait(conn.cancel.clone()),
-                )
-                .await;
-                if !matches!(canceled, Ok(Ok(()))) {
+                if conn.cancel.cancel().await.is_err() {
                     conn.broken = true;
                     return Err(BackendError::Protocol {
                         addr: conn.addr.clone(),

@@ -4,6 +4,7 @@
 
 pub mod clusters;
 pub mod raw;
+pub mod slow_cancels;
 
 use std::net::SocketAddr;
 use std::process::{Command, Output};

@@ -10,6 +10,8 @@ use tokio::net::TcpStream;
 pub struct RawClient {
     pub stream: TcpStream,
     buf: BytesMut,
+    /// BackendKeyData's process id and secret key, once logged in.
+    pub key: Option<(i32, i32)>,
 }
 
 /// One backend message: tag and body.
@@ -29,7 +31,7 @@ impl Msg {
 
 impl RawClient {
     pub async fn connect(addr: std::net::SocketAddr) -> RawClient {
-        RawClient { stream: TcpStream::connect(addr).await.unwrap(), buf: BytesMut::new() }
+        RawClient { stream: TcpStream::connect(addr).await.unwrap(), buf: BytesMut::new(), key: None }
     }
 
     /// Connects and logs in as app/app with the given startup parameters.
@@ -61,6 +63,10 @@ impl RawClient {
                     if !out.is_empty() {
                         c.send(&out).await;
                     }
+                }
+                b'K' => {
+                    let word = |at: usize| i32::from_be_bytes(m.body[at..at + 4].try_into().unwrap());
+                    c.key = Some((word(0), word(4)));
                 }
                 b'Z' => return c,
                 b'E' => panic!("login failed: {:?}", String::from_utf8_lossy(&m.body)),
