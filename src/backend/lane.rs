@@ -62,6 +62,15 @@ pub enum LanePiece {
     Lost { partial: BytesMut, reason: String },
 }
 
+/// Why a lane ends before its requests were answered.
+enum LaneFailure {
+    /// The connection failed (closed, unreadable, or the server ended the session).
+    ServerLost(String),
+    /// The server answered as no request on the lane should have it (a transaction
+    /// left open, an answer nobody asked for).
+    StateUnknown(&'static str),
+}
+
 /// A pipelined connection of one pool, for clients with the same session settings.
 pub struct Lane {
     inner: Mutex<LaneInner>,
@@ -238,11 +247,11 @@ impl LaneInner {
             match conn.io.poll_io(cx, read) {
                 Poll::Ready(Ok(IoEvent::Read | IoEvent::Drained)) => {}
                 Poll::Ready(Ok(IoEvent::Closed)) => {
-                    self.fail("the server closed the connection".into());
+                    self.fail(LaneFailure::ServerLost("the server closed the connection".into()));
                     return Poll::Ready(());
                 }
                 Poll::Ready(Err(e)) => {
-                    self.fail(e.to_string());
+                    self.fail(LaneFailure::ServerLost(e.to_string()));
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
@@ -275,7 +284,7 @@ impl LaneInner {
 
     /// Relays what the server sent so far. `Ok(true)` when a piece went to the first
     /// waiter (the next needs room again); `Ok(false)` when more must be read.
-    fn relay(&mut self) -> Result<bool, String> {
+    fn relay(&mut self) -> Result<bool, LaneFailure> {
         let Some(conn) = self.conn.as_deref_mut() else { return Ok(false) };
         if conn.io.rbuf.is_empty() {
             return Ok(false);
@@ -290,8 +299,10 @@ impl LaneInner {
                 Ok(true)
             }
             RelayStop::NeedMore => Ok(false),
-            RelayStop::Lost(reason) => Err(reason),
-            RelayStop::Ready { status, .. } => self.finish_head(status).map(|()| true),
+            RelayStop::Lost(reason) => Err(LaneFailure::ServerLost(reason)),
+            RelayStop::Ready { status, .. } => {
+                self.finish_head(status).map(|()| true).map_err(LaneFailure::StateUnknown)
+            }
         }
     }
 
@@ -305,9 +316,9 @@ impl LaneInner {
     }
 
     /// The first waiter's answer is complete.
-    fn finish_head(&mut self, status: TxStatus) -> Result<(), String> {
+    fn finish_head(&mut self, status: TxStatus) -> Result<(), &'static str> {
         let Some(head) = self.waiting.front() else {
-            return Err("the server answered a request nobody sent".into());
+            return Err("the server answered a request nobody sent");
         };
         // Cleared before the answer goes: the client may take a server of its own
         // right after, and set the slot for that one.
@@ -330,7 +341,7 @@ impl LaneInner {
         if status != TxStatus::Idle {
             // Requests behind it would run inside its transaction: never let them.
             conn.broken = true;
-            return Err("a pipelined request left a transaction open".into());
+            return Err("a pipelined request left a transaction open");
         }
         if conn.broken {
             self.closed = true;
@@ -342,7 +353,11 @@ impl LaneInner {
     }
 
     /// The connection failed: every waiter learns it, and it is closed.
-    fn fail(&mut self, reason: String) {
+    fn fail(&mut self, failure: LaneFailure) {
+        let reason = match &failure {
+            LaneFailure::ServerLost(reason) => reason.clone(),
+            LaneFailure::StateUnknown(reason) => reason.to_string(),
+        };
         tracing::warn!(%reason, waiting = self.waiting.len(), "lost a pipelined server connection");
         self.closed = true;
         let mut partial = std::mem::take(&mut self.out);
@@ -356,8 +371,12 @@ impl LaneInner {
             }
             waiter.to.close();
         }
-        if let Some(conn) = self.conn.take() {
-            conn.lost();
+        match (self.conn.take(), failure) {
+            // The node may be going down: its idle connections are closed too.
+            (Some(conn), LaneFailure::ServerLost(_)) => conn.lost(),
+            // This connection alone is in a state pgtenant does not know.
+            (Some(conn), LaneFailure::StateUnknown(_)) => conn.discard(),
+            (None, _) => {}
         }
     }
 
