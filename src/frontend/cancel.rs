@@ -1,21 +1,51 @@
 //! Cancel keys: every client gets a BackendKeyData of pgtenant's own; while a
 //! server connection works for it, its slot holds that server's cancel target (and
-//! while a scatter-gather runs, every shard's).
+//! while a scatter-gather runs, every shard's). While its request waits in pgtenant
+//! instead (for a connection of a full pool, through a PAUSE or a failover), a cancel
+//! ends that wait: to the client the statement runs, and PostgreSQL cancels a running
+//! statement wherever it waits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 use crate::backend::{CancelSlot as Slot, CancelTarget};
 
 #[derive(Default)]
 pub struct CancelRegistry {
-    clients: Mutex<HashMap<u32, (u32, Slot, ManySlot)>>,
+    clients: Mutex<HashMap<u32, Client>>,
     next_pid: AtomicU32,
+}
+
+struct Client {
+    key: u32,
+    slot: Slot,
+    many: ManySlot,
+    wait: Arc<WaitInProxy>,
 }
 
 /// The servers of a scatter-gather that a cancel reaches all at once.
 type ManySlot = Arc<Mutex<Vec<CancelTarget>>>;
+
+/// A request waiting in pgtenant, and a cancel for it.
+#[derive(Default)]
+struct WaitInProxy {
+    waiting: AtomicBool,
+    canceled: AtomicBool,
+    wake: Notify,
+}
+
+/// What a CancelRequest reaches.
+pub enum CancelReach {
+    /// The servers running the client's request.
+    Servers(Vec<CancelTarget>),
+    /// Its request waited in pgtenant: that wait ends with 57014.
+    Wait,
+    /// Nothing runs: the request is dropped, as a backend drops one that finds it idle.
+    Nothing,
+}
 
 /// A client's key; unregisters itself when dropped.
 pub struct CancelKey {
@@ -23,13 +53,20 @@ pub struct CancelKey {
     pub key: u32,
     slot: Slot,
     many: ManySlot,
+    wait: Arc<WaitInProxy>,
     registry: Arc<CancelRegistry>,
+}
+
+/// A wait in pgtenant that a cancel may end (`CancelKey::wait_in_proxy`).
+pub struct CancelableWait {
+    wait: Arc<WaitInProxy>,
 }
 
 impl CancelRegistry {
     pub fn register(self: &Arc<Self>) -> CancelKey {
         let slot: Slot = Arc::new(Mutex::new(None));
         let many: ManySlot = Arc::default();
+        let wait: Arc<WaitInProxy> = Arc::default();
         let key = rand::random::<u32>();
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let pid = loop {
@@ -38,20 +75,26 @@ impl CancelRegistry {
                 break pid;
             }
         };
-        clients.insert(pid, (key, slot.clone(), many.clone()));
-        CancelKey { pid, key, slot, many, registry: self.clone() }
+        clients.insert(pid, Client { key, slot: slot.clone(), many: many.clone(), wait: wait.clone() });
+        CancelKey { pid, key, slot, many, wait, registry: self.clone() }
     }
 
-    /// The server targets for a CancelRequest: none unless the key matches and a query runs.
-    pub fn lookup(&self, pid: u32, key: u32) -> Vec<CancelTarget> {
+    /// What a CancelRequest for (`pid`, `key`) reaches; a request waiting in pgtenant
+    /// is told at once.
+    pub fn reach(&self, pid: u32, key: u32) -> CancelReach {
         let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((expected, slot, many)) = clients.get(&pid) else { return Vec::new() };
-        if *expected != key {
-            return Vec::new();
+        let Some(client) = clients.get(&pid).filter(|c| c.key == key) else { return CancelReach::Nothing };
+        let mut targets = client.many.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        targets.extend(client.slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
+        if !targets.is_empty() {
+            return CancelReach::Servers(targets);
         }
-        let mut targets = many.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        targets.extend(slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
-        targets
+        if client.wait.waiting.load(Ordering::SeqCst) {
+            client.wait.canceled.store(true, Ordering::SeqCst);
+            client.wait.wake.notify_waiters();
+            return CancelReach::Wait;
+        }
+        CancelReach::Nothing
     }
 }
 
@@ -71,6 +114,39 @@ impl CancelKey {
     }
 }
 
+impl CancelKey {
+    /// The client's request starts waiting in pgtenant; a cancel sent from now until
+    /// the returned wait is dropped ends it (`CancelableWait::canceled`).
+    pub fn wait_in_proxy(&self) -> CancelableWait {
+        self.wait.canceled.store(false, Ordering::SeqCst);
+        self.wait.waiting.store(true, Ordering::SeqCst);
+        CancelableWait { wait: self.wait.clone() }
+    }
+}
+
+impl CancelableWait {
+    /// Completes once a cancel came for this wait (at once if one did already).
+    pub fn canceled(&self) -> impl std::future::Future<Output = ()> + Send + use<> {
+        let wait = self.wait.clone();
+        async move {
+            let notified = wait.wake.notified();
+            tokio::pin!(notified);
+            // Registered before the look: a cancel in between still wakes it.
+            notified.as_mut().enable();
+            if wait.canceled.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for CancelableWait {
+    fn drop(&mut self) {
+        self.wait.waiting.store(false, Ordering::SeqCst);
+    }
+}
+
 impl Drop for CancelKey {
     fn drop(&mut self) {
         self.registry.clients.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.pid);
@@ -81,6 +157,15 @@ impl Drop for CancelKey {
 mod tests {
     use super::*;
     use crate::backend::ServerAddr;
+
+    impl CancelRegistry {
+        fn lookup(&self, pid: u32, key: u32) -> Vec<CancelTarget> {
+            match self.reach(pid, key) {
+                CancelReach::Servers(targets) => targets,
+                CancelReach::Wait | CancelReach::Nothing => Vec::new(),
+            }
+        }
+    }
 
     #[test]
     fn lookup_needs_the_right_key_and_a_target() {
@@ -98,5 +183,25 @@ mod tests {
         let pid = k.pid;
         drop(k);
         assert!(reg.lookup(pid, 0).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cancel_ends_a_wait_in_the_proxy_and_only_while_it_lasts() {
+        let reg = Arc::new(CancelRegistry::default());
+        let k = reg.register();
+        assert!(matches!(reg.reach(k.pid, k.key), CancelReach::Nothing), "nothing runs");
+        let wait = k.wait_in_proxy();
+        let canceled = tokio::spawn(wait.canceled());
+        tokio::task::yield_now().await;
+        assert!(!canceled.is_finished());
+        assert!(matches!(reg.reach(k.pid, k.key.wrapping_add(1)), CancelReach::Nothing), "wrong key");
+        assert!(matches!(reg.reach(k.pid, k.key), CancelReach::Wait));
+        tokio::time::timeout(std::time::Duration::from_secs(5), canceled).await.unwrap().unwrap();
+        drop(wait);
+        assert!(matches!(reg.reach(k.pid, k.key), CancelReach::Nothing), "the wait is over");
+        // A cancel of an earlier wait does not end the next one.
+        let next = k.wait_in_proxy();
+        let pending = tokio::time::timeout(std::time::Duration::from_millis(50), next.canceled()).await;
+        assert!(pending.is_err());
     }
 }

@@ -49,6 +49,9 @@ pub enum FrontendError {
     Checkout(#[from] CheckoutError),
     #[error("lost the server connection of shard {shard}: {reason}")]
     ServerLost { shard: ShardId, reason: String },
+    /// A cancel came while the request waited in pgtenant, before any server ran it.
+    #[error("canceling statement due to user request (it was waiting in pgtenant and reached no server)")]
+    CanceledWaiting,
     #[error("current transaction is aborted, commands ignored until end of transaction block")]
     InFailedTransaction,
     #[error("prepared statement \"{name}\" does not exist")]

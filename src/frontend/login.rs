@@ -9,6 +9,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::auth::authenticate;
+use super::cancel::CancelReach;
 use super::error::FrontendError;
 use super::error_response::write_error;
 use super::params::parse_startup;
@@ -147,10 +148,11 @@ async fn refuse(mut client: Duplex, err: &FrontendError) {
 }
 
 async fn forward_cancel(shared: &Shared, pid: u32, key: u32) {
-    let targets = shared.cancels.lookup(pid, key);
-    if targets.is_empty() {
-        tracing::debug!(pid, "cancel request for no running query");
-    }
+    let targets = match shared.cancels.reach(pid, key) {
+        CancelReach::Servers(targets) => targets,
+        CancelReach::Wait => return tracing::debug!(pid, "cancel request ended a wait in pgtenant"),
+        CancelReach::Nothing => return tracing::debug!(pid, "cancel request for no running query"),
+    };
     // All at once, and the client's connection closed only when every server has
     // signalled its backend, as PostgreSQL closes it: a client that waits for that
     // close (libpq's PQcancel does) knows its next statement cannot be hit.

@@ -278,6 +278,57 @@ async fn a_late_cancel_never_hits_the_next_clients_statement() {
     assert_eq!(crate::harness::raw::first_column(&again), vec!["1".to_string()]);
 }
 
+/// A cancel reaches a request that waits in pgtenant, not yet on a server: for a
+/// connection of a full pool, and through an admin's PAUSE. It fails with 57014 at
+/// once (it would wait out `checkout_timeout_ms` or `pause_hold_ms` otherwise), in
+/// both protocols, and the session goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_ends_a_request_waiting_in_pgtenant() {
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.checkout_timeout_ms = 20_000;
+        c.proxy.pause_hold_ms = 20_000;
+    })
+    .await;
+    let holder = proxy.connect(Some(7)).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = std::sync::Arc::new(proxy.connect(Some(7)).await);
+    let cancel_after = |token: tokio_postgres::CancelToken| async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    };
+    for extended in [false, true] {
+        let started = Instant::now();
+        let canceller = tokio::spawn(cancel_after(waiter.cancel_token()));
+        let err = if extended {
+            waiter.query("SELECT 2", &[]).await.map(|_| ()).unwrap_err()
+        } else {
+            waiter.simple_query("SELECT 2").await.map(|_| ()).unwrap_err()
+        };
+        assert_eq!(sqlstate(&err), "57014", "{err}");
+        let message = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+        assert!(message.contains("waiting in pgtenant"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(5), "canceled, not timed out");
+        canceller.await.unwrap();
+    }
+    holder.batch_execute("COMMIT").await.unwrap();
+    let three: i32 = waiter.query_one("SELECT 3", &[]).await.unwrap().get(0);
+    assert_eq!(three, 3, "the session goes on");
+
+    // Held by a PAUSE of its tenant.
+    let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    console.simple_query("PAUSE TENANT 7").await.unwrap();
+    let started = Instant::now();
+    let canceller = tokio::spawn(cancel_after(waiter.cancel_token()));
+    let err = waiter.simple_query("SELECT 4").await.map(|_| ()).unwrap_err();
+    assert_eq!(sqlstate(&err), "57014", "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "canceled, not held to the end");
+    canceller.await.unwrap();
+    console.simple_query("RESUME TENANT 7").await.unwrap();
+    let five: i32 = waiter.query_one("SELECT 5", &[]).await.unwrap().get(0);
+    assert_eq!(five, 5);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn too_many_clients_get_53300() {
     let proxy = start_proxy(|c| c.proxy.max_clients = 1).await;

@@ -120,7 +120,7 @@ impl Session {
         };
         let (pool, wanted) = self.scatter_pool(shard, &node);
         let checkout = self.shared.pools.checkout_from(&pool, shard, &None, wanted);
-        match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
+        match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
             Ok(conn) => Ok(self.ready_for_scatter(conn).await),
             Err(e) => Ok(Err(e.to_string())),
         }

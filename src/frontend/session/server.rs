@@ -273,7 +273,7 @@ impl Session {
         };
         let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
         let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
-        match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
+        match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
             Ok(conn) => Ok(Some(conn)),
             Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() => {
                 self.mark_gone(route.shard, &pool, &source);
@@ -308,8 +308,9 @@ impl Session {
         let on_hold =
             |held| listed.set_state(if held { ConnState::Paused } else { ConnState::Waiting }, Some(shard));
         let wait = self.shared.pauses.wait_open(shard, route.tenant.as_ref(), hold, on_hold);
-        let held =
-            unless_client_leaves(&mut self.client, listed, wait).await?.map_err(FrontendError::Paused)?;
+        let held = unless_client_leaves(&mut self.client, listed, &self.cancel, wait)
+            .await?
+            .map_err(FrontendError::Paused)?;
         if held && let Some(tenant) = &route.tenant {
             let placement =
                 self.shared.router.placement(tenant).await.map_err(|e| FrontendError::Route(e.into()))?;
@@ -335,7 +336,7 @@ impl Session {
         loop {
             let pool = self.pool_of(route.shard).await?;
             let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
-            match unless_client_leaves(&mut self.client, &self.listed, checkout).await? {
+            match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
                 Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() && tries < 3 => {
                     tries += 1;
                     self.mark_gone(route.shard, &pool, &source);
@@ -375,6 +376,7 @@ impl Session {
             unless_client_leaves(
                 &mut self.client,
                 &self.listed,
+                &self.cancel,
                 shared.health.changed_within(left.min(Duration::from_millis(100))),
             )
             .await?;
