@@ -25,7 +25,7 @@ use super::conn::ServerAddr;
 
 /// How long a postmaster may take to take a cancel request and close its connection;
 /// a cancel not confirmed by then counts as lost, and its server connection is closed.
-pub const CANCEL_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+const CANCEL_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a CancelRequest for a server connection needs; clones share what is in flight.
 #[derive(Clone, Debug)]
@@ -175,7 +175,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_cancel_is_in_flight_until_confirmed_and_unconfirmed_when_it_fails() {
+    async fn a_cancel_is_in_flight_until_confirmed_and_untrusted_only_if_it_may_have_landed() {
         // A server that takes the request, waits, then closes: what a postmaster does.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

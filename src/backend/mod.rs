@@ -17,7 +17,7 @@ mod share;
 mod state;
 mod tls;
 
-pub use cancel::{CANCEL_CONFIRM_TIMEOUT, CancelState, CancelTarget};
+pub use cancel::CancelTarget;
 pub use conn::{MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param};
 pub use error::{BackendError, CheckoutError};
 pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};

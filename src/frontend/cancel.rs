@@ -112,9 +112,7 @@ impl CancelKey {
     pub fn set_targets(&self, targets: Vec<CancelTarget>) {
         *self.many.lock().unwrap_or_else(|e| e.into_inner()) = targets;
     }
-}
 
-impl CancelKey {
     /// The client's request starts waiting in pgtenant; a cancel sent from now until
     /// the returned wait is dropped ends it (`CancelableWait::canceled`).
     pub fn wait_in_proxy(&self) -> CancelableWait {
