@@ -262,12 +262,7 @@ impl ServerPool {
     /// RECONNECT: the connections open or opening now are not reused (idle ones close
     /// now, busy ones when they come back); later ones are.
     fn retire_open(&self) {
-        let _ = self.0.epoch.fetch_update(
-            std::sync::atomic::Ordering::AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-            |epoch| Some(epoch.saturating_add(1)),
-        );
-        self.close_idle();
+        self.0.retire_open();
     }
 
     /// Whether it was made for `user`'s pool size and server credentials.
@@ -296,14 +291,16 @@ impl PooledConn {
     }
 
     /// The connection failed under its client (closed or reset by the server, or
-    /// unreadable): closed, and so are its pool's idle ones. A node being stopped ends
-    /// its backends one by one; an idle connection whose backend has not ended yet
-    /// still looks alive, and a request put on it next would fail the same way. The
-    /// next checkout opens a fresh connection instead, which finds out whether the
-    /// node still takes them (and, when not, holds its request for the failover).
+    /// unreadable): closed, and so are its pool's other ones, the idle ones now and the
+    /// busy ones as they come back. A node being stopped ends its backends one by one;
+    /// a connection whose backend has not ended yet still looks alive, and a request put
+    /// on it next would fail the same way, a second error for a client whose request was
+    /// already lost. The next checkouts open fresh connections instead, which find out
+    /// whether the node still takes them (and, when not, hold their requests for the
+    /// failover).
     pub fn lost(mut self) {
         self.conn = None;
-        self.pool.close_idle();
+        self.pool.retire_open();
     }
 
     /// Returns the connection to its pool: at once, or with `reset` once its session
@@ -421,6 +418,17 @@ impl NodePool {
     fn close_idle(&self) {
         let idle = std::mem::take(&mut *self.lock_shelf());
         drop(idle);
+    }
+
+    /// The connections open or opening now are not reused: idle ones close now, busy
+    /// ones when they come back.
+    fn retire_open(&self) {
+        let _ = self.epoch.fetch_update(
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+            |epoch| Some(epoch.saturating_add(1)),
+        );
+        self.close_idle();
     }
 
     /// Whether a connection that began to open in `epoch` is to be closed, not reused.

@@ -282,6 +282,51 @@ async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool()
     proxy.shutdown().await;
 }
 
+/// The pool's busy connections are not reused either once they come back: opened to
+/// the same node, their backends may be ending one by one too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_connection_lost_mid_request_retires_the_busy_ones_of_its_pool() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
+    let (first, second) = (proxy.connect(Some(7)).await, proxy.connect(Some(7)).await);
+    second.batch_execute("BEGIN").await.unwrap();
+    let busy: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let sleeper = tokio::spawn(async move {
+        let err = first.batch_execute("SELECT pg_sleep(10) AS retired_busy").await.unwrap_err();
+        (sqlstate(&err), first)
+    });
+    let admin = harness::shard_admin(1, "app").await;
+    let sleeping = "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10) AS retired_busy' AND state = 'active'";
+    let mut running = None;
+    for _ in 0..100 {
+        running = admin.query_opt(sleeping, &[]).await.unwrap().map(|r| r.get::<_, i32>(0));
+        if running.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let running = running.expect("the sleep runs");
+    let killed: bool =
+        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&running]).await.unwrap().get(0);
+    assert!(killed);
+    let (code, first) = sleeper.await.unwrap();
+    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
+    // The busy one's transaction goes on to its end, then the connection closes.
+    let still: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert_eq!(still, busy);
+    second.batch_execute("COMMIT").await.unwrap();
+    let closed = harness::eventually_none(
+        &admin,
+        Duration::from_secs(3),
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+        &[&busy],
+    )
+    .await;
+    assert!(closed, "the connection busy at the loss (pid {busy}) was closed when it came back");
+    let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert!(next != running && next != busy, "the next request runs on a fresh connection");
+    proxy.shutdown().await;
+}
+
 /// A client waiting for a full pool gets the place of a connection that closed under
 /// another client: it opens a new connection there instead of waiting out its timeout.
 #[tokio::test(flavor = "multi_thread")]
