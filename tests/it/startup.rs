@@ -232,12 +232,21 @@ async fn a_late_cancel_never_hits_the_next_clients_statement() {
         (app.get::<_, i64>("sv_being_canceled"), app.get::<_, i64>("cl_waiting"))
     };
 
+    // The pool's one connection is opened first (a login through the relay can take
+    // longer than the statement on a loaded machine; a cancel then ends a wait).
+    assert_eq!(crate::harness::raw::first_column(&first.query("SELECT 1").await), vec!["1".to_string()]);
+    let statement = "SELECT pg_backend_pid() FROM pg_sleep(1)";
     let mut query = bytes::BytesMut::new();
-    postgres_protocol::message::frontend::query("SELECT pg_backend_pid() FROM pg_sleep(1)", &mut query)
-        .unwrap();
+    postgres_protocol::message::frontend::query(statement, &mut query).unwrap();
     let started = Instant::now();
     first.send(&query).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let shard_admin = harness::shard_admin(1, "app").await;
+    let running = harness::eventually(Duration::from_secs(5), || async {
+        let active = "SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'active'";
+        shard_admin.query_one(active, &[&statement]).await.unwrap().get::<_, i64>(0) == 1
+    })
+    .await;
+    assert!(running.is_some(), "the statement runs on the server");
     // Sent while the statement runs; the relay passes it on after the statement ended.
     let proxy_addr = proxy.addr;
     let canceller = tokio::spawn(async move {
@@ -293,9 +302,21 @@ async fn a_cancel_ends_a_request_waiting_in_pgtenant() {
     let holder = proxy.connect(Some(7)).await;
     holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
     let waiter = std::sync::Arc::new(proxy.connect(Some(7)).await);
-    let cancel_after = |token: tokio_postgres::CancelToken| async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+    let console = std::sync::Arc::new(harness::connect(&proxy.admin_conninfo()).await.unwrap());
+    // Cancels once the waiter's request waits (SHOW POOLS' cl_waiting counts paused ones too).
+    let cancel_after = |token: tokio_postgres::CancelToken| {
+        let console = console.clone();
+        async move {
+            let waits = harness::eventually(Duration::from_secs(5), || async {
+                let pools = console.query("SHOW POOLS", &[]).await.unwrap();
+                pools
+                    .iter()
+                    .any(|r| r.get::<_, String>("database") == "app" && r.get::<_, i64>("cl_waiting") == 1)
+            })
+            .await;
+            assert!(waits.is_some(), "the request waits");
+            token.cancel_query(tokio_postgres::NoTls).await.unwrap();
+        }
     };
     for extended in [false, true] {
         let started = Instant::now();
@@ -316,7 +337,6 @@ async fn a_cancel_ends_a_request_waiting_in_pgtenant() {
     assert_eq!(three, 3, "the session goes on");
 
     // Held by a PAUSE of its tenant.
-    let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
     console.simple_query("PAUSE TENANT 7").await.unwrap();
     let started = Instant::now();
     let canceller = tokio::spawn(cancel_after(waiter.cancel_token()));
