@@ -372,7 +372,7 @@ impl LaneInner {
             waiter.to.close();
         }
         match (self.conn.take(), failure) {
-            // The node may be going down: its idle connections are closed too.
+            // The node may be going down: its other connections are retired too.
             (Some(conn), LaneFailure::ServerLost(_)) => conn.lost(),
             // This connection alone is in a state pgtenant does not know.
             (Some(conn), LaneFailure::StateUnknown(_)) => conn.discard(),
