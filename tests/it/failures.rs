@@ -247,28 +247,9 @@ async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool()
     first.batch_execute("COMMIT").await.unwrap();
     assert_ne!(a, b, "two server connections, both idle now");
 
-    let sleeper = tokio::spawn(async move {
-        let err = first.batch_execute("SELECT pg_sleep(10)").await.unwrap_err();
-        (sqlstate(&err), first)
-    });
     let admin = harness::shard_admin(1, "app").await;
-    let sleeping =
-        "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10)' AND state = 'active'";
-    let mut running = None;
-    for _ in 0..100 {
-        running = admin.query_opt(sleeping, &[]).await.unwrap().map(|r| r.get::<_, i32>(0));
-        if running.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let running = running.expect("the sleep runs");
+    let (first, running) = terminated_mid_request(first, "SELECT pg_sleep(10)", &admin).await;
     let idle = if running == a { b } else { a };
-    let killed: bool =
-        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&running]).await.unwrap().get(0);
-    assert!(killed);
-    let (code, first) = sleeper.await.unwrap();
-    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
     let closed = harness::eventually_none(
         &admin,
         Duration::from_secs(3),
@@ -290,26 +271,8 @@ async fn a_server_connection_lost_mid_request_retires_the_busy_ones_of_its_pool(
     let (first, second) = (proxy.connect(Some(7)).await, proxy.connect(Some(7)).await);
     second.batch_execute("BEGIN").await.unwrap();
     let busy: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
-    let sleeper = tokio::spawn(async move {
-        let err = first.batch_execute("SELECT pg_sleep(10) AS retired_busy").await.unwrap_err();
-        (sqlstate(&err), first)
-    });
     let admin = harness::shard_admin(1, "app").await;
-    let sleeping = "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(10) AS retired_busy' AND state = 'active'";
-    let mut running = None;
-    for _ in 0..100 {
-        running = admin.query_opt(sleeping, &[]).await.unwrap().map(|r| r.get::<_, i32>(0));
-        if running.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let running = running.expect("the sleep runs");
-    let killed: bool =
-        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&running]).await.unwrap().get(0);
-    assert!(killed);
-    let (code, first) = sleeper.await.unwrap();
-    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
+    let (first, running) = terminated_mid_request(first, "SELECT pg_sleep(10) AS retired_busy", &admin).await;
     // The busy one's transaction goes on to its end, then the connection closes.
     let still: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     assert_eq!(still, busy);
@@ -325,6 +288,36 @@ async fn a_server_connection_lost_mid_request_retires_the_busy_ones_of_its_pool(
     let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     assert!(next != running && next != busy, "the next request runs on a fresh connection");
     proxy.shutdown().await;
+}
+
+/// Runs `sql` (a long statement, its text unique among the tests) through `client`,
+/// terminates its backend once the shard shows it running, and checks the error the
+/// client gets (08006 or 57P01); returns the client and the terminated backend's pid.
+async fn terminated_mid_request(
+    client: tokio_postgres::Client,
+    sql: &'static str,
+    admin: &tokio_postgres::Client,
+) -> (tokio_postgres::Client, i32) {
+    let sleeper = tokio::spawn(async move {
+        let err = client.batch_execute(sql).await.unwrap_err();
+        (sqlstate(&err), client)
+    });
+    let sleeping = "SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'active'";
+    let mut running = None;
+    for _ in 0..100 {
+        running = admin.query_opt(sleeping, &[&sql]).await.unwrap().map(|r| r.get::<_, i32>(0));
+        if running.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let running = running.expect("the statement runs");
+    let killed: bool =
+        admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&running]).await.unwrap().get(0);
+    assert!(killed);
+    let (code, client) = sleeper.await.unwrap();
+    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
+    (client, running)
 }
 
 /// A client waiting for a full pool gets the place of a connection that closed under
