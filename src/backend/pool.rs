@@ -325,6 +325,25 @@ impl PooledConn {
             }
         });
     }
+
+    /// A cancel sent to `conn` is not confirmed yet: its signal could still hit the
+    /// next client's statement, so the connection stays checked out (its permit held,
+    /// as PgBouncer's `sv_being_canceled`) until it is, and is shelved then.
+    fn shelve_once_canceled(&mut self, mut conn: Box<ServerConn>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        // Untrusted while it waits: if the task is dropped midway (at shutdown), the
+        // connection is closed instead of shelved.
+        conn.broken = true;
+        let mut waiting =
+            PooledConn { conn: Some(conn), pool: self.pool.clone(), permit: self.permit.take() };
+        let counted = BeingCanceled::new(&self.pool);
+        runtime.spawn(async move {
+            waiting.cancel.settled().await;
+            drop(counted);
+            // Dropped now: shelved if the cancel was confirmed, closed if not.
+            waiting.broken = false;
+        });
+    }
 }
 
 impl Drop for PooledConn {
@@ -356,27 +375,6 @@ impl Drop for PooledConn {
                 shelf.push(conn);
             }
         }
-    }
-}
-
-impl PooledConn {
-    /// A cancel sent to `conn` is not confirmed yet: its signal could still hit the
-    /// next client's statement, so the connection stays checked out (its permit held,
-    /// as PgBouncer's `sv_being_canceled`) until it is, and is shelved then.
-    fn shelve_once_canceled(&mut self, mut conn: Box<ServerConn>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        // Untrusted while it waits: if the task is dropped midway (at shutdown), the
-        // connection is closed instead of shelved.
-        conn.broken = true;
-        let mut waiting =
-            PooledConn { conn: Some(conn), pool: self.pool.clone(), permit: self.permit.take() };
-        let counted = BeingCanceled::new(&self.pool);
-        runtime.spawn(async move {
-            waiting.cancel.settled().await;
-            drop(counted);
-            // Dropped now: shelved if the cancel was confirmed, closed if not.
-            waiting.broken = false;
-        });
     }
 }
 
