@@ -58,15 +58,15 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Runs `job` on a runtime of `workers` threads (0: one per core; 1: a single-threaded
-/// runtime), or, when clients have threads of their own (`thread_per_core`), on a
+/// Runs `job` on a runtime of `workers` threads (0: automatic, see
+/// `config::resolve_workers`; 1: a single-threaded runtime), or, when clients have threads of their own (`thread_per_core`), on a
 /// single-threaded runtime that serves the control plane alone.
 fn run(
     workers: usize,
     thread_per_core: bool,
     job: impl Future<Output = Result<(), String>>,
 ) -> std::process::ExitCode {
-    let workers = if thread_per_core { 1 } else { workers };
+    let workers = if thread_per_core { 1 } else { pgtenant::config::resolve_workers(workers) };
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {

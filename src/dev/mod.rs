@@ -39,7 +39,8 @@ pub struct DevOptions {
     /// Port of the HTTP endpoints (`/metrics`, `/healthz`, `/readyz`); 0 turns them off.
     #[arg(long, default_value_t = 9930)]
     pub http_port: u16,
-    /// Tokio worker threads of the proxy; 0 means one per core, 1 a single-threaded runtime.
+    /// Tokio worker threads of the proxy; 0 means one per two cores (at least one), 1 a
+    /// single-threaded runtime.
     #[arg(long, default_value_t = 0)]
     pub workers: usize,
     /// Serve each client on one of `workers` single-threaded runtimes

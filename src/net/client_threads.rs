@@ -45,13 +45,9 @@ struct ClientThread {
 }
 
 impl ClientThreads {
-    /// Starts `count` threads (0: one per core).
+    /// Starts `count` threads (at least one).
     pub fn start(count: usize) -> std::io::Result<ClientThreads> {
-        let count = match count {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
-        let threads = (0..count).map(start_thread).collect::<std::io::Result<_>>()?;
+        let threads = (0..count.max(1)).map(start_thread).collect::<std::io::Result<_>>()?;
         Ok(ClientThreads { threads, next: AtomicUsize::new(0) })
     }
 
