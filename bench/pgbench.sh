@@ -37,7 +37,7 @@ MODES=${MODES:-simple extended prepared}
 CLIENTS=${CLIENTS:-1 8 32}
 
 source bench/common.sh
-# The shipped default (`workers = 0`: one runtime worker per core) unless WORKERS says.
+# The shipped default (`workers = 0`: one thread per two cores, at least one) unless WORKERS says.
 start_dev bench "${WORKERS:-0}"
 BOUNCER_PID=""
 UNIX_PID=""

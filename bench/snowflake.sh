@@ -5,7 +5,7 @@
 # and shard with the default 4 + 8 split), the proxy's CPU per 1000 IDs, and whether
 # minting slows other clients: pgbench select-only (-S) alone, then beside the minters.
 #
-#   [WORKERS=1] bench/snowflake.sh [seconds=5]
+#   [WORKERS=0] bench/snowflake.sh [seconds=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_RUN=${1:-5}
@@ -13,7 +13,7 @@ PROXY_PORT=${PROXY_PORT:-6572}
 SHARD_PORT=${SHARD_PORT:-6582}
 
 source bench/common.sh
-start_dev snowflake "${WORKERS:-1}"
+start_dev snowflake "${WORKERS:-0}"
 pgbench -p "$SHARD_PORT" -i -q -s 10 >/dev/null 2>&1
 echo 'SELECT * FROM pgtenant.next_ids(1000);' >"$STATE/mint.sql"
 export PGOPTIONS="-c pgtenant.tenant_id=7"
