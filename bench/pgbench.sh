@@ -22,7 +22,11 @@
 #
 # MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
 #
-#   [WORKERS=0] [TLS=1] [PGBOUNCER=0] [UNIX=1] [SERVERS_APART=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+# VARIANT="name = value" adds a second pgtenant ("pgtenant-variant") on the same
+# cluster with that one [proxy] setting changed (e.g. VARIANT="workers = 2"),
+# interleaved with the others, so that a setting is compared under the same conditions.
+#
+#   [WORKERS=0] [VARIANT="name = value"] [TLS=1] [PGBOUNCER=0] [UNIX=1] [SERVERS_APART=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -89,6 +93,13 @@ PY
   fi
 fi
 
+if [ -n "${VARIANT:-}" ]; then
+  VARIANT_PORT=${VARIANT_PORT:-6582}
+  serve_variant "$VARIANT_PORT" "${VARIANT%% *}" "$VARIANT"
+  VARIANT_PID=$!
+  TARGETS="$TARGETS pgtenant-variant"
+fi
+
 TICKS=$(getconf CLK_TCK)
 CORES=$(nproc)
 SHARD_POSTMASTER=$(head -1 "$STATE/shard1/postmaster.pid")
@@ -114,6 +125,7 @@ run() { # target mode clients
     pgbouncer) port=$BOUNCER_PORT; pid=$TCP_BOUNCER_PID ;;
     pgbouncer-unix) port=$UNIX_BOUNCER_PORT; pid=$UNIX_BOUNCER_PID ;;
     pgtenant-unix) port=$UNIX_PROXY_PORT; pid=$UNIX_PID; opts="-c pgtenant.tenant_id=7" ;;
+    pgtenant-variant) port=$VARIANT_PORT; pid=$VARIANT_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
   local jobs=$(( $3 < 2 ? 1 : 2 ))
   local before after out pg_before pg_after
@@ -154,7 +166,7 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round done" >&2
 done
 
-echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant workers = ${WORKERS:-0}"
+echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant workers = ${WORKERS:-0}${VARIANT:+; pgtenant-variant: $VARIANT}"
 scheduling_note
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo
