@@ -491,8 +491,8 @@ pub fn resolve_workers(configured: usize) -> usize {
 /// proxy's own calls (83-85 % of its CPU here), and every core the proxy's threads
 /// take from it is one its clients, PostgreSQL or the kernel's network work cannot
 /// use; while a second worker brings little, it costs hand-offs: on the 2-core
-/// benchmark machine one thread spent 16-18 µs of CPU per transaction where two spent
-/// 20-24, and served 8 pgbench clients 10-15 % more transactions (README, "Threads").
+/// benchmark machine one thread spent 17-19 µs of CPU per transaction where two spent
+/// 22-27, and served 8 pgbench clients 9-18 % more transactions (README, "Threads").
 fn auto_workers(cores: usize) -> usize {
     (cores / 2).max(1)
 }
