@@ -59,8 +59,9 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Runs `job` on a runtime of `workers` threads (0: automatic, see
-/// `config::resolve_workers`; 1: a single-threaded runtime), or, when clients have threads of their own (`thread_per_core`), on a
-/// single-threaded runtime that serves the control plane alone.
+/// `config::resolve_workers`; 1: a single-threaded runtime), or, when clients have
+/// threads of their own (`thread_per_core`), on a single-threaded runtime that serves
+/// the control plane alone.
 fn run(
     workers: usize,
     thread_per_core: bool,

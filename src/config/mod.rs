@@ -488,9 +488,9 @@ pub fn resolve_workers(configured: usize) -> usize {
 
 /// One thread serving clients per two cores, at least one (which is a single-threaded
 /// runtime). Most of a relayed transaction's cost is the kernel's network stack in the
-/// proxy's own calls (83-85 % of its CPU here), and every core the proxy's threads
-/// take from it is one its clients, PostgreSQL or the kernel's network work cannot
-/// use; while a second worker brings little, it costs hand-offs: on the 2-core
+/// proxy's own calls (83-85 % of its CPU here), and a core the proxy's threads take is
+/// one that its clients, PostgreSQL or that network work, usually on the same host,
+/// cannot use; a second worker there brings little and costs hand-offs: on the 2-core
 /// benchmark machine one thread spent 17-19 µs of CPU per transaction where two spent
 /// 22-27, and served 8 pgbench clients 9-18 % more transactions (README, "Threads").
 fn auto_workers(cores: usize) -> usize {
