@@ -250,13 +250,7 @@ async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool()
     let admin = harness::shard_admin(1, "app").await;
     let (first, running) = terminated_mid_request(first, "SELECT pg_sleep(10)", &admin).await;
     let idle = if running == a { b } else { a };
-    let closed = harness::eventually_none(
-        &admin,
-        Duration::from_secs(3),
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-        &[&idle],
-    )
-    .await;
+    let closed = harness::backend_ends(idle, Duration::from_secs(3)).await;
     assert!(closed, "the pool's idle connection (pid {idle}) was closed with the lost one");
     let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     assert!(next != a && next != b, "the next request runs on a fresh connection");
@@ -277,13 +271,7 @@ async fn a_server_connection_lost_mid_request_retires_the_busy_ones_of_its_pool(
     let still: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     assert_eq!(still, busy);
     second.batch_execute("COMMIT").await.unwrap();
-    let closed = harness::eventually_none(
-        &admin,
-        Duration::from_secs(3),
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
-        &[&busy],
-    )
-    .await;
+    let closed = harness::backend_ends(busy, Duration::from_secs(3)).await;
     assert!(closed, "the connection busy at the loss (pid {busy}) was closed when it came back");
     let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     assert!(next != running && next != busy, "the next request runs on a fresh connection");

@@ -86,20 +86,6 @@ async fn connect_as(proxy: &harness::Proxy, application_name: &str, tenant: i64)
     harness::connect(&conninfo).await.expect("connect through the proxy")
 }
 
-/// Whether server process `pid` of shard 1 has ended, or does within two seconds (it
-/// exits a moment after pgtenant closes its connection).
-async fn backend_ends(pid: i32) -> bool {
-    let admin = harness::shard_admin(1, "postgres").await;
-    for _ in 0..40 {
-        let row = admin.query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&pid]).await;
-        if row.unwrap().get::<_, i64>(0) == 0 {
-            return true;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    false
-}
-
 /// A proxy whose pools of `pool_size` close a server connection idle for `idle_ms` or
 /// older than `lifetime_ms` (0: never).
 async fn proxy_with_expiry(pool_size: usize, idle_ms: u64, lifetime_ms: u64) -> harness::Proxy {
@@ -118,7 +104,10 @@ async fn connections_idle_too_long_are_closed() {
     let (first, _) = backend_of(&client).await;
     assert_eq!(backend_of(&client).await.0, first, "reused while fresh");
     tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
-    assert!(backend_ends(first).await, "closed after sitting idle");
+    assert!(
+        harness::backend_ends(first, std::time::Duration::from_secs(2)).await,
+        "closed after sitting idle"
+    );
     assert_ne!(backend_of(&client).await.0, first);
 }
 
@@ -136,5 +125,5 @@ async fn connections_past_their_lifetime_are_replaced() {
     }
     assert_ne!(pid, first, "still the first server process after {:?}", started.elapsed());
     assert!(started.elapsed() >= std::time::Duration::from_millis(500));
-    assert!(backend_ends(first).await);
+    assert!(harness::backend_ends(first, std::time::Duration::from_secs(2)).await);
 }

@@ -243,6 +243,13 @@ pub async fn eventually_none(
     .is_some()
 }
 
+/// Whether server process `pid` of shared shard 1 has ended, or does `within` (it
+/// exits a moment after its connection is closed).
+pub async fn backend_ends(pid: i32, within: std::time::Duration) -> bool {
+    let admin = shard_admin(1, "postgres").await;
+    eventually_none(&admin, within, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&pid]).await
+}
+
 /// A superuser connection to shared shard `shard` (1 or 2), database `dbname`.
 pub async fn shard_admin(shard: usize, dbname: &str) -> tokio_postgres::Client {
     let port = shards().ports[shard - 1];
