@@ -106,7 +106,10 @@ pub async fn start_with_file(
     };
     let pools = Pools::new(config.clone(), server_tls, directory.clone());
     let clients = match config.proxy.thread_per_core {
-        true => Some(ClientThreads::start(config.proxy.worker_threads()).map_err(StartError::Threads)?),
+        true => Some(
+            ClientThreads::start(crate::config::resolve_workers(config.proxy.workers))
+                .map_err(StartError::Threads)?,
+        ),
         false => None,
     };
     let router = Router::new(&config, directory);

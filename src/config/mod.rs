@@ -408,7 +408,7 @@ pub struct ProxyConfig {
     /// trusts only the tenant pgtenant set, not one the tenant's SQL set itself.
     pub tenant_context_key: Option<String>,
     /// Threads serving clients (tokio workers, or with `thread_per_core` single-threaded
-    /// runtimes); 0 means one per two cores, at least one (`worker_threads`).
+    /// runtimes); 0 means one per two cores, at least one (`resolve_workers`).
     pub workers: usize,
     /// Serve each client, with the lanes it opens and the server connections it takes,
     /// on one of `workers` single-threaded runtimes (`net::client_threads`) instead of
@@ -498,11 +498,6 @@ fn auto_workers(cores: usize) -> usize {
 }
 
 impl ProxyConfig {
-    /// The threads serving clients: `workers`, or when 0 `auto_workers`.
-    pub fn worker_threads(&self) -> usize {
-        resolve_workers(self.workers)
-    }
-
     /// See `pipeline_quick_us`.
     pub fn pipeline_quick(&self) -> Duration {
         Duration::from_micros(self.pipeline_quick_us)
