@@ -12,7 +12,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -39,6 +39,9 @@ pub struct CancelTarget {
 #[derive(Debug, Default)]
 struct InFlight {
     count: AtomicUsize,
+    /// Cancels ever sent: a pipelined lane tells from it whether one was sent while a
+    /// request waited behind another (`backend::lane`).
+    started: AtomicU64,
     /// A cancel failed or was not confirmed in time: it may still land at any moment.
     unconfirmed: AtomicBool,
     settled: Notify,
@@ -90,6 +93,11 @@ impl CancelTarget {
         }
     }
 
+    /// How many cancels were sent to this connection so far.
+    pub fn cancels_started(&self) -> u64 {
+        self.in_flight.started.load(Ordering::Acquire)
+    }
+
     pub fn state(&self) -> CancelState {
         if self.in_flight.unconfirmed.load(Ordering::Acquire) {
             CancelState::Unconfirmed
@@ -132,6 +140,7 @@ enum Landed {
 impl Pending {
     fn new(in_flight: Arc<InFlight>) -> Self {
         in_flight.count.fetch_add(1, Ordering::AcqRel);
+        in_flight.started.fetch_add(1, Ordering::AcqRel);
         Pending { in_flight, landed: Landed::Maybe }
     }
 }

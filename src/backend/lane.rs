@@ -13,7 +13,12 @@
 //! every such request ahead of them has answered (one that failed rolled its SET back).
 //!
 //! While a client's request is the one the server runs, the client's cancel slot holds
-//! the connection's cancel target; a cancel while it waits behind another is not sent.
+//! the connection's cancel target; a cancel while it waits behind another is not sent
+//! (the session ends the wait itself, and the answer is dropped when it comes).
+//! A cancel lands when the postmaster gets to it, which may be after the statement it
+//! was meant for ended: it then stops the next request on the lane, another client's.
+//! Such a request (a read that changes nothing) is run again, alone, and its client
+//! never sees the stray 57014 (`LanePiece::Stray`).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -60,6 +65,10 @@ pub enum LanePiece {
     /// The connection failed before the answer was complete; `Part`s already sent and
     /// this partial answer are all there is.
     Lost { partial: BytesMut, reason: String },
+    /// A cancel meant for a request ahead of this one stopped it (57014) before any of
+    /// its answer was handed over; the answer is dropped, and the request is to be run
+    /// again.
+    Stray,
 }
 
 /// Why a lane ends before its requests were answered.
@@ -93,6 +102,10 @@ struct LaneInner {
     out: BytesMut,
     /// An ErrorResponse was part of the first waiter's answer.
     head_failed: bool,
+    /// One said its statement was canceled (57014).
+    head_canceled: bool,
+    /// A `Part` of the first waiter's answer was handed over.
+    head_parts_sent: bool,
     /// When the server could start on the first waiter's request: when it was put on
     /// an empty lane, or when the answer ahead of it was complete.
     head_since: Instant,
@@ -114,6 +127,11 @@ struct Waiter {
     cancel: CancelSlot,
     /// The tenant GUC value the request sets inside itself.
     sets_tenant: Option<Option<TenantId>>,
+    /// The connection's `cancels_started` when the request was put on the lane, and
+    /// when it became the one the server runs: cancels sent in between were meant for
+    /// requests ahead of it.
+    cancels_at_submit: u64,
+    cancels_at_head: u64,
 }
 
 /// A lane entered to add a request: its connection is written to while held.
@@ -132,6 +150,8 @@ impl Lane {
                 waiting: VecDeque::new(),
                 out: BytesMut::new(),
                 head_failed: false,
+                head_canceled: false,
+                head_parts_sent: false,
                 head_since: Instant::now(),
                 tenant_sets: 0,
                 waker: None,
@@ -192,12 +212,20 @@ impl LaneEntry<'_> {
         let (tx, rx) = mpsc::channel(2);
         let inner = &mut *self.inner;
         let now = Instant::now();
+        let cancels = inner.conn.as_ref().map_or(0, |c| c.cancel.cancels_started());
         if inner.waiting.is_empty() {
             set_cancel(&cancel, inner.conn.as_ref().map(|c| c.cancel.clone()));
             inner.head_since = now;
         }
         inner.tenant_sets += usize::from(sets_tenant.is_some());
-        inner.waiting.push_back(Waiter { to: PollSender::new(tx), since: now, cancel, sets_tenant });
+        inner.waiting.push_back(Waiter {
+            to: PollSender::new(tx),
+            since: now,
+            cancel,
+            sets_tenant,
+            cancels_at_submit: cancels,
+            cancels_at_head: cancels,
+        });
         if let Some(waker) = &inner.waker {
             waker.wake_by_ref();
         }
@@ -293,8 +321,10 @@ impl LaneInner {
         // Lane requests carry no settings of their own; a refusal means confusion.
         let stop = conn.relay(&mut self.out, false, (0, 0), &mut notes, |conn, _, _| conn.broken = true);
         self.head_failed |= notes.client_error;
+        self.head_canceled |= notes.query_canceled;
         match stop {
             RelayStop::NeedMore if self.out.len() >= PIECE => {
+                self.head_parts_sent = true;
                 self.send_head(LanePiece::Part);
                 Ok(true)
             }
@@ -325,10 +355,17 @@ impl LaneInner {
         set_cancel(&head.cancel, None);
         let now = Instant::now();
         let served_in = now.saturating_duration_since(self.head_since);
-        self.send_head(|rest| LanePiece::Done { rest, served_in });
+        if self.canceled_by_another() {
+            tracing::info!("a cancel meant for a request ahead stopped a pipelined request; it runs again");
+            self.send_head(|_stray_answer| LanePiece::Stray);
+        } else {
+            self.send_head(|rest| LanePiece::Done { rest, served_in });
+        }
         self.head_since = now;
         let head = self.waiting.pop_front().expect("checked above");
         let failed = std::mem::take(&mut self.head_failed);
+        self.head_canceled = false;
+        self.head_parts_sent = false;
         let conn = self.conn.as_deref_mut().expect("a relaying lane has its connection");
         if let Some(tenant) = head.sets_tenant {
             self.tenant_sets -= 1;
@@ -346,10 +383,23 @@ impl LaneInner {
         if conn.broken {
             self.closed = true;
         }
-        if let Some(next) = self.waiting.front() {
+        if let Some(next) = self.waiting.front_mut() {
             set_cancel(&next.cancel, Some(conn.cancel.clone()));
+            next.cancels_at_head = conn.cancel.cancels_started();
         }
         Ok(())
+    }
+
+    /// The first waiter's statement was canceled, not by its own client (no cancel was
+    /// sent since it became the one the server runs) but by one sent while it waited
+    /// behind another, and none of its answer was handed over: it can run again unseen.
+    /// A request on a lane is a read that changes nothing, so running it twice is safe.
+    fn canceled_by_another(&self) -> bool {
+        let (Some(head), Some(conn)) = (self.waiting.front(), self.conn.as_ref()) else { return false };
+        self.head_canceled
+            && !self.head_parts_sent
+            && head.cancels_at_head > head.cancels_at_submit
+            && conn.cancel.cancels_started() == head.cancels_at_head
     }
 
     /// The connection failed: every waiter learns it, and it is closed.

@@ -27,6 +27,8 @@ pub enum RelayStop {
 pub struct RelayNotes {
     /// An ErrorResponse reached the client.
     pub client_error: bool,
+    /// One of them said the statement was canceled (57014).
+    pub query_canceled: bool,
     /// A COMMIT completed (looked for only when asked to track commits).
     pub saw_commit: bool,
 }
@@ -90,6 +92,9 @@ impl ServerConn {
             }
             if fx.client_error {
                 notes.client_error = true;
+                notes.query_canceled |= tag == b'E'
+                    && protocol::error_field(&raw[5..], b'C')
+                        == Some(protocol::sqlstate::QUERY_CANCELED.as_bytes());
             }
             if fx.send_sync {
                 protocol::sync(&mut self.io.wbuf);

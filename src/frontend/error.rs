@@ -52,6 +52,12 @@ pub enum FrontendError {
     /// A cancel came while the request waited in pgtenant, before any server ran it.
     #[error("canceling statement due to user request (it was waiting in pgtenant and reached no server)")]
     CanceledWaiting,
+    /// A cancel came while the request was queued on a pipelined lane behind another
+    /// client's: it ends at once, and its answer is dropped when it comes.
+    #[error(
+        "canceling statement due to user request (it was queued behind another client's read on a shared server connection; its answer is dropped)"
+    )]
+    CanceledQueued,
     #[error("current transaction is aborted, commands ignored until end of transaction block")]
     InFailedTransaction,
     #[error("prepared statement \"{name}\" does not exist")]

@@ -19,7 +19,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::AuthFailed { .. } => sqlstate::INVALID_PASSWORD,
         E::TooManyClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
         E::NotAdmin { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
-        E::Paused(_) | E::CanceledWaiting => sqlstate::QUERY_CANCELED,
+        E::Paused(_) | E::CanceledWaiting | E::CanceledQueued => sqlstate::QUERY_CANCELED,
         E::Unsupported(_)
         | E::CrossShard { .. }
         | E::PinnedElsewhere { .. }

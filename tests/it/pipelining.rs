@@ -321,3 +321,150 @@ async fn a_lost_pipelined_connection_fails_every_request_on_it_and_the_sessions_
     let row = second.query_one("SELECT current_setting('pgtenant.tenant_id')", &[]).await.unwrap();
     assert_eq!(row.get::<_, String>(0), "8");
 }
+
+/// How the rider of `a_late_cancel_never_stops_another_clients_pipelined_request` asks.
+#[derive(Clone, Copy, Debug)]
+enum Asked {
+    Simple,
+    UnnamedStatement,
+    NamedStatement,
+}
+
+/// A cancel reaches the server when the postmaster gets to it, here held back by a
+/// relay: sent while a client's read ran, it lands after that read ended, while the
+/// lane runs the request queued behind it, another client's. That request is run
+/// again, alone, and its client gets its answer, not the stray 57014; the canceled
+/// client's read, which ended on its own, gets its answer too. In both protocols.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_cancel_never_stops_another_clients_pipelined_request() {
+    let hold = Duration::from_millis(1500);
+    let shard = std::net::SocketAddr::from(([127, 0, 0, 1], harness::shards().ports[0]));
+    let (relay, cancels_received) = harness::slow_cancels::relay_holding_cancels(shard, hold).await;
+    let proxy = proxy_with_one_connection_and(60_000_000, |c| {
+        c.shards[0].nodes[0].port = relay.port();
+        c.proxy.checkout_timeout_ms = 20_000;
+    })
+    .await;
+    let watcher = shard_admin(1, "app").await;
+    for (round, asked) in
+        [Asked::Simple, Asked::UnnamedStatement, Asked::NamedStatement].into_iter().enumerate()
+    {
+        let (ahead, behind) =
+            (format!("pipelining_stray_ahead_{round}"), format!("pipelining_stray_behind_{round}"));
+        lock_table(&ahead).await.batch_execute("ROLLBACK").await.unwrap();
+        lock_table(&behind).await.batch_execute("ROLLBACK").await.unwrap();
+        let first = proxy.connect(Some(7)).await;
+        let second = Arc::new(proxy.connect(Some(8)).await);
+        let ahead_sql = format!("SELECT count(*) FROM {ahead}");
+        let behind_sql = format!("SELECT count(*) FROM {behind}");
+        warm_up_simple(&first, &ahead_sql).await;
+        let prepared = second.prepare(&behind_sql).await.unwrap();
+        for _ in 0..QUICK_RUNS {
+            match asked {
+                Asked::Simple => drop(second.simple_query(&behind_sql).await.unwrap()),
+                Asked::UnnamedStatement => drop(second.query_typed(&behind_sql, &[]).await.unwrap()),
+                Asked::NamedStatement => drop(second.query(&prepared, &[]).await.unwrap()),
+            }
+        }
+
+        // The first client's read waits for a lock, then the second's joins its lane
+        // and will wait for another, held longer.
+        let (gate_ahead, gate_behind) = (lock_table(&ahead).await, lock_table(&behind).await);
+        let token = first.cancel_token();
+        let ran_ahead = tokio::spawn(async move { first_row(&first.simple_query(&ahead_sql).await?) });
+        wait_until_blocked(&ahead).await;
+        let ran_behind = {
+            let (second, sql, prepared) = (second.clone(), behind_sql.clone(), prepared.clone());
+            tokio::spawn(async move {
+                let count = match asked {
+                    Asked::Simple => first_row(&second.simple_query(&sql).await?)?[0].parse().unwrap(),
+                    Asked::UnnamedStatement => second.query_typed(&sql, &[]).await?[0].get::<_, i64>(0),
+                    Asked::NamedStatement => second.query(&prepared, &[]).await?[0].get::<_, i64>(0),
+                };
+                Ok::<i64, tokio_postgres::Error>(count)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let canceller = tokio::spawn(async move { token.cancel_query(tokio_postgres::NoTls).await });
+        let forwarded = harness::eventually(Duration::from_secs(2), || async {
+            cancels_received.load(std::sync::atomic::Ordering::SeqCst) == round + 1
+        })
+        .await;
+        assert!(forwarded.is_some(), "{asked:?}: pgtenant passed the cancel on");
+
+        // The first read ends on its own before its cancel lands.
+        gate_ahead.batch_execute("COMMIT").await.unwrap();
+        let row =
+            ran_ahead.await.unwrap().expect("the canceled client's read, ended before the cancel landed");
+        assert_eq!(row[0], "0");
+        wait_until_blocked(&behind).await;
+        let started_at = |pattern: String| {
+            let watcher = &watcher;
+            async move {
+                let sql = "SELECT query_start::text FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1";
+                watcher.query(sql, &[&pattern]).await.unwrap().first().map(|r| r.get::<_, String>(0))
+            }
+        };
+        let first_run = started_at(format!("%FROM {behind}%")).await.expect("the second read waits");
+        canceller.await.unwrap().expect("the cancel, confirmed once it landed");
+
+        // It landed on the second client's read, which runs again and waits again.
+        let ran_again = harness::eventually(Duration::from_secs(10), || {
+            let (started_at, pattern, first_run) = (&started_at, format!("%FROM {behind}%"), &first_run);
+            async move { started_at(pattern).await.is_some_and(|again| &again != first_run) }
+        })
+        .await;
+        if ran_again.is_none() {
+            gate_behind.batch_execute("COMMIT").await.unwrap();
+            panic!("{asked:?}: the second read did not run again: {:?}", ran_behind.await.unwrap());
+        }
+        assert!(!ran_behind.is_finished(), "{asked:?}: answered early: {:?}", ran_behind.await);
+        gate_behind.batch_execute("COMMIT").await.unwrap();
+        let count = ran_behind
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{asked:?}: the stray cancel reached the client: {e:?}"));
+        assert_eq!(count, 0, "{asked:?}");
+    }
+}
+
+/// A cancel for a request queued on a lane behind another client's, which waits for a
+/// lock, ends it at once with 57014, as PostgreSQL ends a statement it runs (the
+/// server gets no signal: the request ahead is another client's). The one ahead is
+/// not touched, and both sessions go on. In both protocols.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancel_ends_a_request_queued_behind_another_clients_at_once() {
+    let proxy = proxy_with_one_connection(60_000_000).await;
+    for (round, asked) in [Asked::Simple, Asked::UnnamedStatement].into_iter().enumerate() {
+        let table = format!("pipelining_queued_cancel_{round}");
+        let sql = "SELECT current_setting('pgtenant.tenant_id')";
+        let (gate, blocked, second) = a_request_waiting_for_a_lock(&proxy, &table, "count(*)", sql).await;
+        // Warmed up through the extended protocol: a shape is the same in both.
+        let second = Arc::new(second);
+        let token = second.cancel_token();
+        let behind = {
+            let second = second.clone();
+            tokio::spawn(async move {
+                match asked {
+                    Asked::Simple => second.simple_query(sql).await.map(drop),
+                    _ => second.query_typed(sql, &[]).await.map(drop),
+                }
+            })
+        };
+        // Past the checkout timeout: had it not joined the lane, it would fail with 53300.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(!behind.is_finished(), "{asked:?}: answered early: {:?}", behind.await);
+
+        token.cancel_query(tokio_postgres::NoTls).await.expect("the cancel request");
+        let ended = tokio::time::timeout(Duration::from_secs(5), behind).await;
+        let err = ended.expect("the queued request ended at its cancel").unwrap().expect_err("canceled");
+        assert_eq!(harness::sqlstate(&err), "57014", "{asked:?}: {err:?}");
+        assert!(!blocked.is_finished(), "{asked:?}: the request ahead still waits for its lock");
+
+        gate.batch_execute("COMMIT").await.unwrap();
+        let row = blocked.await.unwrap().expect("the request ahead, not canceled");
+        assert_eq!(row[0], "0");
+        let row = second.query_one(sql, &[]).await.expect("the canceled session goes on");
+        assert_eq!(row.get::<_, String>(0), "8");
+    }
+}

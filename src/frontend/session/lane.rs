@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
+use super::client_watch::unless_client_leaves;
 use super::in_place::{Layout, write_from_bind};
 use super::server::{check_writable_on, inject_tenant_in_request};
 use super::{ClientTx, HIGH_WATER, Session};
@@ -65,7 +66,9 @@ impl Session {
 
     /// Sends the request on a lane of `route`'s shard and relays its answer; `false`
     /// when it must take the usual path (a server for itself is then attached when one
-    /// was checked out here). A checkout error is the caller's to answer.
+    /// was checked out here), also after a cancel meant for another client's request
+    /// stopped it on the lane (`LanePiece::Stray`): the client's read buffer still holds
+    /// it then. A checkout error is the caller's to answer.
     pub(super) async fn request_on_lane(
         &mut self,
         route: &mut Route,
@@ -104,6 +107,7 @@ impl Session {
             }
         };
         // Written and submitted in a block: the lane stays locked only for that.
+        let mut consumed = 0;
         let submitted = {
             let Some(mut entry) = lane.enter() else { return Ok(false) };
             let mut sets_tenant = None;
@@ -126,7 +130,8 @@ impl Session {
                     }
                     let written = write_from_bind(conn, &self.client.rbuf, layout, 0, stmt);
                     if written.is_ok() {
-                        self.client.rbuf.advance(layout.total);
+                        // Taken from the read buffer once answered: it may run again.
+                        consumed = layout.total;
                     } else {
                         // What went ahead of it is answered to nobody: the connection
                         // is closed once the lane ends.
@@ -148,7 +153,17 @@ impl Session {
         }
         let mut answer = submitted?;
         loop {
-            match answer.recv().await {
+            // While it waits behind another client's request, a cancel ends it at once,
+            // as PostgreSQL would end a statement it runs; dropping the answer of a read
+            // that changes nothing is the same as stopping it. Once it runs, the server
+            // gets the cancel (the lane gave its slot the connection's target).
+            let piece = unless_client_leaves(&mut self.client, &self.listed, &self.cancel, answer.recv())
+                .await
+                .map_err(|e| match e {
+                    FrontendError::CanceledWaiting => FrontendError::CanceledQueued,
+                    e => e,
+                })?;
+            match piece {
                 Some(LanePiece::Part(bytes)) => {
                     self.client.wbuf.extend_from_slice(&bytes);
                     if self.client.wbuf.len() >= HIGH_WATER {
@@ -160,6 +175,9 @@ impl Session {
                     analysis.shape().record(served_in, self.shared.config.proxy.pipeline_quick());
                     break;
                 }
+                // Runs again on a server of its own, where no cancel but its client's
+                // can reach it.
+                Some(LanePiece::Stray) => return Ok(false),
                 Some(LanePiece::Lost { partial, reason }) => {
                     self.client.wbuf.extend_from_slice(&partial);
                     self.lane_lost(route, reason);
@@ -171,6 +189,7 @@ impl Session {
                 }
             }
         }
+        self.client.rbuf.advance(consumed);
         self.listed.set_state(ConnState::Idle, None);
         Ok(true)
     }
