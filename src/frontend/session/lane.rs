@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
-use super::client_watch::unless_client_leaves;
 use super::in_place::{Layout, write_from_bind};
 use super::server::{check_writable_on, inject_tenant_in_request};
 use super::{ClientTx, HIGH_WATER, Session};
@@ -152,17 +151,18 @@ impl Session {
             pool.start_lane(lane);
         }
         let mut answer = submitted?;
+        // While it waits behind another client's request, a cancel ends it at once, as
+        // PostgreSQL would end a statement it runs: dropping the answer of a read that
+        // changes nothing is the same as stopping it. Once it runs, the server gets the
+        // cancel (the lane gave its slot the connection's target).
+        let queued = self.cancel.wait_in_proxy();
+        let mut canceled = std::pin::pin!(queued.canceled());
         loop {
-            // While it waits behind another client's request, a cancel ends it at once,
-            // as PostgreSQL would end a statement it runs; dropping the answer of a read
-            // that changes nothing is the same as stopping it. Once it runs, the server
-            // gets the cancel (the lane gave its slot the connection's target).
-            let piece = unless_client_leaves(&mut self.client, &self.listed, &self.cancel, answer.recv())
-                .await
-                .map_err(|e| match e {
-                    FrontendError::CanceledWaiting => FrontendError::CanceledQueued,
-                    e => e,
-                })?;
+            let piece = tokio::select! {
+                biased;
+                piece = answer.recv() => piece,
+                () = &mut canceled => return Err(FrontendError::CanceledQueued),
+            };
             match piece {
                 Some(LanePiece::Part(bytes)) => {
                     self.client.wbuf.extend_from_slice(&bytes);
