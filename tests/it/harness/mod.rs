@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 
 use pgtenant::config::Config;
 use pgtenant::dev::demo;
-use pgtenant::server::RunningProxy;
+use tokio::sync::oneshot;
 
 pub use clusters::{private_cluster, private_cluster_with_replica, private_tls_cluster, shards};
 
@@ -19,7 +19,40 @@ pub use clusters::{private_cluster, private_cluster_with_replica, private_tls_cl
 pub struct Proxy {
     pub addr: SocketAddr,
     pub config: Config,
-    running: RunningProxy,
+    http_addr: Option<SocketAddr>,
+    /// Tells its thread to shut it down (dropped: the same).
+    stop: oneshot::Sender<()>,
+    stopped: oneshot::Receiver<()>,
+}
+
+/// Runs a proxy on a thread of its own, on a single-threaded runtime: what the shipped
+/// `workers = 0` runs on a 2-core machine (the tests' own runtimes have several
+/// threads, and a proxy task that blocked its thread would go unseen on them).
+async fn start_on_own_thread(config: Config, file: Option<std::path::PathBuf>) -> Proxy {
+    let (started, on_start) = oneshot::channel();
+    let (stop, on_stop) = oneshot::channel::<()>();
+    let (done, stopped) = oneshot::channel();
+    let serving = config.clone();
+    std::thread::Builder::new()
+        .name("pgtenant-under-test".into())
+        .spawn(move || {
+            let runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(async move {
+                match pgtenant::server::start_with_file(serving, file).await {
+                    Ok(running) => {
+                        let _ = started.send(Ok((running.addr, running.http_addr)));
+                        let _ = on_stop.await;
+                        running.shutdown().await;
+                    }
+                    Err(e) => drop(started.send(Err(e.to_string()))),
+                }
+            });
+            let _ = done.send(());
+        })
+        .expect("a thread for the proxy");
+    let (addr, http_addr) = on_start.await.expect("the proxy's thread").expect("proxy starts");
+    Proxy { addr, config, http_addr, stop, stopped }
 }
 
 /// Starts a proxy over the shared demo shards; `tweak` may change its configuration.
@@ -28,8 +61,7 @@ pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
     let s = shards();
     let mut config = demo::demo_config("127.0.0.1:0".parse().unwrap(), s.ports, Some(&s.tls_dir));
     tweak(&mut config);
-    let running = pgtenant::server::start(config.clone()).await.expect("proxy starts");
-    Proxy { addr: running.addr, config, running }
+    start_on_own_thread(config, None).await
 }
 
 /// Starts a proxy over the shared demo shards from a configuration file it writes
@@ -44,20 +76,19 @@ pub async fn start_proxy_from_file(
     tweak(&mut config);
     let file = clusters::base_dir().join(format!("{name}.toml"));
     std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
-    let running =
-        pgtenant::server::start_with_file(config.clone(), Some(file.clone())).await.expect("proxy starts");
-    (Proxy { addr: running.addr, config, running }, file)
+    (start_on_own_thread(config, Some(file.clone())).await, file)
 }
 
 impl Proxy {
     /// Stops the proxy: idle sessions are told 57P01, busy ones finish first.
     pub async fn shutdown(self) {
-        self.running.shutdown().await;
+        let _ = self.stop.send(());
+        let _ = self.stopped.await;
     }
 
     /// Where the proxy serves `/metrics`, `/healthz`, `/readyz` (`[observe] listen`).
     pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.running.http_addr
+        self.http_addr
     }
 
     /// A libpq connection string to the admin console as the demo's admin user.
@@ -173,8 +204,7 @@ pub async fn start_catalog_proxy(
     let s = shards();
     let mut config = demo::demo_catalog_config("127.0.0.1:0".parse().unwrap(), catalog, Some(&s.tls_dir));
     tweak(&mut config);
-    let running = pgtenant::server::start(config.clone()).await.expect("proxy starts");
-    Proxy { addr: running.addr, config, running }
+    start_on_own_thread(config, None).await
 }
 
 /// Starts a proxy whose shard 1 is the cluster on `primary` with a replica on
