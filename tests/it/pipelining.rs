@@ -337,7 +337,7 @@ enum Asked {
 /// client's read, which ended on its own, gets its answer too. In both protocols.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_late_cancel_never_stops_another_clients_pipelined_request() {
-    let hold = Duration::from_millis(1500);
+    let hold = Duration::from_millis(2500);
     let shard = std::net::SocketAddr::from(([127, 0, 0, 1], harness::shards().ports[0]));
     let (relay, cancels_received) = harness::slow_cancels::relay_holding_cancels(shard, hold).await;
     let proxy = proxy_with_one_connection_and(60_000_000, |c| {
