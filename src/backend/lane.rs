@@ -384,8 +384,10 @@ impl LaneInner {
             self.closed = true;
         }
         if let Some(next) = self.waiting.front_mut() {
-            set_cancel(&next.cancel, Some(conn.cancel.clone()));
+            // Counted before its client can reach the server: a cancel of its own is
+            // counted after.
             next.cancels_at_head = conn.cancel.cancels_started();
+            set_cancel(&next.cancel, Some(conn.cancel.clone()));
         }
         Ok(())
     }
