@@ -102,7 +102,7 @@ struct LaneInner {
     out: BytesMut,
     /// An ErrorResponse was part of the first waiter's answer.
     head_failed: bool,
-    /// One said its statement was canceled (57014).
+    /// An ErrorResponse of that answer said its statement was canceled (57014).
     head_canceled: bool,
     /// A `Part` of the first waiter's answer was handed over.
     head_parts_sent: bool,

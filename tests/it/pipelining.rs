@@ -330,6 +330,20 @@ enum Asked {
     NamedStatement,
 }
 
+/// Runs `sql`, a count, through `client` as `asked` (`prepared` is its named statement).
+async fn count_as(
+    client: &tokio_postgres::Client,
+    asked: Asked,
+    sql: &str,
+    prepared: &tokio_postgres::Statement,
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(match asked {
+        Asked::Simple => first_row(&client.simple_query(sql).await?)?[0].parse().unwrap(),
+        Asked::UnnamedStatement => client.query_typed(sql, &[]).await?[0].get(0),
+        Asked::NamedStatement => client.query(prepared, &[]).await?[0].get(0),
+    })
+}
+
 /// A cancel reaches the server when the postmaster gets to it, here held back by a
 /// relay: sent while a client's read ran, it lands after that read ended, while the
 /// lane runs the request queued behind it, another client's. That request is run
@@ -360,11 +374,7 @@ async fn a_late_cancel_never_stops_another_clients_pipelined_request() {
         warm_up_simple(&first, &ahead_sql).await;
         let prepared = second.prepare(&behind_sql).await.unwrap();
         for _ in 0..QUICK_RUNS {
-            match asked {
-                Asked::Simple => drop(second.simple_query(&behind_sql).await.unwrap()),
-                Asked::UnnamedStatement => drop(second.query_typed(&behind_sql, &[]).await.unwrap()),
-                Asked::NamedStatement => drop(second.query(&prepared, &[]).await.unwrap()),
-            }
+            count_as(&second, asked, &behind_sql, &prepared).await.expect("a warm-up run");
         }
 
         // The first client's read waits for a lock, then the second's joins its lane
@@ -375,14 +385,7 @@ async fn a_late_cancel_never_stops_another_clients_pipelined_request() {
         wait_until_blocked(&ahead).await;
         let ran_behind = {
             let (second, sql, prepared) = (second.clone(), behind_sql.clone(), prepared.clone());
-            tokio::spawn(async move {
-                let count = match asked {
-                    Asked::Simple => first_row(&second.simple_query(&sql).await?)?[0].parse().unwrap(),
-                    Asked::UnnamedStatement => second.query_typed(&sql, &[]).await?[0].get::<_, i64>(0),
-                    Asked::NamedStatement => second.query(&prepared, &[]).await?[0].get::<_, i64>(0),
-                };
-                Ok::<i64, tokio_postgres::Error>(count)
-            })
+            tokio::spawn(async move { count_as(&second, asked, &sql, &prepared).await })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
         let canceller = tokio::spawn(async move { token.cancel_query(tokio_postgres::NoTls).await });
