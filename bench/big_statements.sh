@@ -33,7 +33,7 @@ serve_variant "$PARSE_ALL_PORT" max_parsed_statement_bytes "max_parsed_statement
 # fast clients' latency while PostgreSQL parses the long statements.
 TARGETS="direct pgtenant pgtenant-parse-all"
 if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
-  start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1
+  start_bouncer bouncer "$BOUNCER_PORT" "$STATE/shard1"
   TARGETS="$TARGETS pgbouncer"
 fi
 port_of() {

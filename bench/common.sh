@@ -77,7 +77,9 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 
 # start_bouncer NAME PORT HOST: a PgBouncer (transaction pooling, pool size 20) in front
-# of shard 1 at HOST (an address, or a socket directory); sets BOUNCER_PID.
+# of shard 1 at HOST (an address, or a socket directory); sets BOUNCER_PID. The scripts
+# give it shard 1's socket directory, "$STATE/shard1", through which pgtenant dev
+# reaches its shards too.
 start_bouncer() {
   local dir="$STATE/$1"
   mkdir -p "$dir"

@@ -24,7 +24,7 @@ start_dev mixed "${WORKERS:-0}"
 pgbench -p "$SHARD_PORT" -i -q -s "$SCALE" >/dev/null 2>&1
 TARGETS="direct pgtenant"
 if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
-  start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1
+  start_bouncer bouncer "$BOUNCER_PORT" "$STATE/shard1"
   TARGETS="$TARGETS pgbouncer"
 fi
 

@@ -30,7 +30,7 @@ serve_variant "$NOPIPE_PORT" pipeline_depth "pipeline_depth = 0"
 serve_variant "$UNFAIR_PORT" fair_share "fair_share = false"
 TARGETS="pgtenant pgtenant-nopipe pgtenant-unfair"
 if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
-  start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1
+  start_bouncer bouncer "$BOUNCER_PORT" "$STATE/shard1"
   TARGETS="$TARGETS pgbouncer"
 fi
 

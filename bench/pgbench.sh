@@ -11,9 +11,12 @@
 # their time per transaction. It bounds a proxy only where the machine is saturated
 # (8 and 32 clients here); at 1 client the run waits on round trips, not on CPU.
 #
-# With UNIX=1, a second pgtenant ("pgtenant-unix") reaches the same cluster through its
-# Unix socket instead of TCP, as a proxy on the database host would, and so does a
-# second PgBouncer ("pgbouncer-unix") when PgBouncer is installed.
+# Clients reach every target over TCP. The proxies reach PostgreSQL through its Unix
+# socket, as a proxy on the database host does (pgtenant dev's default for the clusters
+# it runs; PgBouncer is given the socket directory): either way the proxy's hop is the
+# one direct clients do not make, and a local one. With TCP_SERVERS=1, a second pgtenant
+# ("pgtenant-tcp") reaches the same cluster over loopback TCP instead, and so does a
+# second PgBouncer ("pgbouncer-tcp") when PgBouncer is installed.
 #
 # Clients connect without TLS unless TLS=1: then every target is reached over TLS
 # (sslmode=require): pgtenant and PgBouncer with dev's certificate, and PostgreSQL itself,
@@ -26,7 +29,7 @@
 # cluster with that one [proxy] setting changed (e.g. VARIANT="workers = 2"),
 # interleaved with the others, so that a setting is compared under the same conditions.
 #
-#   [WORKERS=0] [VARIANT="name = value"] [TLS=1] [PGBOUNCER=0] [UNIX=1] [SERVERS_APART=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+#   [WORKERS=0] [VARIANT="name = value"] [TLS=1] [PGBOUNCER=0] [TCP_SERVERS=1] [SERVERS_APART=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -35,8 +38,8 @@ SCALE=${3:-10}
 PROXY_PORT=${PROXY_PORT:-6532}
 SHARD_PORT=${SHARD_PORT:-6542}
 BOUNCER_PORT=${BOUNCER_PORT:-6552}
-UNIX_PROXY_PORT=${UNIX_PROXY_PORT:-6562}
-UNIX_BOUNCER_PORT=${UNIX_BOUNCER_PORT:-6572}
+TCP_PROXY_PORT=${TCP_PROXY_PORT:-6562}
+TCP_BOUNCER_PORT=${TCP_BOUNCER_PORT:-6572}
 MODES=${MODES:-simple extended prepared}
 CLIENTS=${CLIENTS:-1 8 32}
 
@@ -44,7 +47,7 @@ source bench/common.sh
 # The shipped default (`workers = 0`: one thread per two cores, at least one) unless WORKERS says.
 start_dev bench "${WORKERS:-0}"
 BOUNCER_PID=""
-UNIX_PID=""
+TCP_PID=""
 # Tenant 7 lives on shard 1, whose cluster listens on SHARD_PORT.
 pgbench -p "$SHARD_PORT" -i -q -s "$SCALE" >/dev/null 2>&1
 if [ "${TLS:-0}" = 1 ]; then
@@ -57,39 +60,43 @@ TARGETS="direct pgtenant"
 HAVE_BOUNCER=0
 if [ "${PGBOUNCER:-1}" != 0 ] && command -v pgbouncer >/dev/null 2>&1; then
   HAVE_BOUNCER=1
-  start_bouncer bouncer "$BOUNCER_PORT" 127.0.0.1
-  TCP_BOUNCER_PID=$BOUNCER_PID
+  start_bouncer bouncer "$BOUNCER_PORT" "$STATE/shard1"
+  MAIN_BOUNCER_PID=$BOUNCER_PID
   TARGETS="$TARGETS pgbouncer"
 fi
 
-if [ "${UNIX:-0}" = 1 ]; then
+if [ "${TCP_SERVERS:-0}" = 1 ]; then
   # The configuration dev wrote, with the demo layout in the file (instead of the
-  # catalog) and the shards reached through their socket directories.
-  python3 - "$STATE" "$UNIX_PROXY_PORT" "${WORKERS:-0}" "$SHARD_PORT" <<'PY'
+  # catalog) and the shards reached over loopback TCP.
+  python3 - "$STATE" "$TCP_PROXY_PORT" "${WORKERS:-0}" "$SHARD_PORT" <<'PY'
 import re, sys
 state, port, workers, shard_port = sys.argv[1:]
 text = open(f"{state}/pgtenant.toml").read()
-text = re.sub(r'listen = ".*"', f'listen = "127.0.0.1:{port}"', text, count=1)
+# [proxy]'s listen address becomes the port; the others (dev's HTTP endpoint) are left
+# out, so that this proxy takes no port of dev's.
+first, _, rest = text.partition('listen = ')
+rest = re.sub(r'^listen = .*\n', '', rest.split('\n', 1)[1], flags=re.M)
+text = f'{first}listen = "127.0.0.1:{port}"\n{rest}'
 text = re.sub(r"workers = \d+", f"workers = {workers}", text, count=1)
 text = re.sub(r"^(shards|ranges|tenant_map) = \[\]\n", "", text, flags=re.M)
 text = re.sub(r"\n\[catalog\]\n(?:[^\[\n].*\n)*", "\n", text)
 for shard in (1, 2):
-    text += (f'\n[[shards]]\nid = {shard}\n[[shards.nodes]]\nhost = "{state}/shard{shard}"\n'
+    text += (f'\n[[shards]]\nid = {shard}\n[[shards.nodes]]\nhost = "127.0.0.1"\n'
              f'port = {int(shard_port) + shard - 1}\nrole = "primary"\n')
 text += '\n[[ranges]]\nmin = 1\nmax = 1000\nshard = 1\n\n[[ranges]]\nmin = 1001\nmax = 2000\nshard = 2\n'
 text += '\n[[tenant_map]]\ntenant = 42\nshard = 2\n'
-open(f"{state}/unix.toml", "w").write(text)
+open(f"{state}/tcp.toml", "w").write(text)
 PY
-  apart "$BIN" serve --config "$STATE/unix.toml" >"$STATE/unix.log" 2>&1 &
-  UNIX_PID=$!
-  stop_on_exit "$UNIX_PID"
-  wait_for_port "$UNIX_PROXY_PORT" || true
-  TARGETS="$TARGETS pgtenant-unix"
+  apart "$BIN" serve --config "$STATE/tcp.toml" >"$STATE/tcp.log" 2>&1 &
+  TCP_PID=$!
+  stop_on_exit "$TCP_PID"
+  wait_for_port "$TCP_PROXY_PORT" || { echo "pgtenant-tcp did not start:" >&2; cat "$STATE/tcp.log" >&2; exit 1; }
+  TARGETS="$TARGETS pgtenant-tcp"
   if [ "$HAVE_BOUNCER" = 1 ]; then
-    # The same comparison for PgBouncer: shard 1 through its socket directory.
-    start_bouncer bouncer-unix "$UNIX_BOUNCER_PORT" "$STATE/shard1"
-    UNIX_BOUNCER_PID=$BOUNCER_PID
-    TARGETS="$TARGETS pgbouncer-unix"
+    # The same comparison for PgBouncer: shard 1 over loopback TCP.
+    start_bouncer bouncer-tcp "$TCP_BOUNCER_PORT" 127.0.0.1
+    TCP_BOUNCER_PID=$BOUNCER_PID
+    TARGETS="$TARGETS pgbouncer-tcp"
   fi
 fi
 
@@ -122,9 +129,9 @@ run() { # target mode clients
   local port=$SHARD_PORT opts="" pid=$PROXY_PID
   case $1 in
     pgtenant) port=$PROXY_PORT; opts="-c pgtenant.tenant_id=7" ;;
-    pgbouncer) port=$BOUNCER_PORT; pid=$TCP_BOUNCER_PID ;;
-    pgbouncer-unix) port=$UNIX_BOUNCER_PORT; pid=$UNIX_BOUNCER_PID ;;
-    pgtenant-unix) port=$UNIX_PROXY_PORT; pid=$UNIX_PID; opts="-c pgtenant.tenant_id=7" ;;
+    pgbouncer) port=$BOUNCER_PORT; pid=$MAIN_BOUNCER_PID ;;
+    pgbouncer-tcp) port=$TCP_BOUNCER_PORT; pid=$TCP_BOUNCER_PID ;;
+    pgtenant-tcp) port=$TCP_PROXY_PORT; pid=$TCP_PID; opts="-c pgtenant.tenant_id=7" ;;
     pgtenant-variant) port=$VARIANT_PORT; pid=$VARIANT_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
   local jobs=$(( $3 < 2 ? 1 : 2 ))
@@ -166,7 +173,7 @@ for round in $(seq "$ROUNDS"); do
   echo "round $round done" >&2
 done
 
-echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant workers = ${WORKERS:-0}${VARIANT:+; pgtenant-variant: $VARIANT}"
+echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant and pgbouncer reach PostgreSQL through its Unix socket$([ "${TCP_SERVERS:-0}" = 1 ] && echo ", the -tcp ones over loopback TCP"); pgtenant workers = ${WORKERS:-0}${VARIANT:+; pgtenant-variant: $VARIANT}"
 scheduling_note
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo

@@ -128,9 +128,19 @@ impl Cluster {
         self.data_dir.join("PG_VERSION").is_file()
     }
 
+    /// The host a proxy on this machine reaches the cluster at: its Unix socket
+    /// directory (the data directory, `unix_socket_directories`), as psql or PgBouncer
+    /// on a database host would; 127.0.0.1 when the directory is not absolute or the
+    /// socket's path would not fit a socket address (108 bytes on Linux).
+    pub fn local_host(&self) -> String {
+        let dir = self.data_dir.display().to_string();
+        let socket = format!("{dir}/.s.PGSQL.{}", self.port);
+        if self.data_dir.is_absolute() && socket.len() < 108 { dir } else { "127.0.0.1".into() }
+    }
+
     /// Runs initdb unless the directory already holds a cluster, and writes the
-    /// settings pgtenant's local clusters use (loopback only, SCRAM for everyone but
-    /// the local `postgres` superuser; logical WAL, which tenant moves replicate, and
+    /// settings pgtenant's local clusters use (loopback and the Unix socket only, SCRAM
+    /// for everyone but the local `postgres` superuser, on both; logical WAL, which tenant moves replicate, and
     /// room for several moves at once: each takes a slot and a WAL sender on its
     /// source, an apply worker and table-sync workers on its target).
     pub fn init(&self) -> Result<(), String> {
@@ -154,7 +164,7 @@ impl Cluster {
             self.data_dir.display()
         );
         append(&self.data_dir.join("postgresql.conf"), &conf)?;
-        let hba = "local all all trust\nlocal replication all trust\nhost all postgres 127.0.0.1/32 trust\nhost replication postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
+        let hba = "local all postgres trust\nlocal replication all trust\nlocal all all scram-sha-256\nhost all postgres 127.0.0.1/32 trust\nhost replication postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n";
         std::fs::write(self.data_dir.join("pg_hba.conf"), hba).map_err(|e| e.to_string())?;
         Ok(())
     }
@@ -280,4 +290,22 @@ fn append(path: &Path, text: &str) -> Result<(), String> {
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     f.write_all(text.as_bytes()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_reaches_a_local_cluster_through_its_socket_when_the_path_fits() {
+        let bin = Path::new("/usr/bin");
+        let at = |dir: &str| Cluster::new(bin, Path::new(dir), 6442).local_host();
+        assert_eq!(at("/tmp/pgtenant-dev/shard1"), "/tmp/pgtenant-dev/shard1");
+        // A relative directory is no socket directory to libpq or to pgtenant.
+        assert_eq!(at("pgtenant-dev/shard1"), "127.0.0.1");
+        // /<dir>/.s.PGSQL.6442 must fit sun_path (108 bytes with its NUL).
+        let longest = format!("/{}", "d".repeat(107 - 1 - "/.s.PGSQL.6442".len()));
+        assert_eq!(at(&longest), longest);
+        assert_eq!(at(&format!("{longest}d")), "127.0.0.1");
+    }
 }

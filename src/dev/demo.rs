@@ -112,20 +112,20 @@ pub fn local_catalog(port: u16, dbname: &str) -> CatalogConfig {
 }
 
 /// Creates the catalog database (on the cluster at `port`), loads the schema and the
-/// demo layout with the shards at `shard_ports`; safe to run again.
-pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: &[u16]) -> Result<(), String> {
+/// demo layout with the shards at `shard_nodes` (host, port); safe to run again.
+pub async fn setup_catalog(port: u16, dbname: &str, shard_nodes: &[(String, u16)]) -> Result<(), String> {
     let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=postgres")).await?;
     ensure_database(&admin, dbname, "postgres").await?;
     let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}")).await?;
     db.batch_execute(CATALOG_SQL).await.map_err(|e| format!("catalog schema: {e}"))?;
     // Shard i holds tenants (i - 1) * 1000 + 1 ..= i * 1000.
-    let shards: Vec<String> = (1..=shard_ports.len())
+    let shards: Vec<String> = (1..=shard_nodes.len())
         .map(|i| format!("({i}, 'USA', 'local-{i}', {}, {})", (i - 1) * 1000 + 1, i * 1000))
         .collect();
-    let nodes: Vec<String> = shard_ports
+    let nodes: Vec<String> = shard_nodes
         .iter()
         .enumerate()
-        .map(|(i, p)| format!("({n}, 'shard{n}-primary', '127.0.0.1', {p}, 'primary')", n = i + 1))
+        .map(|(i, (h, p))| format!("({n}, 'shard{n}-primary', {}, {p}, 'primary')", sql_text(h), n = i + 1))
         .collect();
     // Rows are only written when they differ, so a restart bumps no routing version.
     let layout = format!(
@@ -133,7 +133,7 @@ pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: &[u16]) -> Resu
          VALUES {} ON CONFLICT DO NOTHING;
          INSERT INTO pgtenant.shard_node AS n (shard_id, name, host, port, role)
          VALUES {}
-         ON CONFLICT (shard_id, name) DO UPDATE SET port = EXCLUDED.port WHERE n.port <> EXCLUDED.port;
+         {NODE_UPSERT};
          INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id, region_code) VALUES (42, 2, 'USA')
          ON CONFLICT DO NOTHING;",
         shards.join(", "),
@@ -142,12 +142,12 @@ pub async fn setup_catalog(port: u16, dbname: &str, shard_ports: &[u16]) -> Resu
     db.batch_execute(&layout).await.map_err(|e| format!("catalog layout: {e}"))
 }
 
-/// Lists streaming replicas `(shard, name, port, failover priority)` in the catalog;
-/// safe to run again.
+/// Lists streaming replicas `(shard, name, host, port, failover priority)` in the
+/// catalog; safe to run again.
 pub async fn add_replicas(
     port: u16,
     dbname: &str,
-    replicas: &[(u16, String, u16, u32)],
+    replicas: &[(u16, String, String, u16, u32)],
 ) -> Result<(), String> {
     if replicas.is_empty() {
         return Ok(());
@@ -155,16 +155,33 @@ pub async fn add_replicas(
     let db = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname={dbname}")).await?;
     let rows: Vec<String> = replicas
         .iter()
-        .map(|(shard, name, port, priority)| {
-            format!("({shard}, '{name}', '127.0.0.1', {port}, 'replica', {priority})")
+        .map(|(shard, name, host, port, priority)| {
+            format!("({shard}, '{name}', {}, {port}, 'replica', {priority})", sql_text(host))
         })
         .collect();
     let sql = format!(
         "INSERT INTO pgtenant.shard_node AS n (shard_id, name, host, port, role, failover_priority) VALUES {}
-         ON CONFLICT (shard_id, name) DO UPDATE SET port = EXCLUDED.port WHERE n.port <> EXCLUDED.port",
+         {NODE_UPSERT}",
         rows.join(", ")
     );
     db.batch_execute(&sql).await.map_err(|e| format!("catalog replicas: {e}"))
+}
+
+/// `ports` on 127.0.0.1, as `setup_catalog` takes nodes.
+pub fn loopback_nodes(ports: &[u16]) -> Vec<(String, u16)> {
+    ports.iter().map(|p| ("127.0.0.1".to_string(), *p)).collect()
+}
+
+/// A node listed again keeps its row unless it moved (a state directory from a build
+/// that reached it elsewhere): rows are only written when they differ, so a restart
+/// bumps no routing version.
+const NODE_UPSERT: &str =
+    "ON CONFLICT (shard_id, name) DO UPDATE SET host = EXCLUDED.host, port = EXCLUDED.port
+         WHERE (n.host, n.port) IS DISTINCT FROM (EXCLUDED.host, EXCLUDED.port)";
+
+/// `text` as an SQL string literal.
+fn sql_text(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }
 
 /// Creates the demo role, database and tables on one shard; safe to run again.

@@ -228,11 +228,17 @@ async fn auto_promote_waits_for_the_catalog_promotion_lock() {
         tokio::task::spawn_blocking(|| private_cluster_with_replica("promote_lock", 1)).await.unwrap();
     let s = crate::harness::shards();
     let catalog_db = "catalog_promote_lock";
-    pgtenant::dev::demo::setup_catalog(s.ports[0], catalog_db, &[primary.port, s.ports[1]]).await.unwrap();
+    pgtenant::dev::demo::setup_catalog(
+        s.ports[0],
+        catalog_db,
+        &pgtenant::dev::demo::loopback_nodes(&[primary.port, s.ports[1]]),
+    )
+    .await
+    .unwrap();
     pgtenant::dev::demo::add_replicas(
         s.ports[0],
         catalog_db,
-        &[(1, "promote_lock_replica".into(), replica.port, 1)],
+        &[(1, "promote_lock_replica".into(), "127.0.0.1".into(), replica.port, 1)],
     )
     .await
     .unwrap();

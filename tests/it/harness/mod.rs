@@ -180,7 +180,7 @@ pub struct Catalog {
 pub async fn new_catalog(name: &str) -> Catalog {
     let s = shards();
     let dbname = format!("catalog_{name}");
-    demo::setup_catalog(s.ports[0], &dbname, &s.ports).await.expect("catalog setup");
+    demo::setup_catalog(s.ports[0], &dbname, &demo::loopback_nodes(&s.ports)).await.expect("catalog setup");
     let config = demo::local_catalog(s.ports[0], &dbname);
     let admin = connect(&format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", s.ports[0]))
         .await
