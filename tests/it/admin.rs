@@ -470,15 +470,7 @@ async fn a_killed_client_sends_none_of_the_requests_it_queued() {
 async fn readiness_follows_the_catalog() {
     let cluster =
         tokio::task::spawn_blocking(|| crate::harness::private_cluster("ready_catalog", 9)).await.unwrap();
-    let s = crate::harness::shards();
-    pgtenant::dev::demo::setup_catalog(
-        cluster.port,
-        "catalog_ready",
-        &pgtenant::dev::demo::loopback_nodes(&s.ports),
-    )
-    .await
-    .unwrap();
-    let catalog = pgtenant::dev::demo::local_catalog(cluster.port, "catalog_ready");
+    let catalog = crate::harness::demo_catalog_on(cluster.port, "catalog_ready").await;
     let proxy = crate::harness::start_catalog_proxy(catalog, |c| {
         c.observe.listen = Some("127.0.0.1:0".parse().unwrap());
     })

@@ -249,15 +249,7 @@ async fn while_the_catalog_is_away_cached_tenants_route_and_on_return_nothing_ro
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_catalog_server_is_survived_and_followed_again_once_back() {
     let cluster = crate::harness::private_cluster("catalog-killed", 0);
-    let s = crate::harness::shards();
-    pgtenant::dev::demo::setup_catalog(
-        cluster.port,
-        "pgtenant_catalog",
-        &pgtenant::dev::demo::loopback_nodes(&s.ports),
-    )
-    .await
-    .unwrap();
-    let config = pgtenant::dev::demo::local_catalog(cluster.port, "pgtenant_catalog");
+    let config = crate::harness::demo_catalog_on(cluster.port, "pgtenant_catalog").await;
     let proxy = start_catalog_proxy(config, |_| {}).await;
     assert_eq!(lands_on(&proxy, 42).await, Ok(2));
 

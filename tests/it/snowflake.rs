@@ -334,14 +334,7 @@ async fn the_sql_function_and_the_proxy_agree_and_never_collide() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_catalog_lets_the_lease_run_out() {
     let cluster = harness::private_cluster("snowflake-catalog", 0);
-    pgtenant::dev::demo::setup_catalog(
-        cluster.port,
-        "pgtenant_catalog",
-        &pgtenant::dev::demo::loopback_nodes(&harness::shards().ports),
-    )
-    .await
-    .unwrap();
-    let config = pgtenant::dev::demo::local_catalog(cluster.port, "pgtenant_catalog");
+    let config = harness::demo_catalog_on(cluster.port, "pgtenant_catalog").await;
     let proxy = start_catalog_proxy(config, |c| c.snowflake.lease_ttl_ms = 900).await;
     let client = proxy.connect(Some(42)).await;
     let first: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);

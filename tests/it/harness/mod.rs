@@ -180,12 +180,19 @@ pub struct Catalog {
 pub async fn new_catalog(name: &str) -> Catalog {
     let s = shards();
     let dbname = format!("catalog_{name}");
-    demo::setup_catalog(s.ports[0], &dbname, &demo::loopback_nodes(&s.ports)).await.expect("catalog setup");
-    let config = demo::local_catalog(s.ports[0], &dbname);
+    let config = demo_catalog_on(s.ports[0], &dbname).await;
     let admin = connect(&format!("host=127.0.0.1 port={} user=postgres dbname={dbname}", s.ports[0]))
         .await
         .expect("catalog admin connection");
     Catalog { config, admin }
+}
+
+/// Database `dbname` on the cluster at `port` made a catalog of the demo layout, with
+/// the shared shards over TCP (as the tests' file configurations reach them); how a
+/// proxy reaches it.
+pub async fn demo_catalog_on(port: u16, dbname: &str) -> pgtenant::config::CatalogConfig {
+    demo::setup_catalog(port, dbname, &demo::loopback_nodes(&shards().ports)).await.expect("catalog setup");
+    demo::local_catalog(port, dbname)
 }
 
 impl Catalog {
