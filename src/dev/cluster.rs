@@ -140,9 +140,9 @@ impl Cluster {
 
     /// Runs initdb unless the directory already holds a cluster, and writes the
     /// settings pgtenant's local clusters use (loopback and the Unix socket only, SCRAM
-    /// for everyone but the local `postgres` superuser, on both; logical WAL, which tenant moves replicate, and
-    /// room for several moves at once: each takes a slot and a WAL sender on its
-    /// source, an apply worker and table-sync workers on its target).
+    /// for everyone but the local `postgres` superuser, on both; logical WAL, which
+    /// tenant moves replicate, and room for several moves at once: each takes a slot and
+    /// a WAL sender on its source, an apply worker and table-sync workers on its target).
     pub fn init(&self) -> Result<(), String> {
         if self.is_initialized() {
             return Ok(());
