@@ -33,15 +33,20 @@ fn check_config_accepts_the_example_and_lists_every_problem() {
     assert!(stderr(&serve).contains("overlap"));
 }
 
-/// Two consecutive free ports for the dev shards.
-fn free_port_pair() -> u16 {
+/// The first of `n` consecutive free ports, all taken from `free_port`, so that no
+/// other test of this process is handed one of them later.
+fn free_port_run(n: u16) -> u16 {
     loop {
-        let p = free_port();
-        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
-            return p;
+        let first = free_port();
+        if (1..n).all(|i| free_port() == first.wrapping_add(i)) {
+            return first;
         }
     }
 }
+
+/// The clusters `pgtenant dev` starts by default, on consecutive ports from
+/// `--shard-port`: 2 shards, the catalog, a replica of each shard.
+const DEV_CLUSTERS: u16 = 5;
 
 async fn wait_serving(port: u16, started: Instant) -> Duration {
     let conninfo = format!(
@@ -68,7 +73,7 @@ fn stop(child: &mut std::process::Child) {
 #[tokio::test(flavor = "multi_thread")]
 async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
     let dir = base_dir().join("dev-state");
-    let (port, shard_port) = (free_port(), free_port_pair());
+    let (port, shard_port) = (free_port(), free_port_run(DEV_CLUSTERS));
     let spawn = || {
         Command::new(BIN)
             .args(["dev", "--port", &port.to_string(), "--shard-port", &shard_port.to_string(), "--dir"])
