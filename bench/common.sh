@@ -118,13 +118,18 @@ INI
   [ -d "/proc/$BOUNCER_PID" ] || { echo "pgbouncer $1 did not start:" >&2; cat "$dir/pgbouncer.log" >&2; exit 1; }
 }
 
-# serve_variant PORT NAME "NAME = VALUE": a second proxy on the same shards as
-# `pgtenant dev`, listening on PORT, with one [proxy] setting changed. The first
-# `listen` is [proxy]'s; the others (dev's HTTP endpoint) are left out, so that the
-# variant takes no port of dev's.
-serve_variant() {
+# dev_config_on PORT: the configuration `pgtenant dev` wrote, for a second proxy
+# listening on PORT. The first `listen` is [proxy]'s; the others (dev's HTTP endpoint)
+# are left out, so that the second proxy takes no port of dev's.
+dev_config_on() {
   awk -v port="$1" '/^listen = / { if (++seen == 1) print "listen = \"127.0.0.1:" port "\""; next } { print }' \
-    "$STATE/pgtenant.toml" | sed -e "/^$2 *=/d" -e "s/^\[proxy\]$/[proxy]\n$3/" >"$STATE/variant-$1.toml"
+    "$STATE/pgtenant.toml"
+}
+
+# serve_variant PORT NAME "NAME = VALUE": a second proxy on the same shards as
+# `pgtenant dev`, listening on PORT, with one [proxy] setting changed.
+serve_variant() {
+  dev_config_on "$1" | sed -e "/^$2 *=/d" -e "s/^\[proxy\]$/[proxy]\n$3/" >"$STATE/variant-$1.toml"
   apart "$BIN" serve --config "$STATE/variant-$1.toml" >"$STATE/variant-$1.log" 2>&1 &
   stop_on_exit $! INT
   wait_for_port "$1" || { echo "variant on $1 did not start:" >&2; cat "$STATE/variant-$1.log" >&2; exit 1; }

@@ -68,15 +68,11 @@ fi
 if [ "${TCP_SERVERS:-0}" = 1 ]; then
   # The configuration dev wrote, with the demo layout in the file (instead of the
   # catalog) and the shards reached over loopback TCP.
-  python3 - "$STATE" "$TCP_PROXY_PORT" "${WORKERS:-0}" "$SHARD_PORT" <<'PY'
+  dev_config_on "$TCP_PROXY_PORT" >"$STATE/tcp.toml"
+  python3 - "$STATE" "${WORKERS:-0}" "$SHARD_PORT" <<'PY'
 import re, sys
-state, port, workers, shard_port = sys.argv[1:]
-text = open(f"{state}/pgtenant.toml").read()
-# [proxy]'s listen address becomes the port; the others (dev's HTTP endpoint) are left
-# out, so that this proxy takes no port of dev's.
-first, _, rest = text.partition('listen = ')
-rest = re.sub(r'^listen = .*\n', '', rest.split('\n', 1)[1], flags=re.M)
-text = f'{first}listen = "127.0.0.1:{port}"\n{rest}'
+state, workers, shard_port = sys.argv[1:]
+text = open(f"{state}/tcp.toml").read()
 text = re.sub(r"workers = \d+", f"workers = {workers}", text, count=1)
 text = re.sub(r"^(shards|ranges|tenant_map) = \[\]\n", "", text, flags=re.M)
 text = re.sub(r"\n\[catalog\]\n(?:[^\[\n].*\n)*", "\n", text)

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+use crate::backend::quote_literal;
 use crate::config::{
     AuthMethod, CatalogConfig, Config, MappedKey, NodeConfig, NodeRole, ProxyConfig, RangeConfig,
     ServerTlsConfig, ShardConfig, SnowflakeConfig, TenantMapping, TlsConfig, UserConfig,
@@ -125,7 +126,9 @@ pub async fn setup_catalog(port: u16, dbname: &str, shard_nodes: &[(String, u16)
     let nodes: Vec<String> = shard_nodes
         .iter()
         .enumerate()
-        .map(|(i, (h, p))| format!("({n}, 'shard{n}-primary', {}, {p}, 'primary')", sql_text(h), n = i + 1))
+        .map(|(i, (h, p))| {
+            format!("({n}, 'shard{n}-primary', {}, {p}, 'primary')", quote_literal(h), n = i + 1)
+        })
         .collect();
     // Rows are only written when they differ, so a restart bumps no routing version.
     let layout = format!(
@@ -156,7 +159,7 @@ pub async fn add_replicas(
     let rows: Vec<String> = replicas
         .iter()
         .map(|(shard, name, host, port, priority)| {
-            format!("({shard}, '{name}', {}, {port}, 'replica', {priority})", sql_text(host))
+            format!("({shard}, '{name}', {}, {port}, 'replica', {priority})", quote_literal(host))
         })
         .collect();
     let sql = format!(
@@ -178,11 +181,6 @@ pub fn loopback_nodes(ports: &[u16]) -> Vec<(String, u16)> {
 const NODE_UPSERT: &str =
     "ON CONFLICT (shard_id, name) DO UPDATE SET host = EXCLUDED.host, port = EXCLUDED.port
          WHERE (n.host, n.port) IS DISTINCT FROM (EXCLUDED.host, EXCLUDED.port)";
-
-/// `text` as an SQL string literal.
-fn sql_text(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
-}
 
 /// Creates the demo role, database and tables on one shard; safe to run again.
 pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {

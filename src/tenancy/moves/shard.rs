@@ -7,6 +7,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio_postgres::Client;
 
 use super::MoveError;
+use crate::backend::quote_literal;
 
 /// The table the markers go through: published with the tenant's rows, so a marker
 /// applied on the target means every change committed on the source before it is too.
@@ -18,11 +19,6 @@ const MARKER_SQL: &str = "CREATE SCHEMA IF NOT EXISTS pgtenant;
 /// `name` as an SQL identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// `value` as an SQL string literal.
-fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
 }
 
 /// A libpq connection string value.
