@@ -73,6 +73,10 @@ pub struct ServerConn {
     pub queue: ResponseQueue,
     /// Left in a state that cannot be trusted; closed instead of reused.
     pub broken: bool,
+    /// The FATAL error the server ended the session with (`pg_terminate_backend`, a
+    /// shutdown, a crash of another backend), kept from the client for its session to
+    /// decide what it sees (see `Session::on_server_lost`).
+    pub fatal: Option<ErrorFields>,
     /// When it was opened (`coarse_clock::now_ms`).
     pub opened_ms: u64,
     /// The client thread its socket is registered on (`net::client_threads`), whose
@@ -354,6 +358,7 @@ async fn login(
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),
         broken: false,
+        fatal: None,
         opened_ms,
         home: crate::net::client_threads::current(),
         idle_since_ms: opened_ms,

@@ -87,6 +87,14 @@ impl ServerConn {
             }
             let fx = self.queue.on_server_message(tag, raw, out);
             tracing::trace!(client, tag = %(tag as char), ?fx, "server message");
+            if fx.server_fatal {
+                let fields = protocol::error_fields(&raw[5..]);
+                tracing::debug!(shard, client, code = %fields.code, message = %fields.message, "the server ended the session");
+                self.broken = true;
+                let reason = fields.message.clone();
+                self.fatal = Some(fields);
+                break RelayStop::Lost(reason);
+            }
             for id in &fx.unprepared {
                 self.prepared.remove(*id);
             }

@@ -99,6 +99,9 @@ pub struct Effects {
     /// The server now skips messages until a Sync that nobody else will send: pgtenant
     /// must send one (see `on_error`).
     pub send_sync: bool,
+    /// The ErrorResponse was FATAL (or PANIC): the server ends the session, and the
+    /// error was not passed on (see `ServerConn::fatal`).
+    pub server_fatal: bool,
     /// With `ready`: how long the server took over the request (µs), and over the
     /// transaction it ended, when it ended one.
     pub request_us: u64,
@@ -417,6 +420,13 @@ impl ResponseQueue {
     }
 
     fn on_error(&mut self, raw: &[u8], out: &mut BytesMut, fx: &mut Effects) {
+        if is_fatal(raw) {
+            // The session is over: what the client sees of it is its session's to decide.
+            fx.server_fatal = true;
+            let code = protocol::error_field(raw.get(5..).unwrap_or_default(), b'C').unwrap_or_default();
+            crate::observe::errors::count(crate::observe::errors::Raiser::Server, code);
+            return;
+        }
         let injected_failed = matches!(self.pending.front(), Some(Pending::Injected { .. }));
         let front = match self.pending.front() {
             Some(Pending::Client { reply, .. }) => Some((*reply, OnError::Forward)),
@@ -490,6 +500,14 @@ impl ResponseQueue {
         }
         self.skipping_until_sync = self.pending.is_empty();
     }
+}
+
+/// Whether ErrorResponse `raw` ends the server session: severity FATAL or PANIC (the
+/// untranslated `V` field where the server sends it, else `S`).
+fn is_fatal(raw: &[u8]) -> bool {
+    let body = raw.get(5..).unwrap_or_default();
+    let severity = protocol::error_field(body, b'V').or_else(|| protocol::error_field(body, b'S'));
+    matches!(severity, Some(b"FATAL" | b"PANIC"))
 }
 
 /// Whether ErrorResponse `raw` says that a prepared statement's result changed under it:

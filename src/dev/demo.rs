@@ -221,6 +221,8 @@ pub async fn setup_shard(port: u16, shard_id: u16) -> Result<(), String> {
         ));
     }
     db.batch_execute(&sql).await.map_err(|e| format!("demo tables: {e}"))?;
+    // The server's own wall around other sessions (tenants share the role `app`).
+    db.batch_execute(SESSION_PRIVACY_SQL).await.map_err(|e| format!("session privacy: {e}"))?;
     // The servers' own snowflake functions (instance 0), for clients that bypass the proxy.
     db.batch_execute(SNOWFLAKE_SQL).await.map_err(|e| format!("snowflake functions: {e}"))?;
     let grants = format!(
@@ -246,6 +248,9 @@ pub const DEMO_CONTEXT_KEY: &str = "pgtenant-dev-context-key";
 
 /// The row-level security helpers, as in `sql/rls.sql`.
 pub const RLS_SQL: &str = include_str!("../../sql/rls.sql");
+
+/// What keeps a shard's sessions from other tenants' sight, as in `sql/session_privacy.sql`.
+pub const SESSION_PRIVACY_SQL: &str = include_str!("../../sql/session_privacy.sql");
 
 /// The shards' snowflake functions, as in `sql/snowflake.sql`.
 pub const SNOWFLAKE_SQL: &str = include_str!("../../sql/snowflake.sql");

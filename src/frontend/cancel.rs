@@ -13,6 +13,12 @@ use tokio::sync::Notify;
 
 use crate::backend::{CancelSlot as Slot, CancelTarget};
 
+/// The pids pgtenant gives clients lie above every pid a server can have (Linux's
+/// PID_MAX_LIMIT is 2^22), within the positive `int4` drivers read them as: a pid a
+/// client was given never names a server backend, whatever reaches a server.
+pub const FIRST_PID: u32 = (1 << 22) + 1;
+const LAST_PID: u32 = i32::MAX as u32;
+
 #[derive(Default)]
 pub struct CancelRegistry {
     clients: Mutex<HashMap<u32, Client>>,
@@ -70,8 +76,9 @@ impl CancelRegistry {
         let key = rand::random::<u32>();
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let pid = loop {
-            let pid = self.next_pid.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0x7fff_ffff;
-            if pid != 0 && !clients.contains_key(&pid) {
+            let n = self.next_pid.fetch_add(1, Ordering::Relaxed);
+            let pid = FIRST_PID + n % (LAST_PID - FIRST_PID + 1);
+            if !clients.contains_key(&pid) {
                 break pid;
             }
         };
@@ -82,8 +89,20 @@ impl CancelRegistry {
     /// What a CancelRequest for (`pid`, `key`) reaches; a request waiting in pgtenant
     /// is told at once.
     pub fn reach(&self, pid: u32, key: u32) -> CancelReach {
+        self.reach_client(pid, Some(key))
+    }
+
+    /// What a cancel of client `pid` reaches, its key unchecked: for a
+    /// `pg_cancel_backend` of a client the caller may signal (`session::proxy_call`).
+    pub fn reach_unchecked(&self, pid: u32) -> CancelReach {
+        self.reach_client(pid, None)
+    }
+
+    fn reach_client(&self, pid: u32, key: Option<u32>) -> CancelReach {
         let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(client) = clients.get(&pid).filter(|c| c.key == key) else { return CancelReach::Nothing };
+        let Some(client) = clients.get(&pid).filter(|c| key.is_none_or(|key| c.key == key)) else {
+            return CancelReach::Nothing;
+        };
         let mut targets = client.many.lock().unwrap_or_else(|e| e.into_inner()).clone();
         targets.extend(client.slot.lock().unwrap_or_else(|e| e.into_inner()).clone());
         if !targets.is_empty() {
@@ -95,6 +114,22 @@ impl CancelRegistry {
             return CancelReach::Wait;
         }
         CancelReach::Nothing
+    }
+}
+
+/// Carries out a cancel: forwards it to the servers it reaches, all at once, and
+/// returns once every server has signalled its backend (PostgreSQL closes a cancel
+/// connection only then: a client that waits for that close, as libpq's PQcancel
+/// does, knows its next statement cannot be hit).
+pub async fn forward(reach: CancelReach) {
+    let targets = match reach {
+        CancelReach::Servers(targets) => targets,
+        CancelReach::Wait => return tracing::debug!("a cancel ended a wait in pgtenant"),
+        CancelReach::Nothing => return tracing::debug!("a cancel for no running query"),
+    };
+    let sent = futures_util::future::join_all(targets.iter().map(|t| t.cancel())).await;
+    for e in sent.into_iter().filter_map(Result::err) {
+        tracing::warn!(error = %e, "could not forward a cancel request");
     }
 }
 
@@ -181,6 +216,19 @@ mod tests {
         let pid = k.pid;
         drop(k);
         assert!(reg.lookup(pid, 0).is_empty());
+    }
+
+    #[test]
+    fn the_pids_given_to_clients_are_above_every_server_pid_and_wrap_within_int4() {
+        let reg = Arc::new(CancelRegistry::default());
+        let first = reg.register();
+        assert_eq!(first.pid, FIRST_PID);
+        reg.next_pid.store(LAST_PID - FIRST_PID, Ordering::Relaxed);
+        let last = reg.register();
+        assert_eq!(last.pid, LAST_PID);
+        let wrapped = reg.register();
+        assert_eq!(wrapped.pid, FIRST_PID + 1, "past the end, the first free pid from the start");
+        assert!(i32::try_from(last.pid).is_ok());
     }
 
     #[tokio::test]

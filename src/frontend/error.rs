@@ -34,11 +34,20 @@ pub enum FrontendError {
     ShuttingDown,
     #[error("terminating connection due to administrator command (KILL in the admin console)")]
     Killed,
+    /// `pg_terminate_backend` of the client's own pid, or of a sibling's (see
+    /// `session::proxy_call`), as PostgreSQL words it.
+    #[error("terminating connection due to administrator command")]
+    Terminated,
     #[error("terminating connection: idle in transaction for more than {ms} ms")]
     IdleInTransaction { ms: u64 },
     /// The server refused the login made for this client; its fields go to the client.
     #[error("{}", .0.message)]
     ServerRefused(ErrorFields),
+    /// The server connection that held this client's session state (its transaction
+    /// block, a pin, session pooling) ended: as on PostgreSQL, so does the session,
+    /// with the server's own FATAL when it sent one.
+    #[error("lost the server connection of shard {shard}, which held this session's state: {reason}")]
+    ServerGone { shard: ShardId, reason: String, fatal: Option<ErrorFields> },
     #[error("client I/O: {0}")]
     Io(#[from] std::io::Error),
 
@@ -58,6 +67,17 @@ pub enum FrontendError {
         "canceling statement due to user request (it was queued behind another client's read on a shared server connection; its answer is dropped)"
     )]
     CanceledQueued,
+    /// `pg_cancel_backend` of the client's own pid: its statement is canceled.
+    #[error("canceling statement due to user request")]
+    CanceledOwn,
+    /// A statement that names a server-wide view or function of other sessions.
+    #[error(
+        "{object} reaches the other sessions of the server, which other tenants share{}: pgtenant refuses it \
+         (pg_backend_pid(), pg_cancel_backend() and pg_terminate_backend() of this session's own pid are answered; \
+         the admin console's SHOW CLIENTS lists this proxy's sessions)",
+        tenant.as_ref().map(|t| format!(" with tenant {t}")).unwrap_or_default()
+    )]
+    OtherSessions { object: String, tenant: Option<TenantId> },
     #[error("current transaction is aborted, commands ignored until end of transaction block")]
     InFailedTransaction,
     #[error("prepared statement \"{name}\" does not exist")]
@@ -120,8 +140,10 @@ impl FrontendError {
                 | Self::BadStartupParameter(_)
                 | Self::ShuttingDown
                 | Self::Killed
+                | Self::Terminated
                 | Self::IdleInTransaction { .. }
                 | Self::ServerRefused(_)
+                | Self::ServerGone { .. }
                 | Self::Io(_)
         )
     }

@@ -20,6 +20,9 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::TooManyClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
         E::NotAdmin { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Paused(_) | E::CanceledWaiting | E::CanceledQueued => sqlstate::QUERY_CANCELED,
+        // As PostgreSQL words them, without pgtenant's prefix: they are its answers.
+        E::CanceledOwn => return (sqlstate::QUERY_CANCELED.into(), err.to_string()),
+        E::Terminated => return (sqlstate::ADMIN_SHUTDOWN.into(), err.to_string()),
         E::Unsupported(_)
         | E::CrossShard { .. }
         | E::PinnedElsewhere { .. }
@@ -28,7 +31,10 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::BadStartupParameter(_) | E::BadSettingValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
         E::ShuttingDown | E::Killed => sqlstate::ADMIN_SHUTDOWN,
         E::IdleInTransaction { .. } => sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
-        E::ServerRefused(fields) => return (fields.code.clone(), fields.message.clone()),
+        E::ServerRefused(fields) | E::ServerGone { fatal: Some(fields), .. } => {
+            return (fields.code.clone(), fields.message.clone());
+        }
+        E::ServerGone { fatal: None, .. } => sqlstate::CONNECTION_FAILURE,
         E::Scatter(ScatterError::Statement(fields)) => return (fields.code.clone(), fields.message.clone()),
         E::Scatter(ScatterError::Shard { fields, .. }) => fields.code.as_str(),
         E::Scatter(ScatterError::Unmergeable(_) | ScatterError::Unparsed(_) | ScatterError::RowLimit) => {
@@ -58,7 +64,8 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::TenantGucProtected { .. }
         | E::TenantFixed { .. }
         | E::StrictIsolation { .. }
-        | E::StrictCatalog { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
+        | E::StrictCatalog { .. }
+        | E::OtherSessions { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::TenantReadOnly { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,

@@ -9,7 +9,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::auth::authenticate;
-use super::cancel::CancelReach;
 use super::error::FrontendError;
 use super::error_response::write_error;
 use super::params::parse_startup;
@@ -148,18 +147,8 @@ async fn refuse(mut client: Duplex, err: &FrontendError) {
 }
 
 async fn forward_cancel(shared: &Shared, pid: u32, key: u32) {
-    let targets = match shared.cancels.reach(pid, key) {
-        CancelReach::Servers(targets) => targets,
-        CancelReach::Wait => return tracing::debug!(pid, "cancel request ended a wait in pgtenant"),
-        CancelReach::Nothing => return tracing::debug!(pid, "cancel request for no running query"),
-    };
-    // All at once, and the client's connection closed only when every server has
-    // signalled its backend, as PostgreSQL closes it: a client that waits for that
-    // close (libpq's PQcancel does) knows its next statement cannot be hit.
-    let sent = futures_util::future::join_all(targets.iter().map(|t| t.cancel())).await;
-    for e in sent.into_iter().filter_map(Result::err) {
-        tracing::warn!(error = %e, "could not forward a cancel request");
-    }
+    tracing::debug!(pid, "cancel request");
+    super::cancel::forward(shared.cancels.reach(pid, key)).await;
 }
 
 /// Authenticates and prepares the session.

@@ -79,11 +79,28 @@ struct Live {
     /// An admin asked to end it (KILL): the flag, and the wake-up of its owner.
     killed: AtomicBool,
     kill: Notify,
+    /// The end was asked by `pg_terminate_backend` (set before `killed`).
+    terminated: AtomicBool,
 }
 
 struct Entry {
     info: ConnInfo,
     live: Arc<Live>,
+}
+
+impl Entry {
+    fn row(&self, id: u64) -> ConnRow {
+        let shard = self.live.shard.load(Ordering::Relaxed);
+        ConnRow {
+            id,
+            info: self.info.clone(),
+            state: ConnState::from_u8(self.live.state.load(Ordering::SeqCst)),
+            shard: (shard != u32::MAX).then_some(shard),
+            since_unix_ms: self.live.since_unix_ms.load(Ordering::Relaxed),
+            request_unix_ms: self.live.request_unix_ms.load(Ordering::Relaxed),
+            tenant: self.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+        }
+    }
 }
 
 /// Every open connection of one kind, by id.
@@ -129,6 +146,7 @@ impl ConnRegistry {
             tenant: Mutex::new(tenant),
             killed: AtomicBool::new(false),
             kill: Notify::new(),
+            terminated: AtomicBool::new(false),
         });
         self.lock().insert(id, Entry { info, live: live.clone() });
         ConnHandle { id, live, registry: self.clone() }
@@ -144,21 +162,12 @@ impl ConnRegistry {
 
     /// Every client, by id.
     pub fn rows(&self) -> Vec<ConnRow> {
-        self.lock()
-            .iter()
-            .map(|(id, e)| {
-                let shard = e.live.shard.load(Ordering::Relaxed);
-                ConnRow {
-                    id: *id,
-                    info: e.info.clone(),
-                    state: ConnState::from_u8(e.live.state.load(Ordering::SeqCst)),
-                    shard: (shard != u32::MAX).then_some(shard),
-                    since_unix_ms: e.live.since_unix_ms.load(Ordering::Relaxed),
-                    request_unix_ms: e.live.request_unix_ms.load(Ordering::Relaxed),
-                    tenant: e.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-                }
-            })
-            .collect()
+        self.lock().iter().map(|(id, e)| e.row(*id)).collect()
+    }
+
+    /// The connection whose pid (`ConnInfo::pid`) is `pid`, if one is open.
+    pub fn find_pid(&self, pid: u32) -> Option<ConnRow> {
+        self.lock().iter().find(|(_, e)| e.info.pid == pid).map(|(id, e)| e.row(*id))
     }
 
     /// How many connections `pick(state, shard, tenant_tag)` says yes to, read without
@@ -191,6 +200,15 @@ impl ConnRegistry {
         e.live.killed.store(true, Ordering::SeqCst);
         e.live.kill.notify_waiters();
         true
+    }
+
+    /// Asks the owner of connection `id` to end it as `pg_terminate_backend` ends a
+    /// backend; false when no such connection.
+    pub fn terminate(&self, id: u64) -> bool {
+        if let Some(e) = self.lock().get(&id) {
+            e.live.terminated.store(true, Ordering::SeqCst);
+        }
+        self.kill(id)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Entry>> {
@@ -232,6 +250,11 @@ impl ConnHandle {
     #[inline]
     pub fn is_killed(&self) -> bool {
         self.live.killed.load(Ordering::Relaxed)
+    }
+
+    /// Whether the end was asked by `pg_terminate_backend` rather than by an admin's KILL.
+    pub fn is_terminated(&self) -> bool {
+        self.live.terminated.load(Ordering::SeqCst)
     }
 
     /// Completes once an admin asks to end this connection (at once if one did
@@ -290,5 +313,19 @@ mod tests {
         assert_eq!((rows[1].state, rows[1].shard), (ConnState::Waiting, Some(2)));
         drop(a);
         assert_eq!(registry.rows().iter().map(|r| r.id).collect::<Vec<_>>(), vec![b.id()]);
+    }
+
+    #[test]
+    fn a_connection_is_found_by_its_pid_and_told_how_it_was_ended() {
+        let registry = Arc::new(ConnRegistry::default());
+        let mut other = info("a");
+        other.pid = 8;
+        let seven = registry.register(info("a"), None);
+        let eight = registry.register(other, None);
+        assert_eq!(registry.find_pid(8).map(|r| r.id), Some(eight.id()));
+        assert!(registry.find_pid(9).is_none());
+        assert!(registry.terminate(eight.id()) && registry.kill(seven.id()));
+        assert!(eight.is_killed() && eight.is_terminated());
+        assert!(seven.is_killed() && !seven.is_terminated());
     }
 }

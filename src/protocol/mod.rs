@@ -17,6 +17,6 @@ pub use describe::*;
 pub use frame::{Frame, FrameError, StartupPacket, frame_header, read_startup_frame, try_parse_frame};
 pub use messages::*;
 pub use values::{
-    Column, INT2_OID, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, Value, data_row, parameter_description,
+    BOOL_OID, Column, INT2_OID, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, Value, data_row, parameter_description,
     row_description, text_row_description,
 };

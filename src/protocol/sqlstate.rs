@@ -24,5 +24,6 @@ pub const PROGRAM_LIMIT_EXCEEDED: &str = "54000";
 pub const OUT_OF_MEMORY: &str = "53200";
 pub const SYNTAX_ERROR: &str = "42601";
 pub const QUERY_CANCELED: &str = "57014";
+pub const WARNING: &str = "01000";
 pub const CONFIG_FILE_ERROR: &str = "F0000";
 pub const CONFIGURATION_LIMIT_EXCEEDED: &str = "53400";

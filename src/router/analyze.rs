@@ -13,7 +13,7 @@ use super::effects::SessionRisk;
 use super::facts::{SqlFacts, literal_ranges};
 use super::lexer::{Token, TokenKind, code_tokens, tokenize};
 use super::quick::ShapeTiming;
-use super::snowflake_call::SnowflakeSelect;
+use super::proxy_call::ProxySelect;
 use crate::directory::{TenantId, TenantKey};
 
 /// The parameter that says where a session's provably read-only requests may go.
@@ -73,8 +73,9 @@ pub enum StatementKind {
     UnfollowedSet,
     /// `SHOW pgtenant.routing_version`: answered by the proxy.
     ShowRoutingVersion,
-    /// A snowflake call (`SELECT pgtenant.next_id()` and kin): answered by the proxy.
-    Snowflake(SnowflakeSelect),
+    /// A call pgtenant answers itself (`SELECT pgtenant.next_id()` and kin,
+    /// `SELECT pg_backend_pid()`, the signal functions of it; see `proxy_call`).
+    ProxyCall(ProxySelect),
     /// A statement naming an `all_shards.` table: the admin scatter-gather runs it.
     Scatter,
     Other,
@@ -190,6 +191,9 @@ pub struct Analysis {
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
     /// GUC would change behind pgtenant's back.
     pub tampers_tenant_guc: bool,
+    /// The server-wide view or function of other sessions the text names (see
+    /// `other_sessions`), outside the calls pgtenant answers itself: refused.
+    pub other_sessions: Option<Box<str>>,
     /// One SELECT/INSERT/UPDATE/DELETE/MERGE/WITH/VALUES/TABLE statement: it may share
     /// an implicit transaction with a message sent before it. (PostgreSQL refuses
     /// VACUUM, CREATE INDEX CONCURRENTLY and the like after an unsynced message.)
@@ -283,6 +287,7 @@ impl Analysis {
             session_changes: Box::default(),
             bad_setting: None,
             tampers_tenant_guc: false,
+            other_sessions: None,
             single_dml: true,
             plain: true,
             sql,
@@ -353,6 +358,13 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
     });
     let single_dml = statements.len() == 1 && DML_STARTS.iter().any(|k| words.is(0, k));
+    let answered_here = statements.len() == 1 && matches!(kind, StatementKind::ProxyCall(_));
+    let other_sessions = match answered_here {
+        true => None,
+        false => super::other_sessions::named(&text, &code).map(String::into_boxed_str).or_else(|| {
+            super::other_sessions::unicode_escaped_name(&text, &code).then(|| "a U&\"...\" identifier".into())
+        }),
+    };
     Analysis {
         kind,
         hint,
@@ -363,6 +375,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         session_changes: session_changes.into(),
         bad_setting,
         tampers_tenant_guc,
+        other_sessions,
         plain: false,
         sql: text.into(),
         facts: OnceLock::new(),
@@ -576,8 +589,10 @@ const DASH: u8 = 4;
 /// `WORD + k`: the first letter (either case) of `SUSPICIOUS_WORDS[k]`.
 const WORD: u8 = 5;
 /// Words that may pin a connection or touch the tenant GUC, matched anywhere
-/// (`pg_temp.t` counts as `temp`). Their first letters differ.
-const SUSPICIOUS_WORDS: [&[u8]; 4] = [b"advisory", b"temp", b"set_config", b"pgtenant."];
+/// (`pg_temp.t` counts as `temp`). Their first letters differ. `pg` stands for
+/// `pgtenant.` and for every `pg_` name (the built-ins pgtenant answers itself or
+/// refuses, see `other_sessions`): `pgbench_accounts` stays plain.
+const SUSPICIOUS_WORDS: [&[u8]; 4] = [b"advisory", b"temp", b"set_config", b"pg"];
 
 const SCAN_CLASS: [u8; 256] = {
     let mut table = [PLAIN; 256];
@@ -608,8 +623,15 @@ fn breaks_plainness(body: &[u8], i: usize, class: u8) -> bool {
         _ => {
             let word = SUSPICIOUS_WORDS[usize::from(class - WORD)];
             // Most letters that start no such word are told apart by the next byte.
-            next.is_some_and(|b| b | 0x20 == word[1])
-                && body.get(i..i + word.len()).is_some_and(|here| here.eq_ignore_ascii_case(word))
+            if !next.is_some_and(|b| b | 0x20 == word[1])
+                || !body.get(i..i + word.len()).is_some_and(|here| here.eq_ignore_ascii_case(word))
+            {
+                return false;
+            }
+            let after = &body[i + word.len()..];
+            word != b"pg"
+                || after.first() == Some(&b'_')
+                || after.get(..7).is_some_and(|w| w.eq_ignore_ascii_case(b"tenant."))
         }
     }
 }
@@ -703,9 +725,9 @@ fn classify(
         }
     }
     if w.is(0, "select")
-        && let Some(call) = super::snowflake_call::recognise(w.sql, w.tokens)
+        && let Some(call) = super::proxy_call::recognise(w.sql, w.tokens)
     {
-        return StatementKind::Snowflake(call);
+        return StatementKind::ProxyCall(call);
     }
     if w.is(0, "show") {
         let (name, next) = setting_name(w, 1);

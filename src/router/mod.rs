@@ -7,7 +7,8 @@ mod facts;
 pub(crate) mod lexer;
 mod quick;
 mod recent;
-mod snowflake_call;
+mod other_sessions;
+mod proxy_call;
 mod template;
 
 use std::sync::Arc;
@@ -32,7 +33,7 @@ pub use analyze::{
 pub use effects::SessionRisk;
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;
-pub use snowflake_call::{CallArg, SnowflakeCall, SnowflakeSelect};
+pub use proxy_call::{CallArg, PidArg, ProxyCall, ProxySelect, Signal};
 
 /// The analysis with the default tenant parameter, for tests outside this layer.
 #[cfg(test)]

@@ -20,11 +20,12 @@ pub enum SnowflakeError {
     ClockBackwards { behind_ms: i64, bound_ms: i64 },
     #[error("a snowflake call's argument must not be NULL")]
     NullArgument,
-    #[error("a snowflake call's argument must be an integer, not \"{value}\"")]
+    /// These three concern every call pgtenant answers itself (`router::ProxyCall`).
+    #[error("invalid input syntax for type integer: \"{value}\" (an argument of a call pgtenant answers itself)")]
     BadArgument { value: String },
-    #[error("a snowflake call with a $n parameter needs the extended protocol")]
+    #[error("a call pgtenant answers itself with a $n parameter needs the extended protocol")]
     ParameterInSimpleQuery,
-    #[error("more than {max} snowflake portals open in one session; close some")]
+    #[error("more than {max} portals of calls pgtenant answers itself open in one session; close some")]
     TooManyPortals { max: usize },
     #[error("the clock reads {unix_ms} ms since 1970, outside what a snowflake ID can carry")]
     ClockOutOfRange { unix_ms: i64 },

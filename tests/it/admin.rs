@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::harness::clusters::free_port;
-use crate::harness::{Proxy, connect, eventually, sqlstate, start_proxy, stdout};
+use crate::harness::{self, Proxy, connect, eventually, sqlstate, start_proxy, stdout};
 
 async fn start() -> Proxy {
     start_proxy(|c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await
@@ -408,9 +408,9 @@ async fn kill_reconnect_and_shutdown_act_on_the_proxy() {
     bystander.simple_query("SELECT 1").await.expect("new clients are taken");
 
     // RECONNECT: the idle server connections are replaced (new backend pids).
-    let pid_before: i32 = bystander.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let pid_before: i32 = harness::server_pid(&bystander).await;
     console.simple_query("RECONNECT 1").await.unwrap();
-    let pid_after: i32 = bystander.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let pid_after: i32 = harness::server_pid(&bystander).await;
     assert_ne!(pid_before, pid_after, "a new server connection after RECONNECT");
 
     // SHUTDOWN stops the proxy as SIGTERM would: new connections are refused.

@@ -635,7 +635,7 @@ async fn advisory_locks_pin_until_the_session_ends() {
     let other = proxy.connect(Some(7)).await;
     for _ in 0..3 {
         other.batch_execute("SELECT 1").await.unwrap();
-        let same: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+        let same: i32 = harness::server_pid(&holder).await;
         assert_eq!(same, pid, "the lock holder keeps its server connection");
     }
     let got: bool = other.query_one("SELECT pg_try_advisory_lock(4242)", &[]).await.unwrap().get(0);

@@ -222,14 +222,14 @@ async fn a_client_idle_in_transaction_is_cut_off_and_frees_the_server() {
 async fn a_server_connection_closed_while_pooled_is_replaced_unseen() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let client = proxy.connect(Some(7)).await;
-    let first: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let first: i32 = harness::server_pid(&client).await;
     let admin = harness::shard_admin(1, "app").await;
     let killed: bool =
         admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&first]).await.unwrap().get(0);
     assert!(killed);
     // The server's goodbye (a FATAL, then the close) reaches the idle pooled socket.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let second: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let second: i32 = harness::server_pid(&client).await;
     assert_ne!(first, second, "the closed connection must not be handed out again");
     proxy.shutdown().await;
 }
@@ -242,8 +242,8 @@ async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool()
     let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
     let (first, second) = (proxy.connect(Some(7)).await, proxy.connect(Some(7)).await);
     first.batch_execute("BEGIN").await.unwrap();
-    let a: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
-    let b: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let a: i32 = harness::server_pid(&first).await;
+    let b: i32 = harness::server_pid(&second).await;
     first.batch_execute("COMMIT").await.unwrap();
     assert_ne!(a, b, "two server connections, both idle now");
 
@@ -252,7 +252,7 @@ async fn a_server_connection_lost_mid_request_closes_the_idle_ones_of_its_pool()
     let idle = if running == a { b } else { a };
     let closed = harness::backend_ends(idle, Duration::from_secs(3)).await;
     assert!(closed, "the pool's idle connection (pid {idle}) was closed with the lost one");
-    let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let next: i32 = harness::server_pid(&first).await;
     assert!(next != a && next != b, "the next request runs on a fresh connection");
     proxy.shutdown().await;
 }
@@ -264,16 +264,16 @@ async fn a_server_connection_lost_mid_request_retires_the_busy_ones_of_its_pool(
     let proxy = start_proxy(|c| c.users[0].pool_size = 2).await;
     let (first, second) = (proxy.connect(Some(7)).await, proxy.connect(Some(7)).await);
     second.batch_execute("BEGIN").await.unwrap();
-    let busy: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let busy: i32 = harness::server_pid(&second).await;
     let admin = harness::shard_admin(1, "app").await;
     let (first, running) = terminated_mid_request(first, "SELECT pg_sleep(10) AS retired_busy", &admin).await;
     // The busy one's transaction goes on to its end, then the connection closes.
-    let still: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let still: i32 = harness::server_pid(&second).await;
     assert_eq!(still, busy);
     second.batch_execute("COMMIT").await.unwrap();
     let closed = harness::backend_ends(busy, Duration::from_secs(3)).await;
     assert!(closed, "the connection busy at the loss (pid {busy}) was closed when it came back");
-    let next: i32 = first.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let next: i32 = harness::server_pid(&first).await;
     assert!(next != running && next != busy, "the next request runs on a fresh connection");
     proxy.shutdown().await;
 }
@@ -319,7 +319,7 @@ async fn a_waiting_client_gets_the_place_of_a_server_connection_that_closed() {
     .await;
     let holder = proxy.connect(Some(7)).await;
     holder.batch_execute("BEGIN").await.unwrap();
-    let held: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let held: i32 = harness::server_pid(&holder).await;
     let waiter = proxy.connect(Some(7)).await;
     let waiting = tokio::spawn(async move {
         let started = Instant::now();
@@ -355,37 +355,67 @@ async fn answers_up_to(client: &mut RawClient, readies: usize) -> Option<Vec<har
 /// Found by the session fuzz target: a server that dies with requests pipelined
 /// behind the running one (a Sync, another query; the server's own FATAL first, as
 /// `pg_terminate_backend` sends it) answered only the first of them, and the client
-/// waited forever for the rest. Every request is answered now (an error for what the
-/// dead server owed), in both protocols and both pool modes, and the session goes on.
+/// waited forever for the rest. In transaction pooling every request is answered now,
+/// each with one error (the server's FATAL is not passed on beside pgtenant's 08006),
+/// and the session goes on. In session pooling the session was the server's: it ends
+/// as on PostgreSQL, with the server's FATAL (issue 57, item 4). Both protocols.
 #[tokio::test(flavor = "multi_thread")]
 async fn every_request_pipelined_on_a_server_that_dies_is_answered() {
     use postgres_protocol::message::frontend;
+    let admin = harness::shard_admin(1, "app").await;
     for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
         let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
         let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
-        let mut out = bytes::BytesMut::new();
-        frontend::query("SELECT pg_terminate_backend(pg_backend_pid())", &mut out).unwrap();
-        frontend::sync(&mut out);
-        frontend::query("SELECT 2", &mut out).unwrap();
-        client.send(&out).await;
-        let seen = answers_up_to(&mut client, 3).await;
-        let seen = seen.unwrap_or_else(|| panic!("{mode:?}: the three requests were not all answered"));
-        let codes: Vec<String> = seen.iter().filter_map(|m| m.sqlstate()).collect();
-        assert!(codes.iter().any(|c| c == "08006"), "{mode:?}: {codes:?}");
-        assert_eq!(first_column(&client.query("SELECT 3").await), ["3"], "{mode:?}: the session goes on");
-
-        // The extended protocol: two requests, the first one's server dies.
-        out.clear();
-        for sql in ["SELECT pg_terminate_backend(pg_backend_pid())", "SELECT 4"] {
-            frontend::parse("", sql, std::iter::empty(), &mut out).unwrap();
-            harness::raw::bind_unnamed(&mut out);
-            frontend::execute("", 0, &mut out).unwrap();
-            frontend::sync(&mut out);
+        for extended in [false, true] {
+            let sleep = format!("SELECT pg_sleep(30) /* dies under {mode:?} {extended} */");
+            let mut out = bytes::BytesMut::new();
+            if extended {
+                for sql in [sleep.as_str(), "SELECT 2"] {
+                    frontend::parse("", sql, std::iter::empty(), &mut out).unwrap();
+                    harness::raw::bind_unnamed(&mut out);
+                    frontend::execute("", 0, &mut out).unwrap();
+                    frontend::sync(&mut out);
+                }
+            } else {
+                frontend::query(&sleep, &mut out).unwrap();
+                frontend::sync(&mut out);
+                frontend::query("SELECT 2", &mut out).unwrap();
+            }
+            client.send(&out).await;
+            let running = "SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'active'";
+            let mut pid = None;
+            for _ in 0..200 {
+                pid = admin.query_opt(running, &[&sleep]).await.unwrap().map(|r| r.get::<_, i32>(0));
+                if pid.is_some() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            let pid = pid.unwrap_or_else(|| panic!("{mode:?}: the statement runs"));
+            let killed: bool =
+                admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap().get(0);
+            assert!(killed);
+            if mode == pgtenant::config::PoolMode::Session {
+                let mut seen = Vec::new();
+                while let Some(m) = client.recv().await {
+                    seen.push(m);
+                }
+                let codes: Vec<String> = seen.iter().filter_map(|m| m.sqlstate()).collect();
+                assert_eq!(codes, ["57P01"], "{mode:?}: the server's FATAL, then the connection closes");
+                assert!(seen.iter().all(|m| m.tag != b'Z'), "{mode:?}: nothing after the FATAL");
+                break;
+            }
+            let readies = if extended { 2 } else { 3 };
+            let seen = answers_up_to(&mut client, readies).await;
+            let seen = seen.unwrap_or_else(|| panic!("{mode:?}: the requests were not all answered"));
+            let requests: Vec<&[harness::raw::Msg]> =
+                seen.split_inclusive(|m| m.tag == b'Z').collect();
+            let errors = |answer: &[harness::raw::Msg]| answer.iter().filter(|m| m.tag == b'E').count();
+            assert_eq!(errors(requests[0]), 1, "{mode:?} {extended}: one error for the lost statement");
+            assert_eq!(requests[0].iter().find_map(|m| m.sqlstate()).as_deref(), Some("08006"));
+            assert!(requests.iter().all(|r| errors(r) <= 1), "{mode:?} {extended}: {seen:?}");
+            assert_eq!(first_column(&client.query("SELECT 3").await), ["3"], "{mode:?}: the session goes on");
         }
-        client.send(&out).await;
-        let seen = answers_up_to(&mut client, 2).await;
-        assert!(seen.is_some(), "{mode:?}: both extended requests answered");
-        assert_eq!(first_column(&client.query("SELECT 5").await), ["5"], "{mode:?}: the session goes on");
         proxy.shutdown().await;
     }
 }
@@ -450,27 +480,75 @@ async fn a_query_behind_a_failed_extended_request_is_skipped_as_postgres_skips_i
     }
 }
 
-/// A transaction whose server connection is lost stays failed until the client ends
-/// it, in both protocols: no later statement of it may run on another server
-/// connection (it would commit alone, outside the transaction the client believes
-/// it is in), and the client learns why.
+/// A transaction whose server connection is lost ends its session, as on PostgreSQL
+/// (issue 57, item 4): the client gets the server's FATAL and the connection closes,
+/// in both pool modes, instead of a session that goes on without the transaction (and,
+/// in session pooling, without its temporary tables and session locks). Nothing of the
+/// transaction was written, and nothing the client sent after it reached a server.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_transaction_that_lost_its_server_runs_nothing_more() {
+async fn a_transaction_that_lost_its_server_ends_its_session() {
     use postgres_protocol::message::frontend;
+    let admin = harness::shard_admin(1, "app").await;
     for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
         let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
         let table = format!("lost_tx_{mode:?}").to_lowercase();
+        for extended in [false, true] {
+            let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+            let created = client.query(&format!("CREATE TABLE IF NOT EXISTS {table} (tenant_id bigint, v int)")).await;
+            assert!(!created.iter().any(|m| m.tag == b'E'), "{mode:?}: {created:?}");
+            client.query("BEGIN").await;
+            client.query(&format!("INSERT INTO {table} VALUES (7, 1)")).await;
+            let pid = first_column(&client.query(harness::SERVER_PID_SQL).await);
+            let pid: i32 = pid[0].parse().unwrap();
+            let killed: bool =
+                admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).await.unwrap().get(0);
+            assert!(killed);
+
+            let mut out = bytes::BytesMut::new();
+            let insert = format!("INSERT INTO {table} VALUES (7, 2)");
+            if extended {
+                frontend::parse("", &insert, std::iter::empty(), &mut out).unwrap();
+                harness::raw::bind_unnamed(&mut out);
+                frontend::execute("", 0, &mut out).unwrap();
+                frontend::sync(&mut out);
+            } else {
+                frontend::query(&insert, &mut out).unwrap();
+            }
+            // The FATAL may come before the request is sent: the write may then fail.
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut client.stream, &out).await;
+            let mut seen = Vec::new();
+            while let Some(m) = client.recv().await {
+                seen.push(m);
+            }
+            let codes: Vec<String> = seen.iter().filter_map(|m| m.sqlstate()).collect();
+            assert_eq!(codes, ["57P01"], "{mode:?} {extended}: the server's FATAL, then the end: {seen:?}");
+            assert!(!seen.iter().any(|m| matches!(m.tag, b'C' | b'Z')), "{mode:?} {extended}: {seen:?}");
+        }
+        let rows: i64 = admin.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap().get(0);
+        assert_eq!(rows, 0, "{mode:?}: nothing of the lost transactions was written");
+        proxy.shutdown().await;
+    }
+}
+
+/// A transaction that failed without a server's say (the client cancelled its own
+/// statement, `pg_cancel_backend(pg_backend_pid())`, which pgtenant answers) stays
+/// failed until the client ends it, in both protocols: no later statement of it runs
+/// anywhere (it would commit alone, outside the transaction the client believes it is
+/// in), and what the transaction wrote before is rolled back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_failed_in_pgtenant_runs_nothing_more() {
+    use postgres_protocol::message::frontend;
+    for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
+        let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
+        let table = format!("failed_tx_{mode:?}").to_lowercase();
         let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
         let created = client.query(&format!("CREATE TABLE {table} (tenant_id bigint, v int)")).await;
         assert!(!created.iter().any(|m| m.tag == b'E'), "{mode:?}: {created:?}");
         client.query("BEGIN").await;
-        let pid = first_column(&client.query("SELECT pg_backend_pid()").await);
-        let pid: i32 = pid[0].parse().unwrap();
-        let admin = harness::shard_admin(1, "app").await;
-        let killed: bool =
-            admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid]).await.unwrap().get(0);
-        assert!(killed);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        client.query(&format!("INSERT INTO {table} VALUES (7, 0)")).await;
+        let seen = client.query("SELECT pg_cancel_backend(pg_backend_pid())").await;
+        assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("57014"), "{mode:?}: {seen:?}");
+        assert_eq!(seen.last().map(|m| m.body.clone()), Some(b"E".to_vec()), "{mode:?}: failed");
 
         // The extended protocol first: the statement must not run.
         let mut out = bytes::BytesMut::new();
@@ -480,21 +558,14 @@ async fn a_transaction_that_lost_its_server_runs_nothing_more() {
         frontend::execute("", 0, &mut out).unwrap();
         frontend::sync(&mut out);
         let seen = client.request(&out).await;
-        // The server's own goodbye may come first (it was relayed as it came).
         let codes: Vec<String> = seen.iter().filter_map(|m| m.sqlstate()).collect();
-        assert_eq!(codes.last().map(String::as_str), Some("25P02"), "{mode:?}: {codes:?}");
+        assert_eq!(codes, ["25P02"], "{mode:?}: {codes:?}");
         assert!(!seen.iter().any(|m| m.tag == b'C'), "{mode:?}: the insert ran: {seen:?}");
-        assert_eq!(
-            seen.last().map(|m| m.body.clone()),
-            Some(b"E".to_vec()),
-            "{mode:?}: still in a failed transaction"
-        );
+        assert_eq!(seen.last().map(|m| m.body.clone()), Some(b"E".to_vec()), "{mode:?}: still failed");
 
         // Then simple queries: refused until the client ends the transaction.
         let seen = client.query(&format!("INSERT INTO {table} VALUES (7, 2)")).await;
         assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}");
-        let seen = client.request(&out).await;
-        assert_eq!(harness::raw::sqlstate(&seen).as_deref(), Some("25P02"), "{mode:?}: {seen:?}");
         // A FunctionCall (pg_backend_pid, OID 2026, no arguments, text result) too.
         let mut call = bytes::BytesMut::new();
         call.extend_from_slice(b"F");
@@ -517,8 +588,9 @@ async fn a_transaction_that_lost_its_server_runs_nothing_more() {
         };
         assert_eq!(harness::raw::sqlstate(&seen), None, "{mode:?}: {seen:?}");
         assert_eq!(seen.last().map(|m| m.body.clone()), Some(b"I".to_vec()), "{mode:?}");
+        let admin = harness::shard_admin(1, "app").await;
         let rows: i64 = admin.query_one(&format!("SELECT count(*) FROM {table}"), &[]).await.unwrap().get(0);
-        assert_eq!(rows, 0, "{mode:?}: nothing of the lost transaction was written");
+        assert_eq!(rows, 0, "{mode:?}: nothing of the failed transaction was written");
         assert_eq!(first_column(&client.query("SELECT 5").await), ["5"], "{mode:?}: the session goes on");
         proxy.shutdown().await;
     }

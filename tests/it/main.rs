@@ -15,6 +15,7 @@ mod fair_share;
 mod lifecycle;
 mod memory_limits;
 mod moves;
+mod other_sessions;
 mod pipelining;
 mod placement;
 mod pooling;

@@ -426,7 +426,7 @@ async fn logins_do_not_wait_for_a_busy_pool_to_check_their_settings() {
 async fn session_pooling_keeps_one_server_connection() {
     let proxy = start_proxy(|c| c.proxy.pool_mode = pgtenant::config::PoolMode::Session).await;
     let client = proxy.connect(Some(7)).await;
-    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let pid: i32 = harness::server_pid(&client).await;
     client.batch_execute("SET work_mem = '7MB'").await.unwrap();
     let other = proxy.connect(Some(7)).await;
     other.batch_execute("SELECT 1").await.unwrap();
@@ -483,11 +483,13 @@ async fn tls_to_servers_with_and_without_verification() {
         })
         .await;
         let client = proxy.connect(Some(1500)).await;
-        let ssl: bool = client
-            .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[])
+        let server_pid = harness::server_pid(&client).await;
+        // pg_stat_ssl shows every session: the shard's superuser reads it, not a tenant.
+        let admin = harness::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=app"))
             .await
-            .unwrap()
-            .get(0);
+            .unwrap();
+        let ssl: bool =
+            admin.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&server_pid]).await.unwrap().get(0);
         assert!(ssl, "server connection is encrypted (verify: {verify})");
     }
     // A server without TLS (shard 1 here) is refused when TLS is required.

@@ -17,15 +17,29 @@ use crate::directory::Topology;
 /// One query: role, WAL position (replayed on a replica, written on a primary),
 /// timeline (from the current WAL file's name on a primary, which changes at promotion
 /// at once; from the last checkpoint on a replica), the WAL a replica has received, and
-/// the newest position a primary's synchronous standbys confirmed (NULL unless the
-/// checker may read `pg_stat_replication`'s positions).
+/// the newest position a primary's synchronous standbys confirmed (see `SYNC_SQL`).
 const CHECK_SQL: &str = "SELECT pg_is_in_recovery(), \
      (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text, \
      CASE WHEN pg_is_in_recovery() THEN (SELECT timeline_id FROM pg_control_checkpoint()) \
           ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END, \
-     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() END)::text, \
-     (CASE WHEN NOT pg_is_in_recovery() THEN (SELECT max(flush_lsn) FROM pg_stat_replication \
-          WHERE sync_state IN ('sync', 'quorum')) END)::text";
+     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_receive_lsn() END)::text, ";
+
+/// The last column of `CHECK_SQL` for a checker that may read the synchronous
+/// standbys' positions (`pg_read_all_stats`); NULL for one that may not: the
+/// positions would read NULL, and where `sql/session_privacy.sql` revoked the
+/// function from other roles, naming it at all fails the query.
+const SYNC_SQL: &str = "(CASE WHEN NOT pg_is_in_recovery() THEN (SELECT max(flush_lsn) FROM \
+     pg_catalog.pg_stat_get_wal_senders() WHERE sync_state IN ('sync', 'quorum')) END)::text";
+
+/// Whether the checker's role may read the synchronous standbys' positions.
+const MAY_READ_SYNC_SQL: &str = "SELECT pg_has_role('pg_read_all_stats', 'USAGE') \
+     AND has_function_privilege('pg_catalog.pg_stat_get_wal_senders()', 'EXECUTE')";
+
+/// A checker's connection and the query it asks with.
+pub(super) struct Checker {
+    client: tokio_postgres::Client,
+    sql: String,
+}
 
 /// How often nodes are checked while requests wait for a primary.
 const HOLDING_INTERVAL: Duration = Duration::from_millis(100);
@@ -115,7 +129,7 @@ async fn watch_node(
     settings: CheckSettings,
     went_down: Arc<dyn Fn(&NodeKey) + Send + Sync>,
 ) {
-    let mut client: Option<tokio_postgres::Client> = None;
+    let mut client: Option<Checker> = None;
     let mut first = true;
     loop {
         if !std::mem::take(&mut first) {
@@ -170,18 +184,25 @@ pub(super) async fn connect(
 }
 
 pub(super) async fn check(
-    client: &mut Option<tokio_postgres::Client>,
+    checker: &mut Option<Checker>,
     node: &NodeConfig,
     settings: &CheckSettings,
 ) -> CheckOutcome {
-    if client.as_ref().is_none_or(|c| c.is_closed()) {
-        match connect(node, settings, "pgtenant health check").await {
-            Ok(c) => *client = Some(c),
+    if checker.as_ref().is_none_or(|c| c.client.is_closed()) {
+        let connected = match connect(node, settings, "pgtenant health check").await {
+            Ok(c) => c,
             Err(e) => return failure(&e),
-        }
+        };
+        let may_read_sync = match connected.query_one(MAY_READ_SYNC_SQL, &[]).await {
+            // A server that answers something else (NULL, another type) reads no positions.
+            Ok(row) => row.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(false),
+            Err(e) => return failure(&e),
+        };
+        let sync = if may_read_sync { SYNC_SQL } else { "NULL::text" };
+        *checker = Some(Checker { client: connected, sql: format!("{CHECK_SQL}{sync}") });
     }
-    let Some(c) = client.as_ref() else { return CheckOutcome::Failed };
-    match c.query_one(CHECK_SQL, &[]).await {
+    let Some(c) = checker.as_ref() else { return CheckOutcome::Failed };
+    match c.client.query_one(&c.sql, &[]).await {
         Ok(row) => {
             let in_recovery: bool = row.get(0);
             let lsn = lsn_at(&row, 1).unwrap_or(0);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
-use super::snowflake::snowflake_select;
+use super::proxy_call::proxy_select;
 use super::{BoundChanges, ClientStatement, ClientTx, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply, ServerConn, quote_literal};
 use crate::directory::TenantId;
@@ -59,7 +59,8 @@ impl Session {
         if self.skip_until_sync {
             if frame.tag == b'S' {
                 self.skip_until_sync = false;
-                if self.server.is_some() {
+                // A failed transaction's status is pgtenant's to tell, not the server's.
+                if self.server.is_some() && self.tx != ClientTx::Failed {
                     self.forward_extended(frame)?;
                 } else {
                     let mut b = BytesMut::new();
@@ -197,7 +198,7 @@ impl Session {
         let kind = local_kind(last);
         let others_local =
             all().any(|a| matches!(local_kind(a), Some(LocalKind::TenantSet | LocalKind::RoutingVersion)));
-        if matches!(kind, Some(LocalKind::Snowflake | LocalKind::Scatter)) && !others_local {
+        if matches!(kind, Some(LocalKind::ProxyCall | LocalKind::Scatter)) && !others_local {
             if self.request_is_local() {
                 self.answer_local_request().await?;
                 return Ok(true);
@@ -308,10 +309,8 @@ impl Session {
                     let analysis = self.recent.get_or_analyze(router, p.query);
                     parsed_here.push((p.name, analysis.clone()));
                     parsed.push(analysis.clone());
-                    if analysis.tampers_tenant_guc {
-                        return Err(FrontendError::TenantGucProtected {
-                            param: router.tenant_param().into(),
-                        });
+                    if let Some(err) = self.refusal_of(&analysis) {
+                        return Err(err);
                     }
                     add_new(&mut named, router.named_in_text(&analysis));
                     continue;
@@ -330,11 +329,8 @@ impl Session {
                 }
                 _ => continue,
             };
-            if analysis.tampers_tenant_guc {
-                return Err(FrontendError::TenantGucProtected { param: router.tenant_param().into() });
-            }
-            if let Some(bad) = &analysis.bad_setting {
-                return Err(FrontendError::from(bad));
+            if let Some(err) = self.refusal_of(&analysis) {
+                return Err(err);
             }
             add_new(&mut named, tenants);
             analyses.push(analysis);
@@ -363,10 +359,8 @@ impl Session {
     async fn check_bind(&self, frame: &Frame) -> Result<(), FrontendError> {
         let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
         let Some(analysis) = self.bound_analysis(b.statement) else { return Ok(()) };
-        if analysis.tampers_tenant_guc {
-            return Err(FrontendError::TenantGucProtected {
-                param: self.shared.router.tenant_param().into(),
-            });
+        if let Some(err) = self.refusal_of(&analysis) {
+            return Err(err);
         }
         let named = self.shared.router.named_in_bind(&analysis, b.rest);
         self.check_fits_transaction(&named).await?;
@@ -565,11 +559,11 @@ impl Session {
         }
         if p.name.is_empty() {
             let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
-            let snowflake = snowflake_select(&analysis).is_some();
+            let answered_here = proxy_select(&analysis).is_some();
             self.unnamed_deallocates = self.deallocated_here(&analysis);
             self.unnamed = Some(analysis);
-            if snowflake {
-                self.parsed_snowflake();
+            if answered_here {
+                self.parsed_proxy_call();
                 return Ok(());
             }
             if self.unnamed_deallocates.is_some() {
@@ -589,8 +583,8 @@ impl Session {
             return Ok(());
         }
         let (stmt, analysis) = self.register_statement(p.name, p.query, p.param_types);
-        if snowflake_select(&analysis).is_some() {
-            self.parsed_snowflake();
+        if proxy_select(&analysis).is_some() {
+            self.parsed_proxy_call();
             return Ok(());
         }
         let a = self.server.as_mut().ok_or_else(no_server)?;
@@ -610,9 +604,9 @@ impl Session {
         Ok(())
     }
 
-    /// A snowflake statement was prepared: pgtenant answers for it, the server never sees it.
-    pub(super) fn parsed_snowflake(&mut self) {
-        self.snowflake_seen = true;
+    /// A statement pgtenant answers itself was prepared: the server never sees it.
+    pub(super) fn parsed_proxy_call(&mut self) {
+        self.proxy_calls_seen = true;
         self.parsed_locally();
     }
 
@@ -624,16 +618,16 @@ impl Session {
     }
 
     /// Whether a message to forward may be about a statement or portal pgtenant runs
-    /// itself (a snowflake call, a DEALLOCATE). Parse is checked where it is forwarded;
+    /// itself (a snowflake or backend call, a DEALLOCATE). Parse is checked where it is forwarded;
     /// the rest only while this session has such statements. Checked before awaiting
     /// anything: the common path stays synchronous.
     fn may_concern_local(&self, frame: &Frame) -> bool {
         self.has_local_statements() && frame.tag != b'P'
     }
 
-    /// This session prepared a snowflake statement, or a DEALLOCATE pgtenant answers.
+    /// This session prepared a statement pgtenant answers (a call, a DEALLOCATE).
     pub(super) fn has_local_statements(&self) -> bool {
-        self.snowflake_seen
+        self.proxy_calls_seen
             || self.scatter_seen
             || self.unnamed_deallocates.is_some()
             || !self.deallocate_portals.is_empty()
@@ -647,7 +641,7 @@ impl Session {
         frame: Frame,
     ) -> Result<Option<Frame>, FrontendError> {
         let handled = match self.deallocate_message(&frame) {
-            Ok(false) => match self.snowflake_message(&frame).await {
+            Ok(false) => match self.proxy_call_message(&frame).await {
                 // Boxed: its state is large, and every session's future would carry it.
                 Ok(false) if self.scatter_seen || frame.tag == b'P' => {
                     Box::pin(self.scatter_message(&frame)).await
@@ -713,7 +707,7 @@ struct BatchStatements {
 pub(super) enum LocalKind {
     TenantSet,
     RoutingVersion,
-    Snowflake,
+    ProxyCall,
     Scatter,
 }
 
@@ -722,8 +716,8 @@ pub(super) fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
         Some(LocalKind::TenantSet)
     } else if analysis.kind == StatementKind::ShowRoutingVersion {
         Some(LocalKind::RoutingVersion)
-    } else if snowflake_select(analysis).is_some() {
-        Some(LocalKind::Snowflake)
+    } else if proxy_select(analysis).is_some() {
+        Some(LocalKind::ProxyCall)
     } else if super::scatter::is_scatter(analysis) {
         Some(LocalKind::Scatter)
     } else {

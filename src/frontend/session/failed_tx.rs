@@ -1,7 +1,8 @@
-//! A transaction whose server connection was lost (`ClientTx::Failed`): as in an
-//! aborted transaction on PostgreSQL, nothing runs until the client ends it, in
-//! either protocol. Above all, nothing may reach another server connection: it would
-//! run and commit on its own, outside the transaction the client believes it is in.
+//! A transaction that failed in pgtenant (`ClientTx::Failed`: the client cancelled its
+//! own statement, see `proxy_call`): as in an aborted transaction on PostgreSQL,
+//! nothing runs until the client ends it, in either protocol. Above all, nothing may
+//! reach a server connection: it would run and commit on its own, outside the
+//! transaction the client believes it is in.
 
 use bytes::{Bytes, BytesMut};
 

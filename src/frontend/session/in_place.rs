@@ -69,8 +69,7 @@ fn body<'a>(buf: &'a [u8], message: &Range<usize>) -> &'a [u8] {
 /// A statement the general path would answer or refuse itself (a DEALLOCATE may be
 /// one), or one that changes session settings, which the general path follows.
 fn needs_general_path(analysis: &Analysis) -> bool {
-    analysis.tampers_tenant_guc
-        || analysis.bad_setting.is_some()
+    super::admission::is_refused(analysis)
         || local_kind(analysis).is_some()
         || !analysis.session_changes.is_empty()
         || matches!(analysis.kind, StatementKind::Deallocate(_))

@@ -35,7 +35,7 @@ fn leaves_no_state(analysis: &Analysis) -> bool {
         && analysis.kind == StatementKind::Other
         && analysis.pin.is_none()
         && analysis.session_changes.is_empty()
-        && !analysis.tampers_tenant_guc
+        && !super::admission::is_refused(analysis)
 }
 
 impl Session {

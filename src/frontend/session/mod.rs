@@ -9,6 +9,7 @@
 //!   pgtenant's own replies go through that queue whenever it is not empty, so the
 //!   client sees them in order.
 
+mod admission;
 mod client_watch;
 mod deallocate;
 mod extended;
@@ -17,10 +18,10 @@ mod in_place;
 mod lane;
 mod long_statement;
 mod named;
+mod proxy_call;
 mod scatter;
 mod server;
 mod simple;
-mod snowflake;
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
@@ -60,7 +61,8 @@ enum ClientTx {
     Idle,
     /// BEGIN was answered by pgtenant and is sent once the shard is known.
     DeferredBegin(Bytes),
-    /// The server transaction was lost; only ROLLBACK/COMMIT end it.
+    /// The transaction failed in pgtenant (the client cancelled its own statement,
+    /// and the server's transaction was rolled back): only ROLLBACK/COMMIT end it.
     Failed,
 }
 
@@ -98,6 +100,10 @@ struct Attached {
     settings_before: Option<Arc<Settings>>,
     /// A lane candidate's request runs here, written then (see `Session::time_alone`).
     timing: Option<(std::time::Instant, Arc<Analysis>)>,
+    /// The client's deferred BEGIN went out here, and no ReadyForQuery has ended the
+    /// transaction block since (before the first one, the server's status says nothing
+    /// of it yet).
+    block_begun: bool,
 }
 
 pub struct Session {
@@ -135,12 +141,12 @@ pub struct Session {
     batch: Vec<Frame>,
     /// After an error pgtenant raised in an extended batch: drop messages until Sync.
     skip_until_sync: bool,
-    /// A snowflake statement was prepared in this session: extended messages may
-    /// concern it (until then, none is checked).
-    snowflake_seen: bool,
-    /// Portals bound to snowflake statements, answered by pgtenant.
-    local_portals: FastMap<Bytes, snowflake::LocalPortal>,
-    /// A scatter-gather statement was prepared in this session (see `snowflake_seen`).
+    /// A statement pgtenant answers itself (`proxy_call`) was prepared in this
+    /// session: extended messages may concern it (until then, none is checked).
+    proxy_calls_seen: bool,
+    /// Portals bound to statements pgtenant answers itself.
+    local_portals: FastMap<Bytes, proxy_call::LocalPortal>,
+    /// A scatter-gather statement was prepared in this session (see `proxy_calls_seen`).
     scatter_seen: bool,
     /// Scatter-gather statements by client name (`""`: the unnamed one), described.
     scatter_statements: FastMap<Bytes, Arc<crate::admin::scatter::Prepared>>,
@@ -261,7 +267,7 @@ impl Session {
             tx: ClientTx::Idle,
             batch: Vec::new(),
             skip_until_sync: false,
-            snowflake_seen: false,
+            proxy_calls_seen: false,
             local_portals: FastMap::default(),
             scatter_seen: false,
             scatter_statements: FastMap::default(),
@@ -393,17 +399,17 @@ impl Session {
                 Event::Client(Ok(IoEvent::Closed)) => return Ok(()),
                 Event::Client(Ok(IoEvent::Drained)) | Event::Server(Ok(IoEvent::Drained)) => {}
                 Event::Client(Err(e)) => return Err(e.into()),
-                Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes(),
+                Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes()?,
                 Event::Server(Ok(IoEvent::Closed)) => {
-                    self.on_server_lost("the server closed the connection".into())
+                    self.on_server_lost("the server closed the connection".into())?
                 }
-                Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
+                Event::Server(Err(e)) => self.on_server_lost(e.to_string())?,
                 Event::Shutdown => stopping = true,
                 Event::GraceOver => {
                     grace_over = true;
                     first_request_grace = None;
                 }
-                Event::Killed => return Err(FrontendError::Killed),
+                Event::Killed => return Err(self.kill_error()),
                 Event::IdleInTransaction => {
                     let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
                     return Err(FrontendError::IdleInTransaction { ms });
@@ -531,9 +537,15 @@ impl Session {
         })
     }
 
-    /// An admin's KILL came: the session ends before it sends anything more.
+    /// An admin's KILL (or a sibling's `pg_terminate_backend`) came: the session ends
+    /// before it sends anything more.
     fn fail_if_killed(&self) -> Result<(), FrontendError> {
-        if self.listed.is_killed() { Err(FrontendError::Killed) } else { Ok(()) }
+        if self.listed.is_killed() { Err(self.kill_error()) } else { Ok(()) }
+    }
+
+    /// The FATAL error of a session ended by `ConnRegistry::kill` or `terminate`.
+    fn kill_error(&self) -> FrontendError {
+        if self.listed.is_terminated() { FrontendError::Terminated } else { FrontendError::Killed }
     }
 
     /// Waits until the attached server has answered everything sent to it, relaying
@@ -564,11 +576,11 @@ impl Session {
             })
             .await;
             match event {
-                Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes(),
+                Event::Server(Ok(IoEvent::Read)) => self.on_server_bytes()?,
                 Event::Server(Ok(IoEvent::Closed)) => {
-                    self.on_server_lost("the server closed the connection".into())
+                    self.on_server_lost("the server closed the connection".into())?
                 }
-                Event::Server(Err(e)) => self.on_server_lost(e.to_string()),
+                Event::Server(Err(e)) => self.on_server_lost(e.to_string())?,
                 Event::Client(Ok(IoEvent::Closed)) => return Err(client_watch::client_left()),
                 Event::Client(Err(e)) => return Err(e.into()),
                 _ => {}
@@ -605,7 +617,7 @@ impl Session {
 
     /// Answers a request with an error; `ready` adds the ReadyForQuery a simple query owes.
     fn reply_error(&mut self, err: &FrontendError, ready: bool) {
-        if matches!(err, FrontendError::Killed) {
+        if matches!(err, FrontendError::Killed | FrontendError::Terminated) {
             // A KILL that ended a wait: the session ends at its next look at the kill
             // flag (before any other request), with the FATAL a KILL sends.
             return;

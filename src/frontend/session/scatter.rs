@@ -2,7 +2,8 @@
 //! may run them, the shard connections they run on, and their messages in both
 //! protocols. In the extended protocol such a statement never reaches a server as
 //! written: its Parse is described on one shard (the probe), and its Bind, Describe,
-//! Execute and Close are answered here, as for a snowflake call.
+//! Execute and Close are answered here, as for a call pgtenant answers
+//! (`proxy_call`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -142,6 +142,7 @@ impl Session {
                 on_error: OnError::Forward,
                 statement: None,
             });
+            a.block_begun = true;
         }
         Ok(())
     }
@@ -210,6 +211,7 @@ impl Session {
             tenant_in_request: false,
             settings_before: None,
             timing: None,
+            block_begun: false,
         });
     }
 
@@ -428,9 +430,9 @@ impl Session {
     }
 
     /// Relays every complete server message and acts on ReadyForQuery.
-    pub(super) fn on_server_bytes(&mut self) {
+    pub(super) fn on_server_bytes(&mut self) -> Result<(), FrontendError> {
         loop {
-            let Some(a) = self.server.as_mut() else { return };
+            let Some(a) = self.server.as_mut() else { return Ok(()) };
             let track_commit = !self.tx_setting_changes.is_empty() || self.tenant_before_tx.is_some();
             match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid) {
                 RelayStop::NeedMore => break,
@@ -439,6 +441,7 @@ impl Session {
             }
         }
         self.release_if_done();
+        Ok(())
     }
 
     /// A ReadyForQuery ended a client request that carried `changes` setting changes:
@@ -448,6 +451,9 @@ impl Session {
             return;
         };
         let failed = std::mem::take(&mut a.request_failed);
+        if status == TxStatus::Idle {
+            a.block_begun = false;
+        }
         if let Some((since, analysis)) = a.timing.take() {
             analysis.shape().record(since.elapsed(), self.shared.config.proxy.pipeline_quick());
         }
@@ -555,18 +561,31 @@ impl Session {
         }
     }
 
-    /// The server connection failed under this client.
-    pub(super) fn on_server_lost(&mut self, reason: String) {
-        let Some(a) = self.server.take() else { return };
+    /// The server connection failed under this client. If it held state of the
+    /// client's session (a transaction block, a pin, session pooling), the session ends
+    /// as on PostgreSQL: with the server's FATAL, else 08006, and the connection closes.
+    /// Otherwise (transaction pooling, between transactions or in an autocommit
+    /// request) the session goes on: what the server owed is answered with one error
+    /// each (08006, naming the server's reason), and the next request gets another
+    /// connection.
+    pub(super) fn on_server_lost(&mut self, reason: String) -> Result<(), FrontendError> {
+        let Some(mut a) = self.server.take() else { return Ok(()) };
         self.cancel.set_target(None);
         let shard = a.route.shard;
         tracing::warn!(shard, %reason, "lost a server connection");
+        let fatal = a.conn.fatal.take();
+        let held_state = self.pool_mode == PoolMode::Session
+            || a.pin.is_some()
+            || a.block_begun
+            || a.conn.status != TxStatus::Idle
+            || !matches!(self.tx, ClientTx::Idle);
+        if held_state {
+            a.conn.lost();
+            return Err(FrontendError::ServerGone { shard, reason, fatal });
+        }
         self.setting_changes.clear();
         self.tx_setting_changes.clear();
         self.request_changes = 0;
-        if a.conn.status != TxStatus::Idle {
-            self.tx = ClientTx::Failed;
-        }
         let mut error = BytesMut::new();
         crate::frontend::error_response::write_error(
             &mut error,
@@ -577,6 +596,7 @@ impl Session {
             self.skip_until_sync = true;
         }
         a.conn.lost();
+        Ok(())
     }
 
     /// The client is gone: roll back what it left open, then give the server back.
@@ -697,7 +717,7 @@ pub(super) fn inject_tenant_in_request(
 
 /// Sends `sql` ahead of the client's messages; its answer is swallowed, its error as
 /// `on_error` says.
-fn inject_sql(conn: &mut ServerConn, sql: &str, on_error: OnError) {
+pub(super) fn inject_sql(conn: &mut ServerConn, sql: &str, on_error: OnError) {
     protocol::query(&mut conn.io.wbuf, sql);
     conn.queue.push(Pending::Injected { reply: Reply::Query, on_error, statement: None });
 }

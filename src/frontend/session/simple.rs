@@ -28,9 +28,9 @@ impl Session {
                 }
                 // Boxed: its state is large, and every session's future would carry it.
                 StatementKind::Scatter => return Box::pin(self.answer_scatter_query(&analysis)).await,
-                StatementKind::Snowflake(select) => {
+                StatementKind::ProxyCall(select) => {
                     let select = select.clone();
-                    return self.answer_snowflake_query(&select, &analysis).await;
+                    return self.answer_proxy_query(&select, &analysis).await;
                 }
                 StatementKind::Deallocate(_) => {
                     if let Some(name) = self.deallocated_here(&analysis) {
@@ -53,8 +53,7 @@ impl Session {
                 _ => {}
             }
         }
-        if analysis.tampers_tenant_guc {
-            let err = FrontendError::TenantGucProtected { param: self.shared.router.tenant_param().into() };
+        if let Some(err) = self.refusal_of(&analysis) {
             self.reply_error(&err, true);
             return Ok(());
         }
@@ -62,10 +61,6 @@ impl Session {
             // The server must never change the tenant GUC behind pgtenant's back.
             let err = FrontendError::TenantSetAmongMany { param: self.shared.router.tenant_param().into() };
             self.reply_error(&err, true);
-            return Ok(());
-        }
-        if let Some(bad) = &analysis.bad_setting {
-            self.reply_error(&FrontendError::from(bad), true);
             return Ok(());
         }
         let ends_tx = matches!(analysis.kind, StatementKind::Commit | StatementKind::Rollback);

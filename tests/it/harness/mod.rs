@@ -287,6 +287,16 @@ pub async fn backend_ends(pid: i32, within: std::time::Duration) -> bool {
     eventually_none(&admin, within, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", &[&pid]).await
 }
 
+/// Asks the server backend that serves the client now for its pid: `pg_backend_pid()`
+/// inside a larger statement runs on the server (the statement `SELECT
+/// pg_backend_pid()` alone pgtenant answers with the pid it gave the client).
+pub const SERVER_PID_SQL: &str = "SELECT pg_backend_pid() AS server_pid WHERE true";
+
+/// The pid of the server backend that serves `client` now (see `SERVER_PID_SQL`).
+pub async fn server_pid(client: &tokio_postgres::Client) -> i32 {
+    client.query_one(SERVER_PID_SQL, &[]).await.expect("the server's pid").get(0)
+}
+
 /// A superuser connection to shared shard `shard` (1 or 2), database `dbname`.
 pub async fn shard_admin(shard: usize, dbname: &str) -> tokio_postgres::Client {
     let port = shards().ports[shard - 1];

@@ -1,8 +1,17 @@
-//! The snowflake calls pgtenant answers itself (`SELECT pgtenant.next_id()`,
-//! `next_ids(n)`, `decode_id(id)`; see `router::SnowflakeCall`), in the simple and
-//! the extended protocol, inside or outside a transaction, without a server.
+//! The calls pgtenant answers itself (see `router::ProxyCall`): the snowflake calls
+//! (`SELECT pgtenant.next_id()`, `next_ids(n)`, `decode_id(id)`) and those about the
+//! client's own backend (`SELECT pg_backend_pid()`, `pg_cancel_backend(pid)`,
+//! `pg_terminate_backend(pid)`), in the simple and the extended protocol, inside or
+//! outside a transaction, without a server.
 //!
-//! In the extended protocol a snowflake statement never reaches a server: its Parse,
+//! The pid is the one pgtenant gave the client in its BackendKeyData, which is never a
+//! server's (`CancelRegistry`): the signal functions reach the caller itself, as on
+//! PostgreSQL, or another client of this proxy with the same login, database and
+//! tenant (as a role may signal its own sessions); any other pid gets PostgreSQL's
+//! answer for a process that is not a backend, so nothing tells another tenant's
+//! sessions apart from no session at all.
+//!
+//! In the extended protocol such a statement never reaches a server: its Parse,
 //! Bind, Describe, Execute and Close are answered here. Their replies go through
 //! `Session::reply`, so they take their place after whatever an attached server
 //! still owes. A Bind creates a local portal that Execute runs (minting then) and
@@ -12,75 +21,99 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
-use super::Session;
 use super::extended::malformed;
+use super::server::inject_sql;
+use super::{ClientTx, Session};
+use crate::backend::OnError;
 use crate::directory::ShardId;
 use crate::frontend::error::FrontendError;
-use crate::protocol::{self, Column, Frame, INT4_OID, INT8_OID, TIMESTAMPTZ_OID, TxStatus, Value};
-use crate::router::{Analysis, CallArg, Router, SnowflakeCall, SnowflakeSelect, StatementKind};
+use crate::protocol::{
+    self, BOOL_OID, Column, Frame, INT4_OID, INT8_OID, Severity, TIMESTAMPTZ_OID, TxStatus, Value, sqlstate,
+};
+use crate::router::{Analysis, CallArg, PidArg, ProxyCall, ProxySelect, Router, Signal, StatementKind};
 use crate::snowflake::SnowflakeError;
 
-/// Open snowflake portals per session at most: each may hold up to 10,000 rows.
+/// Open local portals per session at most: each may hold up to 10,000 rows.
 const MAX_LOCAL_PORTALS: usize = 64;
 
-/// A portal bound to a snowflake statement.
+/// A portal bound to a statement pgtenant answers.
 pub(super) struct LocalPortal {
-    select: SnowflakeSelect,
-    /// The argument's value, parameters resolved.
+    select: ProxySelect,
+    /// The main argument's value, parameters resolved.
     arg: Option<i64>,
     formats: Vec<i16>,
     /// Rows not fetched yet, once executed.
     rows: Option<VecDeque<Vec<Value>>>,
 }
 
-/// The snowflake call of a statement, if it is one.
-pub(super) fn snowflake_select(analysis: &Analysis) -> Option<&SnowflakeSelect> {
+/// What a call answers besides its rows.
+struct Answer {
+    rows: VecDeque<Vec<Value>>,
+    /// A WARNING sent ahead of the rows.
+    warning: Option<String>,
+}
+
+impl From<VecDeque<Vec<Value>>> for Answer {
+    fn from(rows: VecDeque<Vec<Value>>) -> Self {
+        Answer { rows, warning: None }
+    }
+}
+
+/// The call pgtenant answers of a statement, if it is one.
+pub(super) fn proxy_select(analysis: &Analysis) -> Option<&ProxySelect> {
     match &analysis.kind {
-        StatementKind::Snowflake(s) if !analysis.is_multi => Some(s),
+        StatementKind::ProxyCall(s) if !analysis.is_multi => Some(s),
         _ => None,
     }
 }
 
 /// The result columns of a call.
-fn columns(select: &SnowflakeSelect) -> Vec<Column> {
+fn columns(select: &ProxySelect) -> Vec<Column> {
     match select.call {
-        SnowflakeCall::NextId { .. } | SnowflakeCall::NextIds { .. } => {
+        ProxyCall::NextId { .. } | ProxyCall::NextIds { .. } => {
             vec![Column::new(select.column.clone(), INT8_OID)]
         }
-        SnowflakeCall::DecodeId { .. } => vec![
+        ProxyCall::DecodeId { .. } => vec![
             Column::new("timestamp", TIMESTAMPTZ_OID),
             Column::new("shard_id", INT4_OID),
             Column::new("instance", INT4_OID),
             Column::new("sequence", INT4_OID),
         ],
+        ProxyCall::BackendPid => vec![Column::new(select.column.clone(), INT4_OID)],
+        ProxyCall::Signal { .. } => vec![Column::new(select.column.clone(), BOOL_OID)],
     }
 }
 
-/// The types of the parameters a call's text uses (`$n`: n of them), as Describe reports them.
-fn parameter_types(select: &SnowflakeSelect) -> Vec<i32> {
-    match call_arg(select) {
-        Some(CallArg::Param { index, type_oid }) => {
-            let mut types = vec![INT8_OID; index + 1];
-            types[index] = type_oid;
-            types
+/// The types of the parameters a call's text uses (`$n`: n of them), as Describe
+/// reports them; those the call does not use are int8.
+fn parameter_types(select: &ProxySelect) -> Vec<i32> {
+    let mut types = Vec::new();
+    for (index, type_oid) in select.params() {
+        if types.len() <= index {
+            types.resize(index + 1, INT8_OID);
         }
-        _ => Vec::new(),
+        types[index] = type_oid;
     }
+    types
 }
 
-fn call_arg(select: &SnowflakeSelect) -> Option<CallArg> {
+/// The call's main argument: the shard, the count, the ID, or the pid named.
+fn call_arg(select: &ProxySelect) -> Option<CallArg> {
     match select.call {
-        SnowflakeCall::NextId { shard } => shard,
-        SnowflakeCall::NextIds { count } => Some(count),
-        SnowflakeCall::DecodeId { id } => Some(id),
+        ProxyCall::NextId { shard } => shard,
+        ProxyCall::NextIds { count } => Some(count),
+        ProxyCall::DecodeId { id } => Some(id),
+        ProxyCall::BackendPid | ProxyCall::Signal { pid: PidArg::Own, .. } => None,
+        ProxyCall::Signal { pid: PidArg::Given(arg), .. } => Some(arg),
     }
 }
 
 impl Session {
-    /// A Query (F) that is a snowflake call: the whole answer, ReadyForQuery included.
-    pub(super) async fn answer_snowflake_query(
+    /// A Query (F) that is a call pgtenant answers: the whole answer, ReadyForQuery
+    /// included.
+    pub(super) async fn answer_proxy_query(
         &mut self,
-        select: &SnowflakeSelect,
+        select: &ProxySelect,
         analysis: &Analysis,
     ) -> Result<(), FrontendError> {
         // Answers follow everything sent before, and carry the final transaction status.
@@ -99,38 +132,52 @@ impl Session {
             None => None,
         };
         match self.run_call(select, arg, Some(analysis)).await {
-            Ok(rows) => {
+            Ok(answer) => {
                 let mut b = BytesMut::new();
+                if let Some(warning) = &answer.warning {
+                    protocol::notice_response(&mut b, Severity::Warning, sqlstate::WARNING, warning);
+                }
                 protocol::row_description(&mut b, &columns(select), &[]);
-                for row in &rows {
+                for row in &answer.rows {
                     protocol::data_row(&mut b, row, &[]);
                 }
                 self.reply(b);
-                self.reply_done(&format!("SELECT {}", rows.len()));
+                self.reply_done(&format!("SELECT {}", answer.rows.len()));
             }
+            Err(err) if err.is_fatal() => return Err(err),
             Err(err) => self.reply_error(&err, true),
         }
         Ok(())
     }
 
-    /// Mints or decodes: the rows of a call whose argument is `arg`.
+    /// Mints, decodes or signals: the answer of a call whose main argument is `arg`.
     async fn run_call(
         &mut self,
-        select: &SnowflakeSelect,
+        select: &ProxySelect,
         arg: Option<i64>,
         analysis: Option<&Analysis>,
-    ) -> Result<VecDeque<Vec<Value>>, FrontendError> {
+    ) -> Result<Answer, FrontendError> {
         let minter = self.shared.minter.clone();
+        let own = i64::from(self.cancel.pid);
         let (shard, count) = match select.call {
-            SnowflakeCall::NextId { shard: Some(_) } => (arg.ok_or(SnowflakeError::NullArgument)?, 1),
-            SnowflakeCall::NextId { shard: None } => (self.tenant_shard(analysis).await? as i64, 1),
-            SnowflakeCall::NextIds { .. } => {
+            ProxyCall::BackendPid => return Ok(VecDeque::from([vec![Value::Int4(own as i32)]]).into()),
+            ProxyCall::Signal { signal, pid, .. } => {
+                let pid = if pid == PidArg::Own { Some(own) } else { arg };
+                return match pid {
+                    // Strict functions: NULL in, NULL out.
+                    None => Ok(VecDeque::from([vec![Value::Null]]).into()),
+                    Some(pid) => self.signal_backend(signal, pid).await,
+                };
+            }
+            ProxyCall::NextId { shard: Some(_) } => (arg.ok_or(SnowflakeError::NullArgument)?, 1),
+            ProxyCall::NextId { shard: None } => (self.tenant_shard(analysis).await? as i64, 1),
+            ProxyCall::NextIds { .. } => {
                 // Checked before the tenant is looked for: bad input is reported first.
                 let n = arg.ok_or(SnowflakeError::NullArgument)?;
                 crate::snowflake::check_batch(n)?;
                 (self.tenant_shard(analysis).await? as i64, n)
             }
-            SnowflakeCall::DecodeId { .. } => {
+            ProxyCall::DecodeId { .. } => {
                 let d = minter.layout().decode(arg.ok_or(SnowflakeError::NullArgument)?);
                 let row = vec![
                     Value::Timestamptz(d.unix_ms),
@@ -138,11 +185,59 @@ impl Session {
                     Value::Int4(d.instance as i32),
                     Value::Int4(d.counter as i32),
                 ];
-                return Ok(VecDeque::from([row]));
+                return Ok(VecDeque::from([row]).into());
             }
         };
         let ids = minter.mint(shard, count).await?;
-        Ok(ids.into_iter().map(|id| vec![Value::Int8(id)]).collect())
+        Ok(ids.into_iter().map(|id| vec![Value::Int8(id)]).collect::<VecDeque<_>>().into())
+    }
+
+    /// `pg_cancel_backend(pid)` / `pg_terminate_backend(pid)`: see the module comment.
+    async fn signal_backend(&mut self, signal: Signal, pid: i64) -> Result<Answer, FrontendError> {
+        if pid == i64::from(self.cancel.pid) {
+            return Err(match signal {
+                // The FATAL ends the session; `finish` rolls back what it left open.
+                Signal::Terminate => FrontendError::Terminated,
+                Signal::Cancel => self.cancel_own_statement().await?,
+            });
+        }
+        let tenant = self.tenant.as_ref().map(ToString::to_string);
+        let sibling = u32::try_from(pid).ok().and_then(|pid| {
+            self.shared.clients.find_pid(pid).filter(|row| {
+                row.info.user == self.user.name && row.info.database == self.database && row.tenant == tenant
+            })
+        });
+        let Some(sibling) = sibling else {
+            let warning = format!("PID {pid} is not a PostgreSQL backend process");
+            return Ok(Answer { rows: VecDeque::from([vec![Value::Bool(false)]]), warning: Some(warning) });
+        };
+        match signal {
+            Signal::Terminate => {
+                self.shared.clients.terminate(sibling.id);
+            }
+            Signal::Cancel => {
+                let reach = self.shared.cancels.reach_unchecked(sibling.info.pid);
+                tokio::spawn(crate::frontend::cancel::forward(reach));
+            }
+        }
+        Ok(VecDeque::from([vec![Value::Bool(true)]]).into())
+    }
+
+    /// `pg_cancel_backend` of the caller's own pid: PostgreSQL cancels the very statement
+    /// that called it (57014), and with it the transaction block it ran in. A server
+    /// transaction open for the client is rolled back, and the client's transaction is
+    /// failed until it ends it, as on PostgreSQL.
+    async fn cancel_own_statement(&mut self) -> Result<FrontendError, FrontendError> {
+        self.settle().await?;
+        if let Some(a) = self.server.as_mut()
+            && a.conn.status != TxStatus::Idle
+        {
+            inject_sql(&mut a.conn, "ROLLBACK", OnError::Swallow);
+            self.tx = ClientTx::Failed;
+        } else if matches!(self.tx, ClientTx::DeferredBegin(_)) {
+            self.tx = ClientTx::Failed;
+        }
+        Ok(FrontendError::CanceledOwn)
     }
 
     /// The shard whose IDs `next_id()` mints: the open transaction's, else the tenant's
@@ -159,17 +254,17 @@ impl Session {
         Ok(router.route_tenant(tenant, || true).await?.shard)
     }
 
-    /// Handles an extended-protocol message if it concerns a snowflake statement or a
-    /// local portal (`true`); see `Session::answer_local_message`.
-    pub(super) async fn snowflake_message(&mut self, frame: &Frame) -> Result<bool, FrontendError> {
+    /// Handles an extended-protocol message if it concerns a statement pgtenant answers or
+    /// a local portal (`true`); see `Session::answer_local_message`.
+    pub(super) async fn proxy_call_message(&mut self, frame: &Frame) -> Result<bool, FrontendError> {
         let body = frame.body();
         match frame.tag {
             b'P' => {
                 let p = protocol::parse_view(body).ok_or_else(|| malformed("Parse"))?;
-                if snowflake_select(&self.recent.get_or_analyze(&self.shared.router, p.query)).is_none() {
+                if proxy_select(&self.recent.get_or_analyze(&self.shared.router, p.query)).is_none() {
                     return Ok(false);
                 }
-                // Answered where every Parse is handled; a snowflake one never reaches a server.
+                // Answered where every Parse is handled; such a one never reaches a server.
                 self.forward_parse(frame)?;
                 Ok(true)
             }
@@ -179,7 +274,7 @@ impl Session {
                     self.local_portals.remove(bind.portal);
                     return Ok(false);
                 };
-                let Some(select) = snowflake_select(&analysis) else {
+                let Some(select) = proxy_select(&analysis) else {
                     // The name now belongs to a server portal.
                     if !self.local_portals.is_empty() {
                         self.local_portals.remove(bind.portal);
@@ -213,7 +308,7 @@ impl Session {
                     protocol::row_description(&mut b, &columns(&portal.select), &portal.formats);
                 } else {
                     let Some(analysis) = self.bound_analysis(name) else { return Ok(false) };
-                    let Some(select) = snowflake_select(&analysis) else { return Ok(false) };
+                    let Some(select) = proxy_select(&analysis) else { return Ok(false) };
                     protocol::parameter_description(&mut b, &parameter_types(select));
                     protocol::row_description(&mut b, &columns(select), &[]);
                 }
@@ -228,13 +323,18 @@ impl Session {
                 if self.client_status() == TxStatus::Failed {
                     return Err(FrontendError::InFailedTransaction);
                 }
-                let rows = match portal.rows.take() {
-                    Some(rows) => rows,
-                    None => self.run_call(&portal.select, portal.arg, None).await?,
-                };
-                let mut rows = rows;
-                let take = if max_rows > 0 { (max_rows as usize).min(rows.len()) } else { rows.len() };
                 let mut b = BytesMut::new();
+                let mut rows = match portal.rows.take() {
+                    Some(rows) => rows,
+                    None => {
+                        let answer = self.run_call(&portal.select, portal.arg, None).await?;
+                        if let Some(warning) = &answer.warning {
+                            protocol::notice_response(&mut b, Severity::Warning, sqlstate::WARNING, warning);
+                        }
+                        answer.rows
+                    }
+                };
+                let take = if max_rows > 0 { (max_rows as usize).min(rows.len()) } else { rows.len() };
                 for row in rows.drain(..take) {
                     protocol::data_row(&mut b, &row, &portal.formats);
                 }
@@ -270,17 +370,17 @@ impl Session {
             if frame.tag == b'P' {
                 let Some(p) = protocol::parse_view(frame.body()) else { return false };
                 let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
-                let local = snowflake_select(&analysis).is_some() || super::scatter::is_scatter(&analysis);
+                let local = proxy_select(&analysis).is_some() || super::scatter::is_scatter(&analysis);
                 parsed.push((Bytes::copy_from_slice(p.name), local));
             }
         }
         let mut parsed_so_far = 0;
         let mut bound: Vec<&[u8]> = Vec::new();
-        let is_snowflake_statement =
+        let is_local_statement =
             |parsed: &[(Bytes, bool)], name: &[u8]| match parsed.iter().rev().find(|(n, _)| n == name) {
                 Some((_, sf)) => *sf,
                 None => self.bound_analysis(name).is_some_and(|a| {
-                    snowflake_select(&a).is_some() || self.scatter_statements.contains_key(name)
+                    proxy_select(&a).is_some() || self.scatter_statements.contains_key(name)
                 }),
             };
         let mut any = false;
@@ -293,10 +393,10 @@ impl Session {
                 }
                 b'B' => protocol::bind_view(body).is_some_and(|b| {
                     bound.push(b.portal);
-                    is_snowflake_statement(&parsed[..parsed_so_far], b.statement)
+                    is_local_statement(&parsed[..parsed_so_far], b.statement)
                 }),
                 b'D' | b'C' => match protocol::target_view(body) {
-                    Some((b'S', name)) => is_snowflake_statement(&parsed[..parsed_so_far], name),
+                    Some((b'S', name)) => is_local_statement(&parsed[..parsed_so_far], name),
                     Some((_, name)) => {
                         bound.contains(&name)
                             || self.local_portals.contains_key(name)
