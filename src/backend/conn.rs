@@ -13,7 +13,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use super::cancel::CancelTarget;
 use super::error::BackendError;
-use super::prepared::server_name;
+use super::prepared::{PreparedStatement, server_name};
 use super::prepared_on_server::PreparedOnServer;
 use super::settings::{Settings, TenantGuc};
 use super::state::{OnError, Pending, Reply, ResponseQueue};
@@ -61,6 +61,17 @@ pub struct ServerConn {
     pub params: Vec<(String, String)>,
     /// Statement ids prepared on this server (`pgt_<id>`).
     pub prepared: PreparedOnServer,
+    /// Statements prepared here since the server was last idle outside a transaction.
+    /// Until their transaction commits, their plans may rest on what it created (a
+    /// type, a table) and a rollback takes away: a statement is not trusted to another
+    /// client before that (see `after_ready`).
+    pub unsettled: Vec<Arc<PreparedStatement>>,
+    /// The transaction of `unsettled` failed or was rolled back (wholly, or to a
+    /// savepoint), as far as the server said.
+    unsettled_doubtful: bool,
+    /// Statements to close on the server at its next ReadyForQuery: after an error it
+    /// skips everything up to the Sync, a Close too.
+    to_close: Vec<u64>,
     pub settings: Arc<Settings>,
     pub tenant: TenantGuc,
     /// `default_transaction_read_only` was turned on for a tenant that may not write.
@@ -168,10 +179,12 @@ impl ServerConn {
         }
     }
 
-    /// Records statement `id` as prepared, its Parse about to go out; closes the least
+    /// Records statement `stmt` as prepared, its Parse about to go out; closes the least
     /// recently used statement if that puts the connection over its limit. Not while
     /// the server skips messages after an error: it would skip the Close too.
-    pub fn note_prepared(&mut self, id: u64) {
+    pub fn note_prepared(&mut self, stmt: &Arc<PreparedStatement>) {
+        let id = stmt.id;
+        self.unsettled.push(stmt.clone());
         if self.queue.is_skipping() {
             self.prepared.record(id);
             return;
@@ -186,6 +199,51 @@ impl ServerConn {
         }
     }
 
+    /// What the server said may undo the statements prepared in the transaction under
+    /// way: an error, a ROLLBACK (to a savepoint too), a PREPARE TRANSACTION.
+    pub fn note_doubt(&mut self) {
+        if !self.unsettled.is_empty() {
+            self.unsettled_doubtful = true;
+        }
+    }
+
+    /// A ReadyForQuery with `status` came. Once the server is idle outside a
+    /// transaction, the statements prepared in it are settled: kept if it committed,
+    /// else forgotten and closed, so that no other client binds a plan that rests on
+    /// what the rollback took away (issue 57: a type created in a transaction that never
+    /// committed). The statements queued to close are closed now.
+    pub fn after_ready(&mut self, status: TxStatus) {
+        if status == TxStatus::Idle && !self.unsettled.is_empty() {
+            let doubtful = std::mem::take(&mut self.unsettled_doubtful);
+            for stmt in std::mem::take(&mut self.unsettled) {
+                if doubtful {
+                    stmt.unmark_validated();
+                    self.forget_statement(stmt.id);
+                }
+            }
+        }
+        for id in std::mem::take(&mut self.to_close) {
+            protocol::close_statement(&mut self.io.wbuf, server_name(id).as_bytes());
+            self.queue.push(Pending::Injected { reply: Reply::Close, on_error: OnError::Swallow, statement: None });
+        }
+    }
+
+    /// The transaction of `unsettled` was rolled back outside the relay (the ROLLBACK of
+    /// a client that left): their servers' word that they parse no longer holds. The
+    /// connection must be closed, not reused: it still holds them.
+    pub fn rolled_back_unsettled(&mut self) {
+        for stmt in std::mem::take(&mut self.unsettled) {
+            stmt.unmark_validated();
+        }
+    }
+
+    /// Statement `id` is not to be used here any more: it is closed at the next
+    /// ReadyForQuery, and prepared again when a client binds it.
+    pub fn forget_statement(&mut self, id: u64) {
+        self.prepared.remove(id);
+        self.to_close.push(id);
+    }
+
     /// Runs `DISCARD ALL` so nothing of the previous client survives.
     pub async fn reset(&mut self) -> Result<(), BackendError> {
         if let Some(fields) = self.run_sql("DISCARD ALL").await? {
@@ -193,6 +251,9 @@ impl ServerConn {
             return Err(BackendError::Refused { addr: self.addr.clone(), fields });
         }
         self.prepared.clear();
+        self.unsettled.clear();
+        self.unsettled_doubtful = false;
+        self.to_close.clear();
         self.settings = Settings::empty();
         self.tenant = TenantGuc::Unknown;
         self.read_only = false;
@@ -351,6 +412,9 @@ async fn login(
         cancel: CancelTarget::new(peer, key.0, key.1),
         params,
         prepared: PreparedOnServer::new(target.max_prepared),
+        unsettled: Vec::new(),
+        unsettled_doubtful: false,
+        to_close: Vec::new(),
         settings: Settings::empty(),
         tenant: TenantGuc::Unknown,
         read_only: false,

@@ -34,6 +34,12 @@ impl PreparedStatement {
         self.validated.store(true, Ordering::Relaxed);
     }
 
+    /// The server that accepted it did so in a transaction that did not commit: its
+    /// acceptance may have rested on what that transaction created.
+    pub fn unmark_validated(&self) {
+        self.validated.store(false, Ordering::Relaxed);
+    }
+
     pub fn retire(&self) {
         self.retired.store(true, Ordering::Relaxed);
     }

@@ -56,7 +56,10 @@ impl ServerConn {
                 Ok(None) => break RelayStop::NeedMore,
                 Err(e) => break RelayStop::Lost(format!("bad message from server: {e}")),
             };
-            if !(tag == b'C' && track_commit)
+            // CommandComplete is looked at when a commit is tracked, or statements wait
+            // to be settled (`ServerConn::unsettled`): rarely.
+            let look_at_tag = tag == b'C' && (track_commit || !self.unsettled.is_empty());
+            if !look_at_tag
                 && let Some(drain) = self.queue.pass_answer(tag)
             {
                 // Passed as it is, copied with the run it belongs to.
@@ -74,15 +77,20 @@ impl ServerConn {
             let raw = &self.io.rbuf[at..at + total];
             at += total;
             rows_from = at;
+            // Whether the message may undo statements prepared in this transaction.
+            let mut doubt = false;
             match tag {
                 b'S' => {
                     if let Some((name, value)) = protocol::parameter_status(&raw[5..]) {
                         record_param(&mut self.params, name, value);
                     }
                 }
-                b'C' if track_commit && protocol::command_tag(&raw[5..]) == b"COMMIT" => {
-                    notes.saw_commit = true
-                }
+                b'C' => match protocol::command_tag(&raw[5..]) {
+                    b"COMMIT" => notes.saw_commit |= track_commit,
+                    b"ROLLBACK" | b"PREPARE TRANSACTION" => doubt = true,
+                    _ => {}
+                },
+                b'E' => doubt = true,
                 _ => {}
             }
             let fx = self.queue.on_server_message(tag, raw, out);
@@ -104,11 +112,18 @@ impl ServerConn {
                     && protocol::error_field(&raw[5..], b'C')
                         == Some(protocol::sqlstate::QUERY_CANCELED.as_bytes());
             }
+            if doubt {
+                self.note_doubt();
+            }
+            if let Some(id) = fx.broken_statement {
+                self.forget_statement(id);
+            }
             if fx.send_sync {
                 protocol::sync(&mut self.io.wbuf);
             }
             if let Some(status) = fx.status {
                 self.status = status;
+                self.after_ready(status);
             }
             if fx.desync {
                 // What the server still owes can no longer be matched to what was asked:

@@ -102,6 +102,9 @@ pub struct Effects {
     /// The ErrorResponse was FATAL (or PANIC): the server ends the session, and the
     /// error was not passed on (see `ServerConn::fatal`).
     pub server_fatal: bool,
+    /// A statement of pgtenant's that this server cannot use any more (it lost it, or
+    /// its plan points at what no longer exists): to close and prepare afresh.
+    pub broken_statement: Option<u64>,
     /// With `ready`: how long the server took over the request (µs), and over the
     /// transaction it ended, when it ended one.
     pub request_us: u64,
@@ -468,6 +471,18 @@ impl ResponseQueue {
             // asyncpg and pgJDBC do on this error, must get a statement of its own.
             tracing::debug!(statement = stmt.id, "a prepared statement outlived a schema change; retired");
             stmt.retire();
+        } else if let Some(Pending::Client {
+            reply: Reply::Bind | Reply::Describe,
+            statement: Some(stmt),
+            ..
+        }) = self.pending.front()
+            && is_broken_on_server(raw)
+        {
+            // The server lost the statement (26000), or its plan points at an object that
+            // is gone (XX000 "cache lookup failed", as after a type created in a
+            // transaction that rolled back): this server prepares it afresh next time.
+            tracing::debug!(statement = stmt.id, "a prepared statement is unusable on its server; closed");
+            fx.broken_statement = Some(stmt.id);
         }
         let Some((reply, _)) = front else { return };
         if reply == Reply::Execute {
@@ -519,6 +534,14 @@ fn is_stale_plan(raw: &[u8]) -> bool {
     field(b'C') == b"0A000"
         && (field(b'R') == b"RevalidateCachedQuery"
             || field(b'M') == b"cached plan must not change result type")
+}
+
+/// Whether ErrorResponse `raw` says that the server cannot use the named statement a
+/// Bind or Describe named: it does not have it (26000), or an internal error (XX000,
+/// "cache lookup failed for type ..." when its plan points at a type that is gone).
+fn is_broken_on_server(raw: &[u8]) -> bool {
+    let code = protocol::error_field(raw.get(5..).unwrap_or_default(), b'C').unwrap_or_default();
+    matches!(code, b"26000" | b"XX000")
 }
 
 /// Whether a message with `tag` is the last response to `reply`.

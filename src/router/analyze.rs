@@ -103,10 +103,11 @@ pub enum SessionChange {
         name: String,
         value: String,
     },
-    /// `set_config(name, $n, false)`: the value arrives with the Bind.
-    SetFromParameter {
-        name: String,
-        parameter: u16,
+    /// `set_config(name, value, false)` whose name, value or both are `$n` parameters:
+    /// they arrive with the Bind.
+    SetFromParameters {
+        name: ConfigArg,
+        value: ConfigArg,
     },
     Reset {
         name: String,
@@ -115,7 +116,23 @@ pub enum SessionChange {
     ResetAll,
 }
 
+/// An argument of `set_config`: text pgtenant read, or the `$n` parameter it comes in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigArg {
+    Text(String),
+    Parameter(u16),
+}
+
 impl SessionChange {
+    /// The `$n` parameter that names the setting a `set_config` call changes, if any:
+    /// which setting it is shows only at Bind (see `Session::refusal_of_bound`).
+    pub fn name_parameter(&self) -> Option<u16> {
+        match self {
+            SessionChange::SetFromParameters { name: ConfigArg::Parameter(n), .. } => Some(*n),
+            _ => None,
+        }
+    }
+
     fn of(kind: &StatementKind) -> Option<Self> {
         match kind {
             StatementKind::Set { name, value } => {
@@ -389,12 +406,23 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
 }
 
 /// A `set_config` call that may set the tenant parameter: its name argument is the
-/// parameter, or anything pgtenant cannot read as a plain literal (a `$n` parameter,
-/// an expression, an escaped string), which could spell it.
+/// parameter, or anything pgtenant cannot read as a plain literal (an expression, an
+/// escaped string), which could spell it. A `$n` parameter is read at Bind instead
+/// (`SessionChange::name_parameter`).
 fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
-    (0..w.tokens.len())
-        .filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(")
-        .any(|i| set_config_name(w, i).is_none_or(|name| name.eq_ignore_ascii_case(tenant_param)))
+    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(").any(|i| {
+        match set_config_name(w, i) {
+            Some(name) => name.eq_ignore_ascii_case(tenant_param),
+            None => parameter_at(w, i + 2).is_none() || w.text(i + 3) != ",",
+        }
+    })
+}
+
+/// The number `n` of a `$n` token at `i`.
+fn parameter_at(w: &Words, i: usize) -> Option<u16> {
+    let token = w.tokens.get(i)?;
+    let text = w.text(i);
+    (token.kind == TokenKind::Punct && text.len() > 1 && text.starts_with('$')).then(|| text[1..].parse().ok())?
 }
 
 /// The setting name of the `set_config` call at token `i`, when pgtenant can read it:
@@ -465,16 +493,20 @@ fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
             "false" | "f" | "off" | "no" | "0" => {}
             _ => return None,
         }
-        let name = set_config_name(w, i)?;
-        if !is_plain_setting(&name) {
-            return None;
-        }
-        changes.push(match single(value)? {
-            (TokenKind::Punct, p) if p.len() > 1 && p.starts_with('$') => {
-                SessionChange::SetFromParameter { name, parameter: p[1..].parse().ok()? }
-            }
-            (TokenKind::Number, n) => SessionChange::Set { name, value: n.to_string() },
-            other => SessionChange::Set { name, value: plain_string(other)?.to_string() },
+        let name = match set_config_name(w, i) {
+            Some(name) if is_plain_setting(&name) => ConfigArg::Text(name),
+            Some(_) => return None,
+            None if w.text(i + 3) == "," => ConfigArg::Parameter(parameter_at(w, i + 2)?),
+            None => return None,
+        };
+        let value = match single(value)? {
+            (TokenKind::Punct, p) if p.len() > 1 && p.starts_with('$') => ConfigArg::Parameter(p[1..].parse().ok()?),
+            (TokenKind::Number, n) => ConfigArg::Text(n.to_string()),
+            other => ConfigArg::Text(plain_string(other)?.to_string()),
+        };
+        changes.push(match (name, value) {
+            (ConfigArg::Text(name), ConfigArg::Text(value)) => SessionChange::Set { name, value },
+            (name, value) => SessionChange::SetFromParameters { name, value },
         });
     }
     Some(changes)
@@ -873,7 +905,9 @@ fn setting_name(w: &Words, mut i: usize) -> (String, usize) {
     }
 }
 
-fn is_plain_setting(name: &str) -> bool {
+/// Whether `name` can be a setting's name as pgtenant follows them (letters, digits,
+/// `_` and `.`).
+pub fn is_plain_setting(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
@@ -1110,7 +1144,13 @@ mod tests {
         );
         assert_eq!(
             changes("select pg_catalog.set_config('jit', $1, 'f'), set_config('x.y', 5, false)"),
-            [SessionChange::SetFromParameter { name: "jit".into(), parameter: 1 }, set("x.y", "5")]
+            [
+                SessionChange::SetFromParameters {
+                    name: ConfigArg::Text("jit".into()),
+                    value: ConfigArg::Parameter(1)
+                },
+                set("x.y", "5")
+            ]
         );
         for sql in [
             "select 1, set_config('x.y', f(1, 2), false)",

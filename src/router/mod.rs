@@ -27,8 +27,8 @@ pub struct Confinement {
 }
 
 pub use analyze::{
-    ALL_SHARDS, Analysis, BadSetting, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
-    StatementKind, TARGET_PARAMETER, mentions_all_shards, target_of,
+    ALL_SHARDS, Analysis, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
+    StatementKind, TARGET_PARAMETER, is_plain_setting, mentions_all_shards, target_of,
 };
 pub use effects::SessionRisk;
 pub use quick::ShapeTiming;

@@ -253,8 +253,9 @@ async fn copy_ended_early_by_the_server_answers_as_postgres_does_in_session_pool
 /// (or right behind the COPY, in one write) hung the session: pgtenant waited for the
 /// COPY's answer before passing the request on, and the server waited for copy data.
 /// PostgreSQL fails the COPY on it (08P01) and then ends the connection (protocol
-/// synchronization lost); through pgtenant the client sees the 08P01 and gets its
-/// ReadyForQuery, and its session goes on, in both protocols and pool modes.
+/// synchronization lost). Through pgtenant in transaction pooling the client sees the
+/// 08P01 and gets its ReadyForQuery, and its session goes on, in both protocols; in
+/// session pooling the session was its server's, and it ends as PostgreSQL's does.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_in_the_middle_of_a_copy_fails_the_copy_without_a_hang() {
     let t = "copy_interrupted";
@@ -282,16 +283,22 @@ async fn a_request_in_the_middle_of_a_copy_fails_the_copy_without_a_hang() {
         ),
     ];
     let direct_addr = format!("127.0.0.1:{}", shards().ports[0]).parse().unwrap();
+    let mut directly = Vec::new();
     for (name, steps) in &cases {
         let mut direct = RawClient::login(direct_addr, &[]).await;
         let seen = run(&mut direct, steps).await;
         assert!(seen.contains(&"E 08P01".to_string()), "{name}, directly: {seen:?}");
+        directly.push(seen);
     }
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         let proxy = start_proxy(|c| c.proxy.pool_mode = mode).await;
-        for (name, steps) in &cases {
+        for ((name, steps), direct) in cases.iter().zip(&directly) {
             let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
             let seen = run(&mut client, steps).await;
+            if mode == PoolMode::Session {
+                assert_eq!(&seen, direct, "{name}, {mode:?} pooling: as PostgreSQL");
+                continue;
+            }
             assert!(seen.contains(&"E 08P01".to_string()), "{name}, {mode:?} pooling: {seen:?}");
             assert!(seen.last().is_some_and(|s| s.starts_with('Z')), "{name}, {mode:?} pooling: {seen:?}");
             let (after, until) = after();

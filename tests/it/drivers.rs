@@ -22,9 +22,14 @@ fn available(what: &str, probe: &mut Command) -> bool {
     ok
 }
 
-async fn run_check(mut cmd: Command, expected: &str) {
+async fn run_check(cmd: Command, expected: &str) {
     // The driver checks switch tenants on one connection: what a user allows per login.
-    let proxy = start_proxy(|c| c.users[0].allow_tenant_switch = Some(true)).await;
+    run_check_on(cmd, expected, |c| c.users[0].allow_tenant_switch = Some(true)).await;
+}
+
+/// Runs `cmd` (given the port as its last argument) against a proxy `tweak` configures.
+async fn run_check_on(mut cmd: Command, expected: &str, tweak: impl FnOnce(&mut pgtenant::config::Config)) {
+    let proxy = start_proxy(tweak).await;
     let port = proxy.addr.port().to_string();
     let out = tokio::task::spawn_blocking(move || cmd.arg(port).output().expect("driver check runs"))
         .await
@@ -46,6 +51,32 @@ async fn python_check(module: &str, script: &str, expected: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn psycopg3() {
     python_check("psycopg", "psycopg_check.py", "psycopg ok").await;
+}
+
+/// What psycopg's own test suite found through pgtenant (issue 57), section by section
+/// (`tests/drivers/psycopg_found.py`), in both pool modes.
+#[tokio::test(flavor = "multi_thread")]
+async fn psycopg_meets_what_its_suite_found() {
+    if !available("psycopg", Command::new("python3").args(["-c", "import psycopg"])) {
+        return;
+    }
+    use pgtenant::config::PoolMode;
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        for section in
+            ["own_backend", "poisoned_statement", "bulk_executemany", "set_config_parameter", "prepared_statements_view"]
+        {
+            let mut cmd = Command::new("python3");
+            cmd.arg(scripts().join("psycopg_found.py")).arg(section);
+            run_check_on(cmd, &format!("psycopg {section} ok"), move |c| {
+                c.proxy.pool_mode = mode;
+                if section == "poisoned_statement" {
+                    // The second client gets the first one's server connection.
+                    c.users[0].pool_size = 1;
+                }
+            })
+            .await;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

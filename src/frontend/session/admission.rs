@@ -22,6 +22,22 @@ impl Session {
     }
 }
 
+impl Session {
+    /// `refusal_of`, and what the Bind's parameters show: a `set_config` whose name
+    /// comes as a parameter is refused when that name is the tenant parameter (or
+    /// cannot be read).
+    pub(super) fn refusal_of_bound(&self, analysis: &Analysis, bind_rest: &[u8]) -> Option<FrontendError> {
+        if let Some(refused) = self.refusal_of(analysis) {
+            return Some(refused);
+        }
+        let tenant_param = self.shared.router.tenant_param();
+        let names_tenant = analysis.session_changes.iter().filter_map(|c| c.name_parameter()).any(|n| {
+            super::extended::text_parameter(bind_rest, n).is_none_or(|name| name.eq_ignore_ascii_case(tenant_param))
+        });
+        names_tenant.then(|| FrontendError::TenantGucProtected { param: tenant_param.into() })
+    }
+}
+
 /// Whether the text of `analysis` is refused whoever sends it (see `refusal_of`):
 /// such a request takes the general path, which words the refusal.
 pub(super) fn is_refused(analysis: &Analysis) -> bool {

@@ -1,6 +1,8 @@
 //! Extended-protocol requests. While no transaction is open, messages are held
 //! until Sync or Flush, so the whole request is known before a server is checked
-//! out. Named statements are renamed to their shared server name and re-prepared
+//! out; a request that goes on past `HOLD_MESSAGES` or `HOLD_BYTES` (a bulk
+//! `executemany` sends one Sync after 100,000 rows) is routed by what it holds then,
+//! and the rest streams to its server as it comes. Named statements are renamed to their shared server name and re-prepared
 //! on a server that lacks them; a Parse the server already has is answered by
 //! pgtenant, and so is a Close of a named statement (the server keeps it for others).
 
@@ -16,7 +18,7 @@ use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
 use crate::router::{
-    Analysis, Named, PinReason, ROUTING_VERSION, Route, SessionChange, SessionRisk, StatementKind,
+    Analysis, ConfigArg, Named, NodeTarget, PinReason, ROUTING_VERSION, Route, SessionChange, SessionRisk, StatementKind,
 };
 
 impl Session {
@@ -41,18 +43,28 @@ impl Session {
         if self.batch.is_empty() && !self.at_transaction_start() {
             return Ok(Some(frame));
         }
-        self.hold(frame)?;
+        self.hold(frame);
+        if self.holds_enough() {
+            // Routed by what it holds (see the module comment), in `on_extended`.
+            let last = self.batch.pop().ok_or_else(no_server)?;
+            self.held_bytes -= last.raw.len();
+            return Ok(Some(last));
+        }
         Ok(None)
     }
 
-    fn hold(&mut self, frame: Frame) -> Result<(), FrontendError> {
-        if self.batch.len() >= MAX_HELD_MESSAGES {
-            return Err(FrontendError::Protocol(format!(
-                "more than {MAX_HELD_MESSAGES} messages without Sync"
-            )));
+    fn hold(&mut self, frame: Frame) {
+        if self.batch.is_empty() {
+            // Whatever emptied the batch left the count behind.
+            self.held_bytes = 0;
         }
+        self.held_bytes += frame.raw.len();
         self.batch.push(frame);
-        Ok(())
+    }
+
+    /// The held request is long enough to be routed before its Sync.
+    fn holds_enough(&self) -> bool {
+        self.batch.len() >= HOLD_MESSAGES || self.held_bytes >= HOLD_BYTES
     }
 
     pub(super) async fn on_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
@@ -87,8 +99,8 @@ impl Session {
             return self.forward_extended(frame);
         }
         let ends_request = matches!(frame.tag, b'S' | b'H');
-        self.hold(frame)?;
-        if !ends_request {
+        self.hold(frame);
+        if !ends_request && !self.holds_enough() {
             return Ok(());
         }
         if self.tx == ClientTx::Failed {
@@ -102,7 +114,7 @@ impl Session {
         let route = match self.batch_statements() {
             Ok(statements) => match self.answer_locally(&statements).await {
                 Ok(true) => return Ok(()),
-                Ok(false) => self.route_batch(&statements).await,
+                Ok(false) => self.route_batch(&statements, ends_request).await,
                 Err(err) if err.is_fatal() => return Err(err),
                 Err(err) => Err(err),
             },
@@ -323,23 +335,26 @@ impl Session {
                     else {
                         continue;
                     };
+                    if let Some(err) = self.refusal_of_bound(&analysis, b.rest) {
+                        return Err(err);
+                    }
                     let tenants = router.named_in_bind(&analysis, b.rest);
                     binds.push(frame.body_bytes());
                     (analysis, tenants)
                 }
                 _ => continue,
             };
-            if let Some(err) = self.refusal_of(&analysis) {
-                return Err(err);
-            }
             add_new(&mut named, tenants);
             analyses.push(analysis);
         }
         Ok(BatchStatements { executed: analyses, binds, parsed, named })
     }
 
-    /// Routes a held request by its statements and attaches a server for it.
-    async fn route_batch(&mut self, statements: &BatchStatements) -> Result<(), FrontendError> {
+    /// Routes a held request by its statements and attaches a server for it. `whole`:
+    /// the request ended (Sync, Flush); else it is routed by its first part, and what
+    /// follows is checked as the rest of a transaction is (`check_bind`): it goes to the
+    /// primary, and the tenant GUC is set ahead of it rather than inside it.
+    async fn route_batch(&mut self, statements: &BatchStatements, whole: bool) -> Result<(), FrontendError> {
         let analyses = &statements.executed;
         let mut route: Route = self
             .shared
@@ -347,11 +362,14 @@ impl Session {
             .route(self.tenant.as_ref(), &statements.named, analyses, &mut self.placement)
             .await?;
         self.aim(&mut route, analyses);
+        if !whole {
+            route.target = NodeTarget::Primary;
+        }
         for (analysis, bind) in analyses.iter().zip(&statements.binds) {
             let rest = protocol::bind_view(bind).map(|b| b.rest);
             self.check_strict(route.shard, analysis, rest).await?;
         }
-        self.begin_on(route, analyses.iter().all(|a| a.single_dml)).await
+        self.begin_on(route, whole && analyses.iter().all(|a| a.single_dml)).await
     }
 
     /// Inside a transaction: the tenants a Bind names (text and parameters) must be the
@@ -359,7 +377,7 @@ impl Session {
     async fn check_bind(&self, frame: &Frame) -> Result<(), FrontendError> {
         let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
         let Some(analysis) = self.bound_analysis(b.statement) else { return Ok(()) };
-        if let Some(err) = self.refusal_of(&analysis) {
+        if let Some(err) = self.refusal_of_bound(&analysis, b.rest) {
             return Err(err);
         }
         let named = self.shared.router.named_in_bind(&analysis, b.rest);
@@ -593,7 +611,7 @@ impl Session {
             protocol::parse_complete(&mut b);
             a.conn.queue.push(Pending::Synthetic(b.freeze()));
         } else {
-            a.conn.note_prepared(stmt.id);
+            a.conn.note_prepared(&stmt);
             protocol::parse(&mut a.conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
             a.conn.queue.push(Pending::Client {
                 reply: Reply::Parse,
@@ -679,7 +697,7 @@ impl Session {
 /// Prepares `stmt` on `conn` ahead of what comes next, unless it is there already.
 pub(super) fn prepare_on(conn: &mut ServerConn, stmt: &Arc<PreparedStatement>) {
     if !conn.prepared.touch(stmt.id) {
-        conn.note_prepared(stmt.id);
+        conn.note_prepared(stmt);
         protocol::parse(&mut conn.io.wbuf, &stmt.server_name, &stmt.query, &stmt.param_types);
         conn.queue.push(Pending::Injected {
             reply: Reply::Parse,
@@ -732,17 +750,33 @@ enum LocalAnswer {
     RoutingVersion,
 }
 
-/// `change` with the value of its `$n` parameter read from a Bind's remainder.
+/// `change` with the values of its `$n` parameters read from a Bind's remainder;
+/// `None` when one cannot be read (NULL, not UTF-8) or names no plain setting.
 fn with_parameter_values(change: &SessionChange, bind_rest: &[u8]) -> Option<SessionChange> {
     match change {
-        SessionChange::SetFromParameter { name, parameter } => {
-            // The parameter is text (set_config's), whose binary form is its text too.
-            let (_, value) = protocol::bind_param(bind_rest, *parameter)?;
-            let value = std::str::from_utf8(value?).ok()?;
-            Some(SessionChange::Set { name: name.clone(), value: quote_literal(value) })
+        SessionChange::SetFromParameters { name, value } => {
+            let name = match name {
+                ConfigArg::Text(name) => name.clone(),
+                ConfigArg::Parameter(n) => text_parameter(bind_rest, *n)?.to_string(),
+            };
+            if !crate::router::is_plain_setting(&name) {
+                return None;
+            }
+            let value = match value {
+                ConfigArg::Text(sql) => sql.clone(),
+                ConfigArg::Parameter(n) => quote_literal(text_parameter(bind_rest, *n)?),
+            };
+            Some(SessionChange::Set { name, value })
         }
         other => Some(other.clone()),
     }
+}
+
+/// Parameter `$n` of a Bind as text: set_config's arguments are text, whose binary
+/// form is its text too. `None` for NULL, or bytes that are not UTF-8.
+pub(super) fn text_parameter(bind_rest: &[u8], n: u16) -> Option<&str> {
+    let (_, value) = protocol::bind_param(bind_rest, n)?;
+    std::str::from_utf8(value?).ok()
 }
 
 pub(super) fn add_new(named: &mut Named, tenants: Named) {
@@ -753,9 +787,10 @@ pub(super) fn add_new(named: &mut Named, tenants: Named) {
     }
 }
 
-/// Messages held for one request at most (a client that never syncs must not grow
-/// the session without bound).
-const MAX_HELD_MESSAGES: usize = 10_000;
+/// Messages and bytes a request is held for at most before it is routed by what it
+/// holds: the session's memory stays bounded, whatever a client sends before its Sync.
+const HOLD_MESSAGES: usize = 1_000;
+const HOLD_BYTES: usize = 1 << 20;
 
 pub(super) fn malformed(what: &str) -> FrontendError {
     FrontendError::Protocol(format!("malformed {what} message"))

@@ -139,6 +139,8 @@ pub struct Session {
     tx: ClientTx,
     /// Extended-protocol messages held until Sync/Flush while no server is attached.
     batch: Vec<Frame>,
+    /// Their bytes (valid while `batch` is not empty; see `hold`).
+    held_bytes: usize,
     /// After an error pgtenant raised in an extended batch: drop messages until Sync.
     skip_until_sync: bool,
     /// A statement pgtenant answers itself (`proxy_call`) was prepared in this
@@ -266,6 +268,7 @@ impl Session {
             placement: PlacementMemo::default(),
             tx: ClientTx::Idle,
             batch: Vec::new(),
+            held_bytes: 0,
             skip_until_sync: false,
             proxy_calls_seen: false,
             local_portals: FastMap::default(),

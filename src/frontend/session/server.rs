@@ -504,7 +504,7 @@ impl Session {
                 a.conn.settings = a.conn.settings.without(&name);
             }
             // Resolved at Bind; a simple query has no parameters: the server refused it.
-            SessionChange::SetFromParameter { .. } => {}
+            SessionChange::SetFromParameters { .. } => {}
             SessionChange::ResetAll => {
                 self.settings = self.startup_settings.clone();
                 a.conn.settings = Settings::empty();
@@ -618,8 +618,13 @@ impl Session {
         tokio::spawn(async move {
             let mut conn = a.conn;
             match conn.run_sql("ROLLBACK").await {
-                Ok(None) if conn.status == TxStatus::Idle => conn.release(reset),
-                _ => conn.discard(),
+                // Statements it prepared may rest on what the rollback took away (see
+                // `ServerConn::unsettled`): closing is the reset then.
+                Ok(None) if conn.status == TxStatus::Idle && conn.unsettled.is_empty() => conn.release(reset),
+                _ => {
+                    conn.rolled_back_unsettled();
+                    conn.discard()
+                }
             }
         });
     }
