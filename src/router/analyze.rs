@@ -124,15 +124,6 @@ pub enum ConfigArg {
 }
 
 impl SessionChange {
-    /// The `$n` parameter that names the setting a `set_config` call changes, if any:
-    /// which setting it is shows only at Bind (see `Session::refusal_of_bound`).
-    pub fn name_parameter(&self) -> Option<u16> {
-        match self {
-            SessionChange::SetFromParameters { name: ConfigArg::Parameter(n), .. } => Some(*n),
-            _ => None,
-        }
-    }
-
     fn of(kind: &StatementKind) -> Option<Self> {
         match kind {
             StatementKind::Set { name, value } => {
@@ -208,6 +199,9 @@ pub struct Analysis {
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
     /// GUC would change behind pgtenant's back.
     pub tampers_tenant_guc: bool,
+    /// The `$n` parameters that name the setting of a `set_config` call: whether it is
+    /// the tenant parameter shows only at Bind (see `Session::refusal_of_bound`).
+    pub set_config_name_params: Box<[u16]>,
     /// The server-wide view or function of other sessions the text names (see
     /// `other_sessions`), outside the calls pgtenant answers itself: refused.
     pub other_sessions: Option<Box<str>>,
@@ -304,6 +298,7 @@ impl Analysis {
             session_changes: Box::default(),
             bad_setting: None,
             tampers_tenant_guc: false,
+            set_config_name_params: Box::default(),
             other_sessions: None,
             single_dml: true,
             plain: true,
@@ -374,6 +369,13 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
         set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
     });
+    let set_config_name_params = statements
+        .iter()
+        .flat_map(|stmt| {
+            let w = Words { sql: &text, tokens: stmt };
+            set_config_calls(&w).filter_map(|i| parameter_at(&w, i + 2)).collect::<Vec<_>>()
+        })
+        .collect();
     let single_dml = statements.len() == 1 && DML_STARTS.iter().any(|k| words.is(0, k));
     let answered_here = statements.len() == 1 && matches!(kind, StatementKind::ProxyCall(_));
     let other_sessions = match answered_here {
@@ -392,6 +394,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         session_changes: session_changes.into(),
         bad_setting,
         tampers_tenant_guc,
+        set_config_name_params,
         other_sessions,
         plain: false,
         sql: text.into(),
@@ -410,12 +413,15 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
 /// escaped string), which could spell it. A `$n` parameter is read at Bind instead
 /// (`SessionChange::name_parameter`).
 fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
-    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(").any(|i| {
-        match set_config_name(w, i) {
-            Some(name) => name.eq_ignore_ascii_case(tenant_param),
-            None => parameter_at(w, i + 2).is_none() || w.text(i + 3) != ",",
-        }
+    set_config_calls(w).any(|i| match set_config_name(w, i) {
+        Some(name) => name.eq_ignore_ascii_case(tenant_param),
+        None => parameter_at(w, i + 2).is_none() || w.text(i + 3) != ",",
     })
+}
+
+/// The token indexes of the `set_config` calls of a statement.
+fn set_config_calls<'a>(w: &'a Words) -> impl Iterator<Item = usize> + 'a {
+    (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(")
 }
 
 /// The number `n` of a `$n` token at `i`.
@@ -460,7 +466,7 @@ fn pg_settings_row(w: &Words) -> Option<String> {
 /// `$n` parameter for the value), or `None` when pgtenant cannot tell.
 fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
     let mut changes = Vec::new();
-    for i in (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(") {
+    for i in set_config_calls(w) {
         // The arguments' token ranges, split at the commas between them.
         let mut arguments = Vec::new();
         let (mut depth, mut from) = (0, i + 2);
@@ -1007,7 +1013,9 @@ mod tests {
         let tampers = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).tampers_tenant_guc;
         assert!(tampers("SELECT set_config('pgtenant.tenant_id', '5', false)"));
         assert!(tampers("select pg_catalog.set_config('PGTENANT.TENANT_ID', '5', true)"));
-        assert!(tampers("SELECT set_config($1, $2, false)"), "a name pgtenant cannot read");
+        let bound = analyze(b"SELECT set_config($2, $1, true)", P, TenantKey::Bigint);
+        assert!(!bound.tampers_tenant_guc, "the name is read from the Bind");
+        assert_eq!(&bound.set_config_name_params[..], [2], "and checked there");
         assert!(tampers("SELECT set_config(lower('PGTENANT.TENANT_ID'), '5', false)"));
         assert!(tampers("SELECT set_config(E'pgtenant\\x2etenant_id', '5', false)"));
         assert!(tampers("BEGIN; SET LOCAL pgtenant.tenant_id = 5; COMMIT"));

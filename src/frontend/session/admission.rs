@@ -31,7 +31,7 @@ impl Session {
             return Some(refused);
         }
         let tenant_param = self.shared.router.tenant_param();
-        let names_tenant = analysis.session_changes.iter().filter_map(|c| c.name_parameter()).any(|n| {
+        let names_tenant = analysis.set_config_name_params.iter().any(|&n| {
             super::extended::text_parameter(bind_rest, n).is_none_or(|name| name.eq_ignore_ascii_case(tenant_param))
         });
         names_tenant.then(|| FrontendError::TenantGucProtected { param: tenant_param.into() })

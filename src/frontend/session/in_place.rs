@@ -67,9 +67,11 @@ fn body<'a>(buf: &'a [u8], message: &Range<usize>) -> &'a [u8] {
 }
 
 /// A statement the general path would answer or refuse itself (a DEALLOCATE may be
-/// one), or one that changes session settings, which the general path follows.
+/// one, a `set_config` whose name its Bind gives), or one that changes session
+/// settings, which the general path follows.
 fn needs_general_path(analysis: &Analysis) -> bool {
     super::admission::is_refused(analysis)
+        || !analysis.set_config_name_params.is_empty()
         || local_kind(analysis).is_some()
         || !analysis.session_changes.is_empty()
         || matches!(analysis.kind, StatementKind::Deallocate(_))
