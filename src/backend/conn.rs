@@ -224,7 +224,11 @@ impl ServerConn {
         }
         for id in std::mem::take(&mut self.to_close) {
             protocol::close_statement(&mut self.io.wbuf, server_name(id).as_bytes());
-            self.queue.push(Pending::Injected { reply: Reply::Close, on_error: OnError::Swallow, statement: None });
+            self.queue.push(Pending::Injected {
+                reply: Reply::Close,
+                on_error: OnError::Swallow,
+                statement: None,
+            });
         }
     }
 

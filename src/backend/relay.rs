@@ -59,9 +59,7 @@ impl ServerConn {
             // CommandComplete is looked at when a commit is tracked, or statements wait
             // to be settled (`ServerConn::unsettled`): rarely.
             let look_at_tag = tag == b'C' && (track_commit || !self.unsettled.is_empty());
-            if !look_at_tag
-                && let Some(drain) = self.queue.pass_answer(tag)
-            {
+            if !look_at_tag && let Some(drain) = self.queue.pass_answer(tag) {
                 // Passed as it is, copied with the run it belongs to.
                 at += total;
                 if drain {

@@ -12,8 +12,8 @@ use smallvec::SmallVec;
 use super::effects::SessionRisk;
 use super::facts::{SqlFacts, literal_ranges};
 use super::lexer::{Token, TokenKind, code_tokens, tokenize};
-use super::quick::ShapeTiming;
 use super::proxy_call::ProxySelect;
+use super::quick::ShapeTiming;
 use crate::directory::{TenantId, TenantKey};
 
 /// The parameter that says where a session's provably read-only requests may go.
@@ -205,6 +205,9 @@ pub struct Analysis {
     /// The server-wide view or function of other sessions the text names (see
     /// `other_sessions`), outside the calls pgtenant answers itself: refused.
     pub other_sessions: Option<Box<str>>,
+    /// Where the text reads `pg_prepared_statements`, which the session answers with
+    /// the client's own statements (see `prepared_view`).
+    pub prepared_view: Box<[super::prepared_view::ViewRef]>,
     /// One SELECT/INSERT/UPDATE/DELETE/MERGE/WITH/VALUES/TABLE statement: it may share
     /// an implicit transaction with a message sent before it. (PostgreSQL refuses
     /// VACUUM, CREATE INDEX CONCURRENTLY and the like after an unsynced message.)
@@ -300,6 +303,7 @@ impl Analysis {
             tampers_tenant_guc: false,
             set_config_name_params: Box::default(),
             other_sessions: None,
+            prepared_view: Box::default(),
             single_dml: true,
             plain: true,
             sql,
@@ -396,6 +400,7 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         tampers_tenant_guc,
         set_config_name_params,
         other_sessions,
+        prepared_view: super::prepared_view::references(&text, &code).into(),
         plain: false,
         sql: text.into(),
         facts: OnceLock::new(),
@@ -428,7 +433,8 @@ fn set_config_calls<'a>(w: &'a Words) -> impl Iterator<Item = usize> + 'a {
 fn parameter_at(w: &Words, i: usize) -> Option<u16> {
     let token = w.tokens.get(i)?;
     let text = w.text(i);
-    (token.kind == TokenKind::Punct && text.len() > 1 && text.starts_with('$')).then(|| text[1..].parse().ok())?
+    (token.kind == TokenKind::Punct && text.len() > 1 && text.starts_with('$'))
+        .then(|| text[1..].parse().ok())?
 }
 
 /// The setting name of the `set_config` call at token `i`, when pgtenant can read it:
@@ -506,7 +512,9 @@ fn session_config_calls(w: &Words) -> Option<Vec<SessionChange>> {
             None => return None,
         };
         let value = match single(value)? {
-            (TokenKind::Punct, p) if p.len() > 1 && p.starts_with('$') => ConfigArg::Parameter(p[1..].parse().ok()?),
+            (TokenKind::Punct, p) if p.len() > 1 && p.starts_with('$') => {
+                ConfigArg::Parameter(p[1..].parse().ok()?)
+            }
             (TokenKind::Number, n) => ConfigArg::Text(n.to_string()),
             other => ConfigArg::Text(plain_string(other)?.to_string()),
         };
@@ -661,7 +669,7 @@ fn breaks_plainness(body: &[u8], i: usize, class: u8) -> bool {
         _ => {
             let word = SUSPICIOUS_WORDS[usize::from(class - WORD)];
             // Most letters that start no such word are told apart by the next byte.
-            if !next.is_some_and(|b| b | 0x20 == word[1])
+            if next.is_none_or(|b| b | 0x20 != word[1])
                 || !body.get(i..i + word.len()).is_some_and(|here| here.eq_ignore_ascii_case(word))
             {
                 return false;

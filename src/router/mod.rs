@@ -5,10 +5,11 @@ mod analyze;
 mod effects;
 mod facts;
 pub(crate) mod lexer;
+mod other_sessions;
+mod prepared_view;
+mod proxy_call;
 mod quick;
 mod recent;
-mod other_sessions;
-mod proxy_call;
 mod template;
 
 use std::sync::Arc;
@@ -27,13 +28,14 @@ pub struct Confinement {
 }
 
 pub use analyze::{
-    ALL_SHARDS, Analysis, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
-    StatementKind, TARGET_PARAMETER, is_plain_setting, mentions_all_shards, target_of,
+    ALL_SHARDS, Analysis, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER,
+    SessionChange, StatementKind, TARGET_PARAMETER, is_plain_setting, mentions_all_shards, target_of,
 };
 pub use effects::SessionRisk;
+pub use prepared_view::{ViewRef, rewrite as rewrite_prepared_view};
+pub use proxy_call::{CallArg, PidArg, ProxyCall, ProxySelect, Signal};
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;
-pub use proxy_call::{CallArg, PidArg, ProxyCall, ProxySelect, Signal};
 
 /// The analysis with the default tenant parameter, for tests outside this layer.
 #[cfg(test)]

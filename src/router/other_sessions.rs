@@ -27,6 +27,11 @@ const VIEWS: &[&str] = &[
     "pg_stat_statements_info",
 ];
 
+/// The function behind `pg_prepared_statements`: on a pooled server connection it lists
+/// the statements other clients prepared there. pgtenant answers the view for the
+/// client (`prepared_view`) and refuses the function; shards keep it (the view needs it).
+const REFUSED_ONLY: &[&str] = &["pg_prepared_statement"];
+
 /// Functions over other sessions, and the signal functions.
 pub const FUNCTIONS: &[&str] = &[
     "pg_stat_get_activity",
@@ -77,6 +82,7 @@ fn quoted_name(text: &str) -> Option<String> {
 fn is_other_sessions(name: &str) -> bool {
     VIEWS.contains(&name)
         || FUNCTIONS.contains(&name)
+        || REFUSED_ONLY.contains(&name)
         || FUNCTION_PREFIXES.iter().chain(VIEW_PREFIXES).any(|p| name.starts_with(p))
 }
 
@@ -92,9 +98,9 @@ pub(super) fn unicode_escaped_name(sql: &str, tokens: &[Token]) -> bool {
             && &sql[amp.start..amp.end] == "&"
             && amp.end == quoted.start
             && quoted.kind == TokenKind::QuotedIdent;
-        let own_escape = tokens
-            .get(i + 3)
-            .is_some_and(|t| t.kind == TokenKind::Word && sql[t.start..t.end].eq_ignore_ascii_case("uescape"));
+        let own_escape = tokens.get(i + 3).is_some_and(|t| {
+            t.kind == TokenKind::Word && sql[t.start..t.end].eq_ignore_ascii_case("uescape")
+        });
         escaped
             && (own_escape
                 || unicode_name(&sql[quoted.start..quoted.end]).is_none_or(|name| is_other_sessions(&name)))
@@ -150,7 +156,10 @@ mod tests {
             ("SELECT pg_terminate_backend(pid) FROM t", "pg_terminate_backend"),
             ("SELECT pg_cancel_backend(42)", "pg_cancel_backend"),
             ("SELECT query FROM pg_stat_get_activity(NULL)", "pg_stat_get_activity"),
-            ("SELECT pg_stat_get_backend_activity(s) FROM pg_stat_get_backend_idset() s", "pg_stat_get_backend_activity"),
+            (
+                "SELECT pg_stat_get_backend_activity(s) FROM pg_stat_get_backend_idset() s",
+                "pg_stat_get_backend_activity",
+            ),
             ("SELECT * FROM pg_stat_progress_copy", "pg_stat_progress_copy"),
             ("SELECT query FROM pg_stat_statements", "pg_stat_statements"),
             ("SELECT 1; SELECT * FROM pg_locks", "pg_locks"),

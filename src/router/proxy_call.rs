@@ -83,9 +83,13 @@ impl ProxySelect {
             ProxyCall::NextIds { count } => [Some(count), None],
             ProxyCall::DecodeId { id } => [Some(id), None],
             ProxyCall::BackendPid => [None, None],
-            ProxyCall::Signal { pid, timeout, .. } => {
-                [match pid { PidArg::Given(arg) => Some(arg), PidArg::Own => None }, timeout]
-            }
+            ProxyCall::Signal { pid, timeout, .. } => [
+                match pid {
+                    PidArg::Given(arg) => Some(arg),
+                    PidArg::Own => None,
+                },
+                timeout,
+            ],
         };
         args.into_iter().flatten().filter_map(|arg| match arg {
             CallArg::Param { index, type_oid } => Some((index, type_oid)),
@@ -203,7 +207,10 @@ fn backend_call(c: &mut Cursor) -> Option<(&'static str, ProxyCall)> {
                 _ => None,
             };
             if let (Some(pid), true, false) = (pid, c.eat_punct(")"), timeout == Some(None)) {
-                return Some((signal.function(), ProxyCall::Signal { signal, pid, timeout: timeout.flatten() }));
+                return Some((
+                    signal.function(),
+                    ProxyCall::Signal { signal, pid, timeout: timeout.flatten() },
+                ));
             }
             break;
         }
@@ -281,7 +288,10 @@ mod tests {
         use CallArg::*;
         let c = call("SELECT pgtenant.next_id()").unwrap();
         assert_eq!(c, ProxySelect { call: ProxyCall::NextId { shard: None }, column: "next_id".into() });
-        assert_eq!(call("select PGTENANT.NEXT_ID(7)").unwrap().call, ProxyCall::NextId { shard: Some(Literal(7)) });
+        assert_eq!(
+            call("select PGTENANT.NEXT_ID(7)").unwrap().call,
+            ProxyCall::NextId { shard: Some(Literal(7)) }
+        );
         assert_eq!(
             call("select pgtenant.next_id($1::int)").unwrap().call,
             ProxyCall::NextId { shard: Some(Param { index: 0, type_oid: 23 }) }
@@ -290,7 +300,10 @@ mod tests {
             call("SELECT * FROM pgtenant.next_ids(1000)").unwrap().call,
             ProxyCall::NextIds { count: Literal(1000) }
         );
-        assert_eq!(call("SELECT pgtenant.next_ids(-3)").unwrap().call, ProxyCall::NextIds { count: Literal(-3) });
+        assert_eq!(
+            call("SELECT pgtenant.next_ids(-3)").unwrap().call,
+            ProxyCall::NextIds { count: Literal(-3) }
+        );
         assert_eq!(
             call("SELECT * FROM pgtenant.decode_id($2)").unwrap().call,
             ProxyCall::DecodeId { id: Param { index: 1, type_oid: 20 } }

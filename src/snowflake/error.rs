@@ -21,7 +21,9 @@ pub enum SnowflakeError {
     #[error("a snowflake call's argument must not be NULL")]
     NullArgument,
     /// These three concern every call pgtenant answers itself (`router::ProxyCall`).
-    #[error("invalid input syntax for type integer: \"{value}\" (an argument of a call pgtenant answers itself)")]
+    #[error(
+        "invalid input syntax for type integer: \"{value}\" (an argument of a call pgtenant answers itself)"
+    )]
     BadArgument { value: String },
     #[error("a call pgtenant answers itself with a $n parameter needs the extended protocol")]
     ParameterInSimpleQuery,

@@ -62,9 +62,13 @@ async fn psycopg_meets_what_its_suite_found() {
     }
     use pgtenant::config::PoolMode;
     for mode in [PoolMode::Transaction, PoolMode::Session] {
-        for section in
-            ["own_backend", "poisoned_statement", "bulk_executemany", "set_config_parameter", "prepared_statements_view"]
-        {
+        for section in [
+            "own_backend",
+            "poisoned_statement",
+            "bulk_executemany",
+            "set_config_parameter",
+            "prepared_statements_view",
+        ] {
             let mut cmd = Command::new("python3");
             cmd.arg(scripts().join("psycopg_found.py")).arg(section);
             run_check_on(cmd, &format!("psycopg {section} ok"), move |c| {

@@ -408,8 +408,7 @@ async fn every_request_pipelined_on_a_server_that_dies_is_answered() {
             let readies = if extended { 2 } else { 3 };
             let seen = answers_up_to(&mut client, readies).await;
             let seen = seen.unwrap_or_else(|| panic!("{mode:?}: the requests were not all answered"));
-            let requests: Vec<&[harness::raw::Msg]> =
-                seen.split_inclusive(|m| m.tag == b'Z').collect();
+            let requests: Vec<&[harness::raw::Msg]> = seen.split_inclusive(|m| m.tag == b'Z').collect();
             let errors = |answer: &[harness::raw::Msg]| answer.iter().filter(|m| m.tag == b'E').count();
             assert_eq!(errors(requests[0]), 1, "{mode:?} {extended}: one error for the lost statement");
             assert_eq!(requests[0].iter().find_map(|m| m.sqlstate()).as_deref(), Some("08006"));
@@ -494,7 +493,8 @@ async fn a_transaction_that_lost_its_server_ends_its_session() {
         let table = format!("lost_tx_{mode:?}").to_lowercase();
         for extended in [false, true] {
             let mut client = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
-            let created = client.query(&format!("CREATE TABLE IF NOT EXISTS {table} (tenant_id bigint, v int)")).await;
+            let created =
+                client.query(&format!("CREATE TABLE IF NOT EXISTS {table} (tenant_id bigint, v int)")).await;
             assert!(!created.iter().any(|m| m.tag == b'E'), "{mode:?}: {created:?}");
             client.query("BEGIN").await;
             client.query(&format!("INSERT INTO {table} VALUES (7, 1)")).await;

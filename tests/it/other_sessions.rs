@@ -17,18 +17,22 @@ const SECRET: &str = "secret-of-tenant-8";
 /// The single value of a one-row, one-column answer to a simple query, or the SQLSTATE.
 async fn simple_value(client: &tokio_postgres::Client, sql: &str) -> Result<Option<String>, String> {
     match client.simple_query(sql).await {
-        Ok(messages) => Ok(messages.iter().find_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_string)),
-            _ => None,
-        })
-        .flatten()),
+        Ok(messages) => Ok(messages
+            .iter()
+            .find_map(|m| match m {
+                SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_string)),
+                _ => None,
+            })
+            .flatten()),
         Err(e) => Err(sqlstate(&e)),
     }
 }
 
 /// Tenant 8's sleeping statement, as the shard sees it: its server pid.
 async fn running_secret(admin: &tokio_postgres::Client) -> Option<i32> {
-    let sql = format!("SELECT pid FROM pg_stat_activity WHERE query LIKE '%{SECRET}%' AND state = 'active' AND pid <> pg_backend_pid()");
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE '%{SECRET}%' AND state = 'active' AND pid <> pg_backend_pid()"
+    );
     admin.query_opt(&sql, &[]).await.unwrap().map(|r| r.get(0))
 }
 
@@ -95,7 +99,11 @@ async fn a_tenant_neither_reads_nor_signals_another_tenants_sessions() {
         assert!(canceled, "{mode:?}");
         let (outcome, eight) = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
         assert_eq!(outcome, Err("57014".to_string()), "{mode:?}: the sibling's cancel reached the statement");
-        assert_eq!(simple_value(&eight, "SELECT 8").await, Ok(Some("8".into())), "{mode:?}: the session goes on");
+        assert_eq!(
+            simple_value(&eight, "SELECT 8").await,
+            Ok(Some("8".into())),
+            "{mode:?}: the session goes on"
+        );
         let ended: bool =
             sibling.query_one("SELECT pg_terminate_backend($1)", &[&eights_pid]).await.unwrap().get(0);
         assert!(ended, "{mode:?}");
@@ -109,7 +117,8 @@ async fn a_tenant_neither_reads_nor_signals_another_tenants_sessions() {
 async fn the_pid_pgtenant_gives_a_client_is_its_own_backends() {
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
-        let mut raw = harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+        let mut raw =
+            harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
         let (given, _) = raw.key.expect("BackendKeyData");
         assert!(given > 1 << 22, "{mode:?}: {given} could be a server's pid");
         let answered = harness::raw::first_column(&raw.query("SELECT pg_backend_pid()").await);
@@ -130,7 +139,9 @@ async fn the_pid_pgtenant_gives_a_client_is_its_own_backends() {
         assert_eq!(simple_value(&client, "SELECT 2").await, Ok(Some("2".into())), "{mode:?}");
 
         // Terminating itself ends the session as PostgreSQL does: FATAL 57P01, closed.
-        for sql in ["SELECT pg_terminate_backend(pg_backend_pid())", "SELECT pg_catalog.pg_terminate_backend($1)"] {
+        for sql in
+            ["SELECT pg_terminate_backend(pg_backend_pid())", "SELECT pg_catalog.pg_terminate_backend($1)"]
+        {
             let client = proxy.connect(Some(7)).await;
             let own: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
             let err = if sql.contains("$1") {

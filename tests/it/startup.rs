@@ -485,11 +485,13 @@ async fn tls_to_servers_with_and_without_verification() {
         let client = proxy.connect(Some(1500)).await;
         let server_pid = harness::server_pid(&client).await;
         // pg_stat_ssl shows every session: the shard's superuser reads it, not a tenant.
-        let admin = harness::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=app"))
+        let admin =
+            harness::connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=app")).await.unwrap();
+        let ssl: bool = admin
+            .query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&server_pid])
             .await
-            .unwrap();
-        let ssl: bool =
-            admin.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", &[&server_pid]).await.unwrap().get(0);
+            .unwrap()
+            .get(0);
         assert!(ssl, "server connection is encrypted (verify: {verify})");
     }
     // A server without TLS (shard 1 here) is refused when TLS is required.

@@ -12,7 +12,9 @@ impl Session {
     /// settings a value it cannot take, or reach the server's other sessions.
     pub(super) fn refusal_of(&self, analysis: &Analysis) -> Option<FrontendError> {
         if analysis.tampers_tenant_guc {
-            return Some(FrontendError::TenantGucProtected { param: self.shared.router.tenant_param().into() });
+            return Some(FrontendError::TenantGucProtected {
+                param: self.shared.router.tenant_param().into(),
+            });
         }
         if let Some(bad) = &analysis.bad_setting {
             return Some(FrontendError::from(bad));
@@ -32,7 +34,8 @@ impl Session {
         }
         let tenant_param = self.shared.router.tenant_param();
         let names_tenant = analysis.set_config_name_params.iter().any(|&n| {
-            super::extended::text_parameter(bind_rest, n).is_none_or(|name| name.eq_ignore_ascii_case(tenant_param))
+            super::extended::text_parameter(bind_rest, n)
+                .is_none_or(|name| name.eq_ignore_ascii_case(tenant_param))
         });
         names_tenant.then(|| FrontendError::TenantGucProtected { param: tenant_param.into() })
     }

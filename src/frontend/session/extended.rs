@@ -18,7 +18,8 @@ use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
 use crate::router::{
-    Analysis, ConfigArg, Named, NodeTarget, PinReason, ROUTING_VERSION, Route, SessionChange, SessionRisk, StatementKind,
+    Analysis, ConfigArg, Named, NodeTarget, PinReason, ROUTING_VERSION, Route, SessionChange, SessionRisk,
+    StatementKind,
 };
 
 impl Session {
@@ -409,15 +410,18 @@ impl Session {
             .map_err(|over| FrontendError::StatementBudget { held: over.held, budget: over.budget })
     }
 
-    /// Remembers a client's named statement under its shared server-side identity.
+    /// Remembers a client's named statement under its shared server-side identity (of
+    /// the text the server gets: see `text_for_server`).
     pub(super) fn register_statement(
         &mut self,
         name: &[u8],
         query: &[u8],
         param_types: &[u8],
     ) -> (Arc<PreparedStatement>, Arc<Analysis>) {
-        let stmt = self.shared.statements.intern(query, param_types);
         let analysis = self.recent.get_or_analyze(&self.shared.router, query);
+        let server_query = self.text_for_server(&analysis);
+        let stmt =
+            self.shared.statements.intern(server_query.as_ref().map_or(query, |q| q.as_bytes()), param_types);
         let statement = ClientStatement { stmt: stmt.clone(), analysis: analysis.clone() };
         self.statements.insert(Bytes::copy_from_slice(name), statement);
         (stmt, analysis)
@@ -588,8 +592,12 @@ impl Session {
                 self.parsed_locally();
                 return Ok(());
             }
+            let rewritten = self.unnamed.clone().and_then(|analysis| self.text_for_server(&analysis));
             let a = self.server.as_mut().ok_or_else(no_server)?;
-            a.conn.io.wbuf.extend_from_slice(&frame.raw);
+            match rewritten {
+                Some(sql) => protocol::parse(&mut a.conn.io.wbuf, b"", sql.as_bytes(), p.param_types),
+                None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
+            }
             a.conn.queue.push(Pending::client(Reply::Parse));
             return Ok(());
         }

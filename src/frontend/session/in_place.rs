@@ -72,6 +72,7 @@ fn body<'a>(buf: &'a [u8], message: &Range<usize>) -> &'a [u8] {
 fn needs_general_path(analysis: &Analysis) -> bool {
     super::admission::is_refused(analysis)
         || !analysis.set_config_name_params.is_empty()
+        || !analysis.prepared_view.is_empty()
         || local_kind(analysis).is_some()
         || !analysis.session_changes.is_empty()
         || matches!(analysis.kind, StatementKind::Deallocate(_))

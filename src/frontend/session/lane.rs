@@ -36,6 +36,7 @@ fn leaves_no_state(analysis: &Analysis) -> bool {
         && analysis.pin.is_none()
         && analysis.session_changes.is_empty()
         && !super::admission::is_refused(analysis)
+        && analysis.prepared_view.is_empty()
 }
 
 impl Session {

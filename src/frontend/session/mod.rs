@@ -18,6 +18,7 @@ mod in_place;
 mod lane;
 mod long_statement;
 mod named;
+mod prepared_view;
 mod proxy_call;
 mod scatter;
 mod server;

@@ -70,6 +70,11 @@ impl NamedStatements {
         Some(old)
     }
 
+    /// Every statement, with the client's name for it.
+    pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &ClientStatement)> {
+        self.map.iter()
+    }
+
     pub fn clear(&mut self) {
         self.map.clear();
         self.bytes = 0;

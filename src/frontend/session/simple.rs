@@ -156,8 +156,15 @@ impl Session {
             self.statements.clear();
         }
         let changes = analysis.session_changes.len();
+        let rewritten = self.text_for_server(&analysis);
+        let Some(a) = self.server.as_mut() else {
+            return Err(FrontendError::Protocol("no server attached".into()));
+        };
         a.conn.queue.push(Pending::Client { reply: Reply::Query, statement: None, changes });
-        a.conn.io.wbuf.extend_from_slice(&frame.raw);
+        match rewritten {
+            Some(sql) => protocol::query(&mut a.conn.io.wbuf, &sql),
+            None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
+        }
         self.setting_changes.extend(analysis.session_changes.iter().cloned());
         self.note_session_risk(analysis.session_risk());
         if lane_candidate {
