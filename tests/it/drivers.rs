@@ -107,6 +107,26 @@ async fn node_postgres() {
     run_check(cmd, "node-postgres ok").await;
 }
 
+/// What node-postgres' own tests found through pgtenant (issue 57, item 4): a client
+/// whose backend ends gets its 'error' and 'end' events, in both pool modes.
+#[tokio::test(flavor = "multi_thread")]
+async fn node_postgres_learns_its_backend_ended() {
+    if !available(
+        "node-postgres",
+        Command::new("node").env("NODE_PATH", node_path()).args(["-e", "require('pg')"]),
+    ) {
+        return;
+    }
+    use pgtenant::config::PoolMode;
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        let mut cmd = Command::new("node");
+        cmd.env("NODE_PATH", node_path())
+            .env("SHARD_PORT", crate::harness::shards().ports[0].to_string())
+            .arg(scripts().join("node_pg_found.js"));
+        run_check_on(cmd, "node-postgres found ok", move |c| c.proxy.pool_mode = mode).await;
+    }
+}
+
 const JDBC_JAR: &str = "/usr/share/java/postgresql.jar";
 
 #[tokio::test(flavor = "multi_thread")]
