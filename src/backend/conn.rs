@@ -50,6 +50,10 @@ pub enum ServerAddr {
     Unix(Arc<Path>),
 }
 
+/// Statements forgotten on one connection and not closed yet, at most (see
+/// `ServerConn::forget_statement`).
+const MAX_TO_CLOSE: usize = 64;
+
 /// Messages larger than this from a server are treated as a broken connection.
 pub const MAX_SERVER_MESSAGE: usize = 1 << 30;
 
@@ -69,8 +73,11 @@ pub struct ServerConn {
     /// The transaction of `unsettled` failed or was rolled back (wholly, or to a
     /// savepoint), as far as the server said.
     unsettled_doubtful: bool,
-    /// Statements to close on the server at its next ReadyForQuery: after an error it
-    /// skips everything up to the Sync, a Close too.
+    /// Statements forgotten here that the server still holds: closed before the next
+    /// request starts on the connection (`flush_closes`), or before one of them is
+    /// prepared again (`note_prepared`). Not at once: after an error the server skips
+    /// everything up to the Sync, a Close too, and a Close added behind a request's
+    /// ReadyForQuery would leave the connection owing an answer between requests.
     to_close: Vec<u64>,
     pub settings: Arc<Settings>,
     pub tenant: TenantGuc,
@@ -185,17 +192,17 @@ impl ServerConn {
     pub fn note_prepared(&mut self, stmt: &Arc<PreparedStatement>) {
         let id = stmt.id;
         self.unsettled.push(stmt.clone());
+        if let Some(at) = self.to_close.iter().position(|&c| c == id) {
+            // The server still holds the name: a Parse of it would fail (42P05).
+            self.to_close.swap_remove(at);
+            self.close_on_server(id);
+        }
         if self.queue.is_skipping() {
             self.prepared.record(id);
             return;
         }
         if let Some(evicted) = self.prepared.insert(id) {
-            protocol::close_statement(&mut self.io.wbuf, server_name(evicted).as_bytes());
-            self.queue.push(Pending::Injected {
-                reply: Reply::Close,
-                on_error: OnError::Swallow,
-                statement: None,
-            });
+            self.close_on_server(evicted);
         }
     }
 
@@ -209,9 +216,10 @@ impl ServerConn {
 
     /// A ReadyForQuery with `status` came. Once the server is idle outside a
     /// transaction, the statements prepared in it are settled: kept if it committed,
-    /// else forgotten and closed, so that no other client binds a plan that rests on
-    /// what the rollback took away (issue 57: a type created in a transaction that never
-    /// committed). The statements queued to close are closed now.
+    /// else forgotten (see `forget_statement`), so that no other client binds a plan
+    /// that rests on what the rollback took away (issue 57: a type created in a
+    /// transaction that never committed).
+    #[inline]
     pub fn after_ready(&mut self, status: TxStatus) {
         if status == TxStatus::Idle && !self.unsettled.is_empty() {
             let doubtful = std::mem::take(&mut self.unsettled_doubtful);
@@ -221,14 +229,6 @@ impl ServerConn {
                     self.forget_statement(stmt.id);
                 }
             }
-        }
-        for id in std::mem::take(&mut self.to_close) {
-            protocol::close_statement(&mut self.io.wbuf, server_name(id).as_bytes());
-            self.queue.push(Pending::Injected {
-                reply: Reply::Close,
-                on_error: OnError::Swallow,
-                statement: None,
-            });
         }
     }
 
@@ -241,11 +241,38 @@ impl ServerConn {
         }
     }
 
-    /// Statement `id` is not to be used here any more: it is closed at the next
-    /// ReadyForQuery, and prepared again when a client binds it.
+    /// Statement `id` is not to be used here any more: it is closed on the server before
+    /// the next request (see `to_close`), and prepared again when a client binds it. A
+    /// connection with more than `MAX_TO_CLOSE` such statements is closed instead.
     pub fn forget_statement(&mut self, id: u64) {
         self.prepared.remove(id);
-        self.to_close.push(id);
+        if !self.to_close.contains(&id) {
+            self.to_close.push(id);
+        }
+        if self.to_close.len() > MAX_TO_CLOSE {
+            self.broken = true;
+        }
+    }
+
+    /// Closes the statements forgotten here, ahead of the request about to be written:
+    /// their answers are swallowed.
+    #[inline]
+    pub fn flush_closes(&mut self) {
+        if self.to_close.is_empty() || self.queue.is_skipping() {
+            return;
+        }
+        for id in std::mem::take(&mut self.to_close) {
+            self.close_on_server(id);
+        }
+    }
+
+    fn close_on_server(&mut self, id: u64) {
+        protocol::close_statement(&mut self.io.wbuf, server_name(id).as_bytes());
+        self.queue.push(Pending::Injected {
+            reply: Reply::Close,
+            on_error: OnError::Swallow,
+            statement: None,
+        });
     }
 
     /// Runs `DISCARD ALL` so nothing of the previous client survives.

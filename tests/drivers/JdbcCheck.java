@@ -84,6 +84,22 @@ public class JdbcCheck {
           check("57014".equals(e.getSQLState()), "cancel: " + e.getSQLState());
         }
       }
+      // A batch of 100,000 rows, in autocommit and in a transaction (issue 57, item 2).
+      try (Statement s = c.createStatement()) { s.execute("drop table if exists jdbc_bulk; create table jdbc_bulk (tenant_id bigint, v int)"); }
+      for (boolean autocommit : new boolean[] { true, false }) {
+        c.setAutoCommit(autocommit);
+        try (PreparedStatement ps = c.prepareStatement("insert into jdbc_bulk values (1500, ?)")) {
+          for (int i = 0; i < 100_000; i++) { ps.setInt(1, i); ps.addBatch(); }
+          ps.executeBatch();
+        }
+        if (!autocommit) c.commit();
+      }
+      c.setAutoCommit(true);
+      try (Statement s = c.createStatement(); ResultSet r = s.executeQuery("select count(*) from jdbc_bulk")) {
+        r.next();
+        check(r.getLong(1) == 200_000, "batch rows: " + r.getLong(1));
+        s.execute("drop table jdbc_bulk");
+      }
       // Snowflake IDs answered by pgtenant, also once pgJDBC prepares on the "server".
       long last = 0;
       try (PreparedStatement ps = c.prepareStatement("select pgtenant.next_id(?)")) {

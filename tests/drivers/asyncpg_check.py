@@ -76,6 +76,14 @@ async def main():
     assert len(ids) == 100 and ids == sorted(set(ids)) and ids[0] > sid
     row = await c.fetchrow("select * from pgtenant.decode_id($1)", sid)
     assert (row["shard_id"], row["instance"]) == (2, 1) and row["timestamp"].year >= 2024, row
+    # executemany pipelines every row and syncs once (issue 57, item 2): 100,000 rows,
+    # outside a transaction and inside one.
+    await c.execute("drop table if exists apg_bulk; create table apg_bulk (tenant_id bigint, v int)")
+    await c.executemany("insert into apg_bulk values ($1, $2)", [(1500, i) for i in range(100_000)])
+    async with c.transaction():
+        await c.executemany("insert into apg_bulk values ($1, $2)", [(1500, i) for i in range(100_000)])
+    assert await c.fetchval("select count(*) from apg_bulk") == 200_000
+    await c.execute("drop table apg_bulk")
     print("asyncpg ok")
 
 

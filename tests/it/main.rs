@@ -15,7 +15,6 @@ mod fair_share;
 mod lifecycle;
 mod memory_limits;
 mod moves;
-mod other_sessions;
 mod pipelining;
 mod placement;
 mod pooling;

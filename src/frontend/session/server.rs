@@ -76,6 +76,7 @@ impl Session {
         let Some(a) = self.server.as_mut() else {
             return Ok(());
         };
+        a.conn.flush_closes();
         a.route = route.clone();
         tracing::debug!(tenant = ?route.tenant, shard = route.shard, "transaction routed");
         if std::mem::take(&mut a.conn.settings_unknown) {
