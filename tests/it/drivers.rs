@@ -88,6 +88,13 @@ async fn asyncpg() {
     python_check("asyncpg", "asyncpg_check.py", "asyncpg ok").await;
 }
 
+fn node_postgres_available() -> bool {
+    available(
+        "node-postgres",
+        Command::new("node").env("NODE_PATH", node_path()).args(["-e", "require('pg')"]),
+    )
+}
+
 fn node_path() -> String {
     std::env::var("PGTENANT_NODE_PATH").unwrap_or_else(|_| {
         format!("{}/.cache/pgtenant-node/node_modules", std::env::var("HOME").unwrap_or_default())
@@ -96,10 +103,7 @@ fn node_path() -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn node_postgres() {
-    if !available(
-        "node-postgres",
-        Command::new("node").env("NODE_PATH", node_path()).args(["-e", "require('pg')"]),
-    ) {
+    if !node_postgres_available() {
         return;
     }
     let mut cmd = Command::new("node");
@@ -111,10 +115,7 @@ async fn node_postgres() {
 /// whose backend ends gets its 'error' and 'end' events, in both pool modes.
 #[tokio::test(flavor = "multi_thread")]
 async fn node_postgres_learns_its_backend_ended() {
-    if !available(
-        "node-postgres",
-        Command::new("node").env("NODE_PATH", node_path()).args(["-e", "require('pg')"]),
-    ) {
+    if !node_postgres_available() {
         return;
     }
     use pgtenant::config::PoolMode;

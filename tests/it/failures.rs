@@ -290,22 +290,29 @@ async fn terminated_mid_request(
         let err = client.batch_execute(sql).await.unwrap_err();
         (sqlstate(&err), client)
     });
+    let running = terminate_once_running(admin, sql).await;
+    let (code, client) = sleeper.await.unwrap();
+    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
+    (client, running)
+}
+
+/// Waits until the shard shows statement `sql` running (its text unique among the
+/// tests), then terminates its backend as an administrator would; returns its pid.
+async fn terminate_once_running(admin: &tokio_postgres::Client, sql: &str) -> i32 {
     let sleeping = "SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'active'";
     let mut running = None;
-    for _ in 0..100 {
+    for _ in 0..200 {
         running = admin.query_opt(sleeping, &[&sql]).await.unwrap().map(|r| r.get::<_, i32>(0));
         if running.is_some() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let running = running.expect("the statement runs");
+    let running = running.unwrap_or_else(|| panic!("{sql} runs"));
     let killed: bool =
         admin.query_one("SELECT pg_terminate_backend($1, 5000)", &[&running]).await.unwrap().get(0);
     assert!(killed);
-    let (code, client) = sleeper.await.unwrap();
-    assert!(code == "08006" || code == "57P01", "the lost request's error: {code}");
-    (client, running)
+    running
 }
 
 /// A client waiting for a full pool gets the place of a connection that closed under
@@ -382,19 +389,7 @@ async fn every_request_pipelined_on_a_server_that_dies_is_answered() {
                 frontend::query("SELECT 2", &mut out).unwrap();
             }
             client.send(&out).await;
-            let running = "SELECT pid FROM pg_stat_activity WHERE query = $1 AND state = 'active'";
-            let mut pid = None;
-            for _ in 0..200 {
-                pid = admin.query_opt(running, &[&sleep]).await.unwrap().map(|r| r.get::<_, i32>(0));
-                if pid.is_some() {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            let pid = pid.unwrap_or_else(|| panic!("{mode:?}: the statement runs"));
-            let killed: bool =
-                admin.query_one("SELECT pg_terminate_backend($1)", &[&pid]).await.unwrap().get(0);
-            assert!(killed);
+            terminate_once_running(&admin, &sleep).await;
             if mode == pgtenant::config::PoolMode::Session {
                 let mut seen = Vec::new();
                 while let Some(m) = client.recv().await {
