@@ -15,7 +15,7 @@ use super::cancel::CancelTarget;
 use super::error::BackendError;
 use super::prepared::{PreparedStatement, server_name};
 use super::prepared_on_server::PreparedOnServer;
-use super::settings::{Settings, TenantGuc};
+use super::settings::{ReadOnlyGuc, Settings, TenantGuc};
 use super::state::{OnError, Pending, Reply, ResponseQueue};
 use super::tls::ServerTls;
 use crate::net::{Duplex, Stream};
@@ -81,8 +81,8 @@ pub struct ServerConn {
     to_close: Vec<u64>,
     pub settings: Arc<Settings>,
     pub tenant: TenantGuc,
-    /// `default_transaction_read_only` was turned on for a tenant that may not write.
-    pub read_only: bool,
+    /// `default_transaction_read_only`, turned on for a tenant that may not write.
+    pub read_only: ReadOnlyGuc,
     /// SQL that ran here may have changed settings behind pgtenant's back (a DO block,
     /// a function it does not know): the next transaction pooled onto it starts with
     /// RESET ALL, and its settings and tenant GUC are sent again.
@@ -287,7 +287,7 @@ impl ServerConn {
         self.to_close.clear();
         self.settings = Settings::empty();
         self.tenant = TenantGuc::Unknown;
-        self.read_only = false;
+        self.read_only = ReadOnlyGuc::Off;
         self.settings_unknown = false;
         Ok(())
     }
@@ -448,7 +448,7 @@ async fn login(
         to_close: Vec::new(),
         settings: Settings::empty(),
         tenant: TenantGuc::Unknown,
-        read_only: false,
+        read_only: ReadOnlyGuc::Off,
         settings_unknown: false,
         status: TxStatus::Idle,
         queue: ResponseQueue::default(),

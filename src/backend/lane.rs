@@ -143,7 +143,7 @@ impl Lane {
     /// A lane for `conn`, whose driver the caller spawns (`drive`).
     pub fn new(conn: PooledConn) -> Arc<Lane> {
         let settings_version = conn.settings.version;
-        let read_only = conn.read_only;
+        let read_only = conn.read_only == crate::backend::ReadOnlyGuc::On;
         Arc::new(Lane {
             inner: Mutex::new(LaneInner {
                 conn: Some(conn),

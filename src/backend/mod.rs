@@ -26,8 +26,8 @@ pub use prepared::{PreparedStatement, StatementRegistry, server_name};
 pub use prepared_on_server::{PreparedOnServer, SET_TENANT_STATEMENT_ID};
 pub use relay::{RelayNotes, RelayStop};
 pub use settings::{
-    SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, quote_literal, settings_sql,
-    tenant_sql,
+    ReadOnlyGuc, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, quote_literal,
+    settings_sql, tenant_sql,
 };
 pub use state::{Effects, OnError, Pending, Reply, ResponseQueue};
 pub use tls::ServerTls;

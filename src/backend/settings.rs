@@ -113,6 +113,29 @@ impl TenantGuc {
     }
 }
 
+/// What a server connection's `default_transaction_read_only` holds, as far as pgtenant
+/// knows: the server's own wall behind its check of each statement for tenants that
+/// may not write, which also stops writes hidden in functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ReadOnlyGuc {
+    /// Off, as a new connection starts (or after RESET ALL, DISCARD ALL).
+    #[default]
+    Off,
+    /// Turned on by pgtenant.
+    On,
+    /// SQL pgtenant cannot follow (a DO block, a function) may have changed it: set
+    /// again before the next transaction.
+    Unknown,
+}
+
+impl ReadOnlyGuc {
+    /// Whether the server is known to hold the mode a tenant that may (`false`) or may
+    /// not (`true`) write needs.
+    pub fn holds(self, read_only: bool) -> bool {
+        self == if read_only { ReadOnlyGuc::On } else { ReadOnlyGuc::Off }
+    }
+}
+
 /// The SQL that takes a server's session settings from `from` to `to`, or `None`
 /// when nothing differs. A value the server rejects fails the whole string, which
 /// runs as one implicit transaction: keep the tenant GUC out of it (`tenant_sql`).

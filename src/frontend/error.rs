@@ -110,6 +110,9 @@ pub enum FrontendError {
     StrictCatalog { shard: ShardId, reason: String },
     #[error("tenant {tenant} is {state} on shard {shard}: writes are refused, reads are served")]
     TenantReadOnly { tenant: TenantId, shard: ShardId, state: &'static str },
+    /// A statement would take down the read-only wall of a tenant that may not write.
+    #[error("tenant {tenant} is {state} on shard {shard}: {what} would let it write, and is refused")]
+    ReadOnlyWall { tenant: TenantId, shard: ShardId, state: &'static str, what: &'static str },
     #[error("the session is pinned to shard {shard} by {reason}; this request belongs on shard {other}")]
     PinnedElsewhere { shard: ShardId, reason: &'static str, other: ShardId },
     #[error(

@@ -66,7 +66,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         | E::StrictIsolation { .. }
         | E::StrictCatalog { .. }
         | E::OtherSessions { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
-        E::TenantReadOnly { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
+        E::TenantReadOnly { .. } | E::ReadOnlyWall { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
         E::Checkout(CheckoutError::Unreachable { .. }) => sqlstate::UNABLE_TO_CONNECT,

@@ -199,6 +199,11 @@ pub struct Analysis {
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
     /// GUC would change behind pgtenant's back.
     pub tampers_tenant_guc: bool,
+    /// A statement takes down the read-only wall a tenant that may not write has (see
+    /// `lifts_read_only`): refused for such a tenant.
+    pub lifts_read_only: bool,
+    /// A statement controls the transaction block (BEGIN, COMMIT, SAVEPOINT, ...).
+    pub controls_transaction: bool,
     /// The `$n` parameters that name the setting of a `set_config` call: whether it is
     /// the tenant parameter shows only at Bind (see `Session::refusal_of_bound`).
     pub set_config_name_params: Box<[u16]>,
@@ -301,6 +306,8 @@ impl Analysis {
             session_changes: Box::default(),
             bad_setting: None,
             tampers_tenant_guc: false,
+            lifts_read_only: false,
+            controls_transaction: false,
             set_config_name_params: Box::default(),
             other_sessions: None,
             prepared_view: Box::default(),
@@ -398,6 +405,8 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         session_changes: session_changes.into(),
         bad_setting,
         tampers_tenant_guc,
+        lifts_read_only: statements.iter().any(|stmt| lifts_read_only(&Words { sql: &text, tokens: stmt })),
+        controls_transaction,
         set_config_name_params,
         other_sessions,
         prepared_view: super::prepared_view::references(&text, &code).into(),
@@ -559,7 +568,7 @@ const DML_STARTS: [&str; 8] = ["select", "insert", "update", "delete", "merge", 
 pub const ROUTING_VERSION: &str = "pgtenant.routing_version";
 
 /// Statements that only read (or only manage the session): what a read-only tenant may run.
-const READ_ONLY_STARTS: [&str; 21] = [
+const READ_ONLY_STARTS: [&str; 23] = [
     "select",
     "show",
     "values",
@@ -581,6 +590,8 @@ const READ_ONLY_STARTS: [&str; 21] = [
     "deallocate",
     "listen",
     "unlisten",
+    "savepoint",
+    "release",
 ];
 
 /// Whether any statement of `sql` may change data or schema. Conservative: what it
@@ -591,6 +602,11 @@ fn may_write(sql: &str) -> bool {
         let w = Words { sql, tokens: stmt };
         if w.is(0, "with") {
             return ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
+        }
+        if w.is(0, "copy") {
+            // COPY ... TO writes no table: unless its query writes, or it writes a file.
+            let copies_out = w.contains_word("to") && !w.contains_word("from") && !w.contains_word("program");
+            return !copies_out || ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
         }
         let reads = READ_ONLY_STARTS.iter().any(|k| w.is(0, k));
         let select_into = w.is(0, "select") && w.contains_word("into");
@@ -925,6 +941,32 @@ pub fn is_plain_setting(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
+/// The settings that make a transaction read-only: pgtenant turns the first on for a
+/// tenant that may not write, and the tenant may change neither.
+pub const READ_ONLY_SETTINGS: [&str; 2] = ["default_transaction_read_only", "transaction_read_only"];
+
+/// Whether a statement would let its transaction, or the session's next ones, write
+/// although pgtenant made them read-only: `BEGIN`/`START TRANSACTION`/`SET TRANSACTION`/
+/// `SET SESSION CHARACTERISTICS AS TRANSACTION` with `READ WRITE`, a SET or RESET of
+/// `READ_ONLY_SETTINGS`, or `set_config` of one of them by name.
+fn lifts_read_only(w: &Words) -> bool {
+    let read_write = (1..w.tokens.len()).any(|i| w.is(i - 1, "read") && w.is(i, "write"));
+    let begins = w.is(0, "begin") || (w.is(0, "start") && w.is(1, "transaction"));
+    let sets_mode =
+        w.is(0, "set") && (w.is(1, "transaction") || (w.is(1, "session") && w.is(2, "characteristics")));
+    if read_write && (begins || sets_mode) {
+        return true;
+    }
+    let protected = |name: &str| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s));
+    if w.is(0, "set") || w.is(0, "reset") {
+        let at = if w.is(1, "session") || w.is(1, "local") { 2 } else { 1 };
+        if protected(&setting_name(w, at).0) {
+            return true;
+        }
+    }
+    set_config_calls(w).any(|i| set_config_name(w, i).is_some_and(|name| protected(&name)))
+}
+
 /// Transaction control of any kind, savepoints included.
 fn controls_transaction_block(w: &Words) -> bool {
     ["begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"]
@@ -1014,6 +1056,40 @@ mod tests {
         assert!(writes("explain analyze update accounts set x = 1"));
         assert!(writes("create table t (a int)"));
         assert!(writes("copy accounts from stdin"));
+        assert!(!writes("COPY (SELECT 1) TO STDOUT"));
+        assert!(!writes("copy accounts to stdout with (format csv)"));
+        assert!(writes("copy (delete from accounts returning *) to stdout"));
+        assert!(writes("copy accounts to program 'cat'"));
+        assert!(!writes("BEGIN; SAVEPOINT a; RELEASE a; ROLLBACK TO SAVEPOINT a; COMMIT"));
+    }
+
+    #[test]
+    fn sees_every_way_to_lift_the_read_only_wall() {
+        let lifts = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).lifts_read_only;
+        for sql in [
+            "BEGIN READ WRITE",
+            "begin isolation level serializable, read write",
+            "START TRANSACTION READ WRITE",
+            "BEGIN; SET TRANSACTION READ WRITE; SELECT 1; COMMIT",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE",
+            "SET default_transaction_read_only = off",
+            "set session DEFAULT_TRANSACTION_READ_ONLY to false",
+            "SET LOCAL transaction_read_only = off",
+            "RESET default_transaction_read_only",
+            "SELECT set_config('default_transaction_read_only', 'off', false)",
+            "SELECT 1; SELECT pg_catalog.set_config('transaction_read_only', 'off', true)",
+        ] {
+            assert!(lifts(sql), "{sql}");
+        }
+        for sql in [
+            "BEGIN",
+            "BEGIN READ ONLY",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SELECT 1",
+            "RESET ALL",
+        ] {
+            assert!(!lifts(sql), "{sql}");
+        }
     }
 
     #[test]

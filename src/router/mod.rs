@@ -28,8 +28,9 @@ pub struct Confinement {
 }
 
 pub use analyze::{
-    ALL_SHARDS, Analysis, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER,
-    SessionChange, StatementKind, TARGET_PARAMETER, is_plain_setting, mentions_all_shards, target_of,
+    ALL_SHARDS, Analysis, BadSetting, ConfigArg, PinReason, READ_ONLY_SETTINGS, ROUTING_VERSION,
+    SCATTER_PARAMETER, SessionChange, StatementKind, TARGET_PARAMETER, is_plain_setting, mentions_all_shards,
+    target_of,
 };
 pub use effects::SessionRisk;
 pub use prepared_view::{ViewRef, rewrite as rewrite_prepared_view};

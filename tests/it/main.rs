@@ -18,6 +18,7 @@ mod moves;
 mod pipelining;
 mod placement;
 mod pooling;
+mod read_only;
 mod replica_reads;
 mod routing;
 mod scatter;

@@ -99,7 +99,7 @@ pub async fn ready(
         }
         conn.settings = Settings::empty();
         conn.tenant = TenantGuc::Unknown;
-        conn.read_only = false;
+        conn.read_only = crate::backend::ReadOnlyGuc::Off;
     }
     if let Some(sql) = settings_sql(&conn.settings, settings) {
         if let Some(fields) = conn.run_sql(&sql).await? {

@@ -451,7 +451,7 @@ impl Session {
                     self.skip_until_sync = true;
                     return Ok(());
                 }
-                if let Some(Err(err)) = analysis.as_deref().map(|a| self.check_writable(a)) {
+                if let Some(Err(err)) = analysis.as_deref().map(|a| self.check_writable(a, Some(b.rest))) {
                     self.reply_error(&err, false);
                     self.skip_until_sync = true;
                     return Ok(());

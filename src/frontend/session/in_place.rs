@@ -181,7 +181,7 @@ impl Session {
             a.open_request = true;
             copied = parse.end;
         }
-        if let Err(err) = self.check_writable(&bound) {
+        if let Err(err) = self.check_writable(&bound, None) {
             // As the general path does: the Parse went, the rest is skipped up to the Sync.
             self.reply_error(&err, false);
             self.skip_until_sync = true;

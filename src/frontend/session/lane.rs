@@ -75,7 +75,9 @@ impl Session {
         analysis: &Arc<Analysis>,
         request: LaneRequest<'_>,
     ) -> Result<bool, FrontendError> {
-        if check_writable_on(route, analysis).is_err() || route.target != crate::router::NodeTarget::Primary {
+        if check_writable_on(route, analysis, None).is_err()
+            || route.target != crate::router::NodeTarget::Primary
+        {
             // Lanes run on primaries; a read for a replica takes the usual path there.
             return Ok(false);
         }
@@ -95,7 +97,7 @@ impl Session {
                 let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
                 let (pool, conn) = self.checkout_primary(route, wanted).await?;
                 if conn.settings.version != version
-                    || conn.read_only != read_only
+                    || !conn.read_only.holds(read_only)
                     || pool.only_checkout_with_room()
                 {
                     // It needs SETs first, or it is alone on the node: the usual path

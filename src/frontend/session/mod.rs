@@ -105,6 +105,9 @@ struct Attached {
     /// transaction block since (before the first one, the server's status says nothing
     /// of it yet).
     block_begun: bool,
+    /// A statement that may run code pgtenant cannot follow went out in the request
+    /// under way (see `Session::check_writable`).
+    unknown_code_in_request: bool,
 }
 
 pub struct Session {

@@ -11,9 +11,9 @@ use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, LagBound, NodeKey, PrimaryChoice};
 use crate::backend::{BackendError, CheckoutError};
 use crate::backend::{
-    OnError, Pending, PooledConn, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID, ServerConn,
-    ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted, settings_sql,
-    tenant_sql,
+    OnError, Pending, PooledConn, ReadOnlyGuc, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID,
+    ServerConn, ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted,
+    settings_sql, tenant_sql,
 };
 use crate::config::{IsolationMode, NodeConfig, PoolMode};
 use crate::directory::{ShardId, TenantId};
@@ -22,7 +22,8 @@ use crate::frontend::primary_now;
 use crate::observe::conns::ConnState;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
-    Analysis, NodeTarget, Route, Router, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
+    Analysis, NodeTarget, READ_ONLY_SETTINGS, Route, Router, SessionChange, SessionRisk, TARGET_PARAMETER,
+    TargetMode, target_of,
 };
 use crate::tenancy::tenant_tag_of;
 
@@ -39,6 +40,13 @@ impl Session {
     /// SETs that give it this client's settings and tenant. `dml_only`: the request runs
     /// single DML statements only, which may share an implicit transaction with the SET.
     pub(super) async fn begin_on(&mut self, mut route: Route, dml_only: bool) -> Result<(), FrontendError> {
+        if let ClientTx::DeferredBegin(begin) = &self.tx
+            && !route.state.allows_writes()
+        {
+            // The client's BEGIN, answered when it came, is checked now that its tenant is.
+            let begin = self.recent.get_or_analyze(&self.shared.router, &begin.clone());
+            check_writable_on(&route, &begin, None)?;
+        }
         if let Some(a) = &self.server
             && a.route.shard != route.shard
         {
@@ -85,14 +93,14 @@ impl Session {
             inject_sql(&mut a.conn, "RESET ALL", OnError::Swallow);
             a.conn.settings = Settings::empty();
             a.conn.tenant = TenantGuc::Unknown;
-            a.conn.read_only = false;
+            a.conn.read_only = ReadOnlyGuc::Off;
         }
         let settings = settings_sql(&a.conn.settings, &self.settings);
         let read_only = !route.state.allows_writes();
         if dml_only
             && !a.conn.tenant.holds(route.tenant.as_ref())
             && settings.is_none()
-            && a.conn.read_only == read_only
+            && a.conn.read_only.holds(read_only)
             && matches!(self.tx, ClientTx::Idle)
             && let Some(context) = context
         {
@@ -114,7 +122,7 @@ impl Session {
         // server rejects rolls back its whole query, and must not take the tenant with it.
         let mut guard =
             tenant_sql(&a.conn.tenant, route.tenant.as_ref(), context, a.conn.cancel.pid).unwrap_or_default();
-        if a.conn.read_only != read_only {
+        if !a.conn.read_only.holds(read_only) {
             // The server's own wall behind pgtenant's check of each statement: it also
             // stops writes that hide in functions.
             guard.push_str(if read_only {
@@ -126,7 +134,7 @@ impl Session {
         if !guard.is_empty() {
             inject_sql(&mut a.conn, &guard, OnError::Swallow);
             a.conn.tenant = TenantGuc::Known(route.tenant.clone());
-            a.conn.read_only = read_only;
+            a.conn.read_only = if read_only { ReadOnlyGuc::On } else { ReadOnlyGuc::Off };
         }
         // Only a deferred BEGIN is taken: a failed transaction never gets here (see
         // `failed_tx`), and must not be turned into an idle one on the way.
@@ -161,7 +169,12 @@ impl Session {
         let shared = self.pool_mode == PoolMode::Transaction;
         if let Some(a) = self.server.as_mut() {
             a.conn.tenant = TenantGuc::Unknown;
-            a.conn.settings_unknown |= risk == SessionRisk::Anything && shared && a.pin.is_none();
+            if risk == SessionRisk::Anything {
+                // A protected setting as much as the tenant GUC, in either pool mode.
+                a.conn.read_only = ReadOnlyGuc::Unknown;
+                a.unknown_code_in_request = true;
+                a.conn.settings_unknown |= shared && a.pin.is_none();
+            }
         }
     }
 
@@ -213,6 +226,7 @@ impl Session {
             settings_before: None,
             timing: None,
             block_begun: false,
+            unknown_code_in_request: false,
         });
     }
 
@@ -425,9 +439,25 @@ impl Session {
     }
 
     /// A tenant that may not write (read_only, moving) gets its writes refused here,
-    /// before they reach the server.
-    pub(super) fn check_writable(&self, analysis: &Analysis) -> Result<(), FrontendError> {
-        self.server.as_ref().map_or(Ok(()), |a| check_writable_on(&a.route, analysis))
+    /// before they reach the server (see `check_writable_on`); `bound`: the Bind's
+    /// parameters. Within one request, a statement pgtenant cannot follow may have turned
+    /// the wall off for the next transactions (`default_transaction_read_only` in a
+    /// function): no transaction boundary may follow it before pgtenant sets it again,
+    /// as it does before the next request's transaction.
+    pub(super) fn check_writable(
+        &self,
+        analysis: &Analysis,
+        bound: Option<&[u8]>,
+    ) -> Result<(), FrontendError> {
+        let Some(a) = self.server.as_ref() else { return Ok(()) };
+        check_writable_on(&a.route, analysis, bound)?;
+        if a.unknown_code_in_request && analysis.controls_transaction {
+            return read_only_wall(
+                &a.route,
+                "a transaction boundary after SQL pgtenant cannot follow, in one request",
+            );
+        }
+        Ok(())
     }
 
     /// Relays every complete server message and acts on ReadyForQuery.
@@ -452,6 +482,7 @@ impl Session {
             return;
         };
         let failed = std::mem::take(&mut a.request_failed);
+        a.unknown_code_in_request = false;
         if status == TxStatus::Idle {
             a.block_begun = false;
         }
@@ -510,6 +541,8 @@ impl Session {
                 self.settings = self.startup_settings.clone();
                 a.conn.settings = Settings::empty();
                 a.conn.tenant = TenantGuc::Unknown;
+                // The server's default again: set again before the next transaction.
+                a.conn.read_only = ReadOnlyGuc::Unknown;
             }
         }
         self.follow_target();
@@ -631,15 +664,48 @@ impl Session {
     }
 }
 
-/// Refuses a statement that may write for a read-only tenant of `route`.
-pub(super) fn check_writable_on(route: &Route, analysis: &Analysis) -> Result<(), FrontendError> {
+/// Refuses, for a tenant of `route` that may not write, a statement that may write, and
+/// one that would take down the server's wall (`default_transaction_read_only`, which
+/// pgtenant sets for it): `READ WRITE`, a change of the read-only settings (by name, or
+/// by a `set_config` name among the Bind's parameters `bound`), or a transaction boundary
+/// behind SQL pgtenant cannot follow in one query (a function could have turned it off
+/// for the transactions after it).
+pub(super) fn check_writable_on(
+    route: &Route,
+    analysis: &Analysis,
+    bound: Option<&[u8]>,
+) -> Result<(), FrontendError> {
     let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
         return Ok(());
     };
+    let names_wall = |rest: &[u8]| {
+        analysis.set_config_name_params.iter().any(|&n| {
+            super::extended::text_parameter(rest, n)
+                .is_none_or(|name| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s)))
+        })
+    };
+    if analysis.lifts_read_only || bound.is_some_and(names_wall) {
+        return read_only_wall(
+            route,
+            "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,",
+        );
+    }
+    if analysis.is_multi && analysis.controls_transaction && analysis.session_risk() == SessionRisk::Anything
+    {
+        return read_only_wall(
+            route,
+            "a transaction boundary after SQL pgtenant cannot follow, in one query,",
+        );
+    }
     if !analysis.may_write() {
         return Ok(());
     }
     Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
+}
+
+fn read_only_wall(route: &Route, what: &'static str) -> Result<(), FrontendError> {
+    let tenant = route.tenant.clone().unwrap_or(TenantId::Int(0));
+    Err(FrontendError::ReadOnlyWall { tenant, shard: route.shard, state: route.state.describe(), what })
 }
 
 /// Relays complete messages from the server's read buffer up to the first that ends

@@ -107,7 +107,7 @@ impl Session {
                 .route(self.tenant.as_ref(), &named, std::slice::from_ref(&analysis), &mut self.placement)
                 .await
                 .map_err(FrontendError::from)
-                .and_then(|route| check_writable_on(&route, &analysis).map(|()| route));
+                .and_then(|route| check_writable_on(&route, &analysis, None).map(|()| route));
             let route = match route {
                 Ok(mut route) => {
                     self.aim(&mut route, std::slice::from_ref(&analysis));
@@ -135,7 +135,7 @@ impl Session {
         } else {
             let shard = self.server.as_ref().map(|a| a.route.shard);
             let mut checked =
-                self.check_fits_transaction(&named).await.and_then(|()| self.check_writable(&analysis));
+                self.check_fits_transaction(&named).await.and_then(|()| self.check_writable(&analysis, None));
             if let (Ok(()), Some(shard)) = (&checked, shard) {
                 checked = self.check_strict(shard, &analysis, None).await;
             }
