@@ -15,8 +15,8 @@
 
 use std::sync::LazyLock;
 
-use super::analyze::Words;
 use super::lexer::{TokenKind, code_tokens};
+use super::words::Words;
 
 /// Whether `sql` is one statement that only reads and can wait on no other session:
 /// a SELECT, VALUES, TABLE or WITH without a locking clause, `INTO`, a data-modifying

@@ -2,15 +2,20 @@
 //! turns it into a `Route` through the directory. The session carries the route out.
 
 mod analyze;
+mod classify;
 mod effects;
 mod facts;
+mod kinds;
 pub(crate) mod lexer;
 mod other_sessions;
+mod plain;
 mod prepared_view;
 mod proxy_call;
 mod quick;
 mod recent;
+mod set_config;
 mod template;
+mod words;
 
 use std::sync::Arc;
 
@@ -27,16 +32,18 @@ pub struct Confinement {
     pub tenants: Vec<Option<TenantId>>,
 }
 
-pub use analyze::{
-    ALL_SHARDS, Analysis, BadSetting, ConfigArg, PinReason, READ_ONLY_SETTINGS, ROUTING_VERSION,
-    SCATTER_PARAMETER, SessionChange, StatementKind, TARGET_PARAMETER, is_plain_setting, mentions_all_shards,
-    target_of,
-};
+pub use analyze::{Analysis, mentions_all_shards};
+pub use classify::{READ_ONLY_SETTINGS, target_of};
 pub use effects::SessionRisk;
+pub use kinds::{
+    ALL_SHARDS, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
+    StatementKind, TARGET_PARAMETER,
+};
 pub use prepared_view::{ViewRef, rewrite as rewrite_prepared_view};
 pub use proxy_call::{CallArg, PidArg, ProxyCall, ProxySelect, Signal};
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;
+pub use words::is_plain_setting;
 
 /// The analysis with the default tenant parameter, for tests outside this layer.
 #[cfg(test)]

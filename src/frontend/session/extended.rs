@@ -1,8 +1,6 @@
 //! Extended-protocol requests. While no transaction is open, messages are held
 //! until Sync or Flush, so the whole request is known before a server is checked
-//! out; a request that goes on past `HOLD_MESSAGES` or `HOLD_BYTES` (a bulk
-//! `executemany` sends one Sync after 100,000 rows) is routed by what it holds then,
-//! and the rest streams to its server as it comes. Named statements are renamed to their shared server name and re-prepared
+//! out; a long request is routed by its first part instead (see `held`). Named statements are renamed to their shared server name and re-prepared
 //! on a server that lacks them; a Parse the server already has is answered by
 //! pgtenant, and so is a Close of a named statement (the server keeps it for others).
 
@@ -23,51 +21,6 @@ use crate::router::{
 };
 
 impl Session {
-    /// Fails the held request as a server fails one: the error, then nothing until the
-    /// client's Sync, which gets its ReadyForQuery.
-    pub(super) async fn refuse_held_request(&mut self, err: &FrontendError) -> Result<(), FrontendError> {
-        self.reply_error(err, false);
-        self.skip_until_sync = true;
-        for frame in std::mem::take(&mut self.batch) {
-            // Through the skip logic, as the messages would have come.
-            Box::pin(self.on_extended(frame)).await?;
-        }
-        Ok(())
-    }
-
-    /// Keeps a message of a request that is held (see the module comment) and is not its
-    /// end; gives the message back when it needs `on_extended`.
-    pub(super) fn hold_extended(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
-        if self.skip_until_sync || matches!(frame.tag, b'S' | b'H') {
-            return Ok(Some(frame));
-        }
-        if self.batch.is_empty() && !self.at_transaction_start() {
-            return Ok(Some(frame));
-        }
-        self.hold(frame);
-        if self.holds_enough() {
-            // Routed by what it holds (see the module comment), in `on_extended`.
-            let last = self.batch.pop().ok_or_else(no_server)?;
-            self.held_bytes -= last.raw.len();
-            return Ok(Some(last));
-        }
-        Ok(None)
-    }
-
-    fn hold(&mut self, frame: Frame) {
-        if self.batch.is_empty() {
-            // Whatever emptied the batch left the count behind.
-            self.held_bytes = 0;
-        }
-        self.held_bytes += frame.raw.len();
-        self.batch.push(frame);
-    }
-
-    /// The held request is long enough to be routed before its Sync.
-    fn holds_enough(&self) -> bool {
-        self.batch.len() >= HOLD_MESSAGES || self.held_bytes >= HOLD_BYTES
-    }
-
     pub(super) async fn on_extended(&mut self, frame: Frame) -> Result<(), FrontendError> {
         if self.skip_until_sync {
             if frame.tag == b'S' {
@@ -794,11 +747,6 @@ pub(super) fn add_new(named: &mut Named, tenants: Named) {
         }
     }
 }
-
-/// Messages and bytes a request is held for at most before it is routed by what it
-/// holds: the session's memory stays bounded, whatever a client sends before its Sync.
-const HOLD_MESSAGES: usize = 1_000;
-const HOLD_BYTES: usize = 1 << 20;
 
 pub(super) fn malformed(what: &str) -> FrontendError {
     FrontendError::Protocol(format!("malformed {what} message"))

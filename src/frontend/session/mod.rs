@@ -14,6 +14,7 @@ mod client_watch;
 mod deallocate;
 mod extended;
 mod failed_tx;
+mod held;
 mod in_place;
 mod lane;
 mod long_statement;
