@@ -118,6 +118,20 @@ async fn a_read_only_tenant_cannot_take_down_its_wall() {
         assert_eq!(crate::harness::raw::sqlstate(&answer), refused, "{mode:?}: {answer:?}");
         assert_eq!(crate::harness::raw::first_column(&raw.query("SELECT 1").await), ["1"], "{mode:?}");
         raw.query("ROLLBACK").await;
+        // Pipelined requests: the write comes before the first one's answer.
+        for pipelined in [["SELECT ro_lift()", "SELECT ro_w()"], ["BEGIN; SELECT ro_lift()", "COMMIT"]] {
+            out.clear();
+            for sql in pipelined {
+                frontend::query(sql, &mut out).unwrap();
+            }
+            frontend::query("SELECT ro_w()", &mut out).unwrap();
+            raw.send(&out).await;
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                answers.push(raw.until_ready().await);
+            }
+            assert_eq!(crate::harness::raw::sqlstate(&answers[2]), refused, "{mode:?}: {pipelined:?}");
+        }
 
         assert_eq!(writes_so_far(&admin).await, 0, "{mode:?}: a write reached the table");
         proxy.shutdown().await;

@@ -40,7 +40,7 @@ use super::Shared;
 use super::cancel::CancelKey;
 use super::error::FrontendError;
 use super::error_response::write_error;
-use crate::backend::{Pending, PooledConn, PreparedStatement, ServerPool, Settings};
+use crate::backend::{Pending, PooledConn, PreparedStatement, ReadOnlyGuc, ServerPool, Settings};
 use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
@@ -537,11 +537,17 @@ impl Session {
     /// (which ended with its Sync or Query). It may ride on the same server only when
     /// the session tenant binds it to that server's tenant, and the tenant GUC there is
     /// certain: one set inside the previous request rolls back if that request fails.
+    /// For a tenant that may not write, its read-only wall must be certain too: code
+    /// pgtenant could not follow may have turned it off for the transactions after it,
+    /// and once the server has answered, pgtenant sets it again before the next one.
     fn next_request_must_wait(&self) -> bool {
         self.server.as_ref().is_some_and(|a| {
             !a.open_request
                 && !a.conn.queue.is_empty()
-                && (a.tenant_in_request || self.tenant.is_none() || self.tenant != a.route.tenant)
+                && (a.tenant_in_request
+                    || self.tenant.is_none()
+                    || self.tenant != a.route.tenant
+                    || (a.conn.read_only == ReadOnlyGuc::Unknown && !a.route.state.allows_writes()))
         })
     }
 
