@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Benchmark: the data path of this build against another build of pgtenant (OLD, a
 # binary), both serving the same `pgtenant dev` shards with the same configuration,
-# interleaved: pgbench -S through each, simple and extended protocol. Prints each
-# run's TPS per mode and build. Settings the old build does not know are left out of
-# its configuration.
+# interleaved: pgbench through each, simple and extended protocol, for each of
+# WORKLOADS (select: -S, the default; insert: one autocommit INSERT ... RETURNING;
+# tpcb: pgbench's TPC-B-like transaction). Prints each run's TPS and the proxy's CPU
+# per transaction, per workload, mode and build. Settings the old build does not know
+# are left out of its configuration.
 #
-#   OLD=/path/to/old/pgtenant [CLIENTS=8] bench/compare_builds.sh [rounds=5] [seconds=5]
+#   OLD=/path/to/old/pgtenant [CLIENTS=8] [WORKLOADS="select insert tpcb"] bench/compare_builds.sh [rounds=5] [seconds=5]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -33,16 +35,38 @@ sed -i "s/^listen = .*/listen = \"127.0.0.1:$OLD_PORT\"/" "$STATE/old.toml"
 stop_on_exit $! INT
 wait_for_port "$OLD_PORT" || { cat "$STATE/old.log" >&2; exit 1; }
 
+OLD_PID=$!
+cat >"$STATE/insert.sql" <<'SQL'
+\set aid random(1, 1000000)
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, 1, CURRENT_TIMESTAMP) RETURNING aid;
+SQL
+TICKS=$(getconf CLK_TCK)
 for round in $(seq "$ROUNDS"); do
-  for mode in simple extended; do
-    order="new old"
-    [ $((round % 2)) = 0 ] && order="old new"
-    for build in $order; do
-      port=$([ "$build" = new ] && echo "$PROXY_PORT" || echo "$OLD_PORT")
-      tps=$(PGOPTIONS="-c pgtenant.tenant_id=7" pgbench -p "$port" -n -S -M "$mode" -c "${CLIENTS:-8}" -j 2 \
-        -T "$SECONDS_PER_RUN" 2>&1 | awk '/^tps/ {print int($3)}')
-      echo "$mode $build $tps"
+  for workload in ${WORKLOADS:-select}; do
+    case $workload in
+      select) args="-S" ;;
+      insert) args="-f $STATE/insert.sql" ;;
+      tpcb) args="-b tpcb-like" ;;
+      *) echo "unknown workload $workload" >&2; exit 1 ;;
+    esac
+    for mode in simple extended; do
+      order="new old"
+      [ $((round % 2)) = 0 ] && order="old new"
+      for build in $order; do
+        port=$PROXY_PORT pid=$PROXY_PID
+        [ "$build" = old ] && port=$OLD_PORT pid=$OLD_PID
+        before=$(cpu_ticks "$pid")
+        # shellcheck disable=SC2086 # the workload's arguments, split on purpose
+        out=$(PGOPTIONS="-c pgtenant.tenant_id=7" pgbench -p "$port" -n $args -M "$mode" -c "${CLIENTS:-8}" -j 2 \
+          -T "$SECONDS_PER_RUN" 2>&1)
+        after=$(cpu_ticks "$pid")
+        tps=$(echo "$out" | awk '/^tps/ {print int($3)}')
+        tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
+        us=$(awk -v d=$((after - before)) -v t="$TICKS" -v n="${tx:-0}" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+        echo "$workload $mode $build ${tps:-0} $us"
+      done
     done
   done
 done >"$STATE/runs"
-awk '{k = $1 " " $2; runs[k] = runs[k] " " $3} END {for (k in runs) print k ":" runs[k]}' "$STATE/runs" | sort
+echo "TPS of each round, then the proxy's CPU µs per transaction of each round"
+awk '{k = $1 " " $2 " " $3; runs[k] = runs[k] " " $4; cpu[k] = cpu[k] " " $5} END {for (k in runs) print k ":" runs[k] " |" cpu[k]}' "$STATE/runs" | sort

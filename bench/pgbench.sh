@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark: pgbench select-only (-S) in simple, extended and prepared mode at 1, 8
-# and 32 clients, directly against PostgreSQL and through pgtenant (transaction
+# Benchmark: pgbench workloads in simple, extended and prepared mode at 1, 8 and 32
+# clients, directly against PostgreSQL and through pgtenant (transaction
 # pooling, pool size 20, session tenant set), and through PgBouncer (transaction
 # pooling, pool size 20) when `pgbouncer` is installed; the targets interleaved over
 # several rounds. Prints median TPS, latency, the ratio to direct, and the CPU time per
@@ -23,13 +23,20 @@
 # which the script turns TLS on for. Both proxies stay plain to the server (pgtenant's
 # default `[server_tls] mode = "disable"`; PgBouncer's server_tls_sslmode = disable).
 #
+# WORKLOADS (default "select") picks pgbench's scripts: select (-S, select-only), tpcb
+# (pgbench's default TPC-B-like transaction), insert (one autocommit INSERT ...
+# RETURNING per transaction, into pgbench_history), connect (-S with a new connection per
+# transaction, -C; SCRAM for every target). CLIENTS=400 runs past shard 1's
+# max_connections (300): its direct run fails, and the proxies are compared with each
+# other (PgBouncer's max_client_conn is 2000 here, pgtenant's max_clients 1000).
+#
 # MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
 #
 # VARIANT="name = value" adds a second pgtenant ("pgtenant-variant") on the same
 # cluster with that one [proxy] setting changed (e.g. VARIANT="workers = 2"),
 # interleaved with the others, so that a setting is compared under the same conditions.
 #
-#   [WORKERS=0] [VARIANT="name = value"] [TLS=1] [PGBOUNCER=0] [TCP_SERVERS=1] [SERVERS_APART=1] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
+#   [WORKERS=0] [VARIANT="name = value"] [TLS=1] [PGBOUNCER=0] [TCP_SERVERS=1] [SERVERS_APART=1] [WORKLOADS=...] [MODES=...] [CLIENTS=...] bench/pgbench.sh [rounds=3] [seconds=5] [scale=10]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -42,6 +49,7 @@ TCP_PROXY_PORT=${TCP_PROXY_PORT:-6562}
 TCP_BOUNCER_PORT=${TCP_BOUNCER_PORT:-6572}
 MODES=${MODES:-simple extended prepared}
 CLIENTS=${CLIENTS:-1 8 32}
+WORKLOADS=${WORKLOADS:-select}
 
 source bench/common.sh
 # The shipped default (`workers = 0`: one thread per two cores, at least one) unless WORKERS says.
@@ -121,7 +129,25 @@ per_tx_us() { awk -v d="$1" -v t="$TICKS" -v n="$2" 'BEGIN { printf "%.1f", (n >
 RESULTS="$STATE/results"
 : >"$RESULTS"
 
-run() { # target mode clients
+# The single-row INSERT of WORKLOADS=insert.
+cat >"$STATE/insert.sql" <<'SQL'
+\set aid random(1, 100000 * :scale)
+\set delta random(-5000, 5000)
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, :delta, CURRENT_TIMESTAMP) RETURNING aid;
+SQL
+
+# workload_args WORKLOAD: pgbench's arguments for it.
+workload_args() {
+  case $1 in
+    select) echo "-S" ;;
+    tpcb) echo "-b tpcb-like" ;;
+    insert) echo "-f $STATE/insert.sql" ;;
+    connect) echo "-S -C" ;;
+    *) echo "unknown workload $1" >&2; exit 1 ;;
+  esac
+}
+
+run() { # target mode clients workload
   local port=$SHARD_PORT opts="" pid=$PROXY_PID
   case $1 in
     pgtenant) port=$PROXY_PORT; opts="-c pgtenant.tenant_id=7" ;;
@@ -135,7 +161,8 @@ run() { # target mode clients
   before=$(cpu_ticks "$pid")
   pg_before=$(cluster_ticks)
   # pgbench's own CPU (user and system seconds) through the shell's `time`.
-  out=$( { TIMEFORMAT='%3U %3S'; time PGOPTIONS="$opts" pgbench -p "$port" -S -M "$2" -c "$3" -j "$jobs" -T "$SECONDS_PER_RUN" -n 2>&1; } 2>"$STATE/pgbench-time") || true
+  # shellcheck disable=SC2046 # the workload's arguments, split on purpose
+  out=$( { TIMEFORMAT='%3U %3S'; time PGOPTIONS="$opts" pgbench -p "$port" $(workload_args "$4") -M "$2" -c "$3" -j "$jobs" -T "$SECONDS_PER_RUN" -n 2>&1; } 2>"$STATE/pgbench-time") || true
   after=$(cpu_ticks "$pid")
   # A direct run's backends exit with pgbench: their time counts once they are reaped.
   [ "$1" = direct ] && sleep 0.5
@@ -155,15 +182,17 @@ run() { # target mode clients
   local pg_us bench_us
   pg_us=$(per_tx_us $((pg_after - pg_before)) "$tx")
   bench_us=$(awk -v n="$tx" '{ printf "%.1f", (n > 0 ? ($1 + $2) * 1e6 / n : 0) }' "$STATE/pgbench-time")
-  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us ${bench_us:-0}" >>"$RESULTS"
+  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us ${bench_us:-0} $4" >>"$RESULTS"
 }
 
 for round in $(seq "$ROUNDS"); do
   # Rotate the order of the targets from round to round.
   order=$(echo $TARGETS | tr ' ' '\n' | awk -v r="$round" '{a[NR]=$0} END {for (i = 0; i < NR; i++) print a[(i + r) % NR + 1]}')
-  for mode in $MODES; do
-    for clients in $CLIENTS; do
-      for target in $order; do run "$target" $mode $clients; done
+  for workload in $WORKLOADS; do
+    for mode in $MODES; do
+      for clients in $CLIENTS; do
+        for target in $order; do run "$target" $mode $clients $workload; done
+      done
     done
   done
   echo "round $round done" >&2
@@ -171,13 +200,15 @@ done
 
 echo "clients connect $([ "${TLS:-0}" = 1 ] && echo "over TLS" || echo "without TLS"); pgtenant and pgbouncer reach PostgreSQL through its Unix socket$([ "${TCP_SERVERS:-0}" = 1 ] && echo ", the -tcp ones over loopback TCP"); pgtenant workers = ${WORKERS:-0}${VARIANT:+; pgtenant-variant: $VARIANT}"
 scheduling_note
+for workload in $WORKLOADS; do
 for target in $(echo $TARGETS | cut -d' ' -f2-); do
   echo
+  echo "workload $workload ($(workload_args $workload | sed "s|$STATE/||"))"
   printf "%-9s %7s | %12s %9s | %14s %9s %7s | %9s %9s %9s %9s %5s\n" mode clients "direct tps" "lat ms" "$target tps" "lat ms" ratio \
     "proxy us" "pg us" "pg dir us" "bench us" free
   for mode in $MODES; do
     for clients in $CLIENTS; do
-      pick() { awk -v t="$1" -v m=$mode -v c=$clients -v f="$2" '$1==t && $2==m && $3==c {print $f}' "$RESULTS" | median; }
+      pick() { awk -v t="$1" -v m=$mode -v c=$clients -v f="$2" -v w=$workload '$1==t && $2==m && $3==c && $9==w {print $f}' "$RESULTS" | median; }
       d=$(pick direct 4); dl=$(pick direct 5); p=$(pick "$target" 4); pl=$(pick "$target" 5); cpu=$(pick "$target" 6)
       pg=$(pick "$target" 7); pg_direct=$(pick direct 7); bench=$(pick "$target" 8)
       ratio=$(awk -v p="$p" -v d="$d" 'BEGIN { printf "%.2f", p / d }')
@@ -187,3 +218,19 @@ for target in $(echo $TARGETS | cut -d' ' -f2-); do
     done
   done
 done
+done
+if [ "$HAVE_BOUNCER" = 1 ]; then
+  # Like with like: pgtenant against PgBouncer, each through shard 1's socket.
+  echo
+  printf "%-9s %-9s %7s | %12s %12s %7s | %9s %9s\n" workload mode clients "pgtenant tps" "pgbouncer tps" ratio "pgt us" "pgb us"
+  for workload in $WORKLOADS; do
+    for mode in $MODES; do
+      for clients in $CLIENTS; do
+        pick() { awk -v t="$1" -v m=$mode -v c=$clients -v f="$2" -v w=$workload '$1==t && $2==m && $3==c && $9==w {print $f}' "$RESULTS" | median; }
+        p=$(pick pgtenant 4); b=$(pick pgbouncer 4)
+        printf "%-9s %-9s %7s | %12.0f %12.0f %7s | %9s %9s\n" $workload $mode $clients "$p" "$b" \
+          "$(awk -v p="$p" -v b="$b" 'BEGIN { printf "%.2f", (b > 0 ? p / b : 0) }')" "$(pick pgtenant 6)" "$(pick pgbouncer 6)"
+      done
+    done
+  done
+fi

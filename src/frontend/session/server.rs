@@ -451,13 +451,13 @@ impl Session {
     ) -> Result<(), FrontendError> {
         let Some(a) = self.server.as_ref() else { return Ok(()) };
         check_writable_on(&a.route, analysis, bound)?;
-        if a.unknown_code_in_request && analysis.controls_transaction {
-            return read_only_wall(
-                &a.route,
-                "a transaction boundary after SQL pgtenant cannot follow, in one request",
-            );
+        match (&a.route.tenant, a.route.state.allows_writes()) {
+            (Some(tenant), false) if a.unknown_code_in_request && analysis.controls_transaction => {
+                let what = "a transaction boundary after SQL pgtenant cannot follow, in one request";
+                Err(read_only_wall(tenant, &a.route, what))
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// Relays every complete server message and acts on ReadyForQuery.
@@ -685,17 +685,13 @@ pub(super) fn check_writable_on(
         })
     };
     if analysis.lifts_read_only || bound.is_some_and(names_wall) {
-        return read_only_wall(
-            route,
-            "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,",
-        );
+        let what = "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,";
+        return Err(read_only_wall(&tenant, route, what));
     }
     if analysis.is_multi && analysis.controls_transaction && analysis.session_risk() == SessionRisk::Anything
     {
-        return read_only_wall(
-            route,
-            "a transaction boundary after SQL pgtenant cannot follow, in one query,",
-        );
+        let what = "a transaction boundary after SQL pgtenant cannot follow, in one query,";
+        return Err(read_only_wall(&tenant, route, what));
     }
     if !analysis.may_write() {
         return Ok(());
@@ -703,9 +699,14 @@ pub(super) fn check_writable_on(
     Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
 }
 
-fn read_only_wall(route: &Route, what: &'static str) -> Result<(), FrontendError> {
-    let tenant = route.tenant.clone().unwrap_or(TenantId::Int(0));
-    Err(FrontendError::ReadOnlyWall { tenant, shard: route.shard, state: route.state.describe(), what })
+/// The refusal of a statement that would take down `tenant`'s read-only wall.
+fn read_only_wall(tenant: &TenantId, route: &Route, what: &'static str) -> FrontendError {
+    FrontendError::ReadOnlyWall {
+        tenant: tenant.clone(),
+        shard: route.shard,
+        state: route.state.describe(),
+        what,
+    }
 }
 
 /// Relays complete messages from the server's read buffer up to the first that ends
