@@ -143,7 +143,7 @@ async fn a_read_only_tenant_cannot_take_down_its_wall() {
         }
         frontend::sync(&mut out);
         let answer = writer.request(&out).await;
-        assert_eq!(crate::harness::raw::sqlstate(&answer), None, "{mode:?}: {answer:?}");
+        assert!(answer.iter().all(|m| m.tag != b'E'), "{mode:?}: {answer:?}");
 
         assert_eq!(writes_so_far(&admin).await, 0, "{mode:?}: a write reached the table");
         proxy.shutdown().await;

@@ -22,8 +22,11 @@ pub struct Msg {
 }
 
 impl Msg {
-    /// The SQLSTATE of an ErrorResponse.
+    /// The SQLSTATE of an ErrorResponse; `None` for other messages.
     pub fn sqlstate(&self) -> Option<String> {
+        if self.tag != b'E' {
+            return None;
+        }
         let mut fields = self.body.split(|b| *b == 0);
         fields.find_map(|f| f.strip_prefix(b"C").map(|c| String::from_utf8_lossy(c).into_owned()))
     }
