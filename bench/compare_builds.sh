@@ -20,7 +20,8 @@ OLD_PORT=${OLD_PORT:-7152}
 source bench/common.sh
 start_dev compare "${WORKERS:-0}"
 pgbench -p "$SHARD_PORT" -i -q -s 10 >/dev/null 2>&1
-cp "$STATE/pgtenant.toml" "$STATE/old.toml"
+# dev's configuration on OLD_PORT, without dev's HTTP listener (see dev_config_on).
+dev_config_on "$OLD_PORT" >"$STATE/old.toml"
 # Drops the settings the old build refuses, one by one, until it accepts the file.
 for _ in $(seq 20); do
   unknown=$({ "$OLD" check-config "$STATE/old.toml" 2>&1 || true; } | sed -n 's/.*unknown field .\([a-z_]*\).*/\1/p' | head -1)
@@ -30,7 +31,6 @@ for _ in $(seq 20); do
   awk -v t="[$unknown]" '$0 == t {skip = 1; next} /^\[/ {skip = 0} !skip' "$STATE/old.toml" >"$STATE/old.toml.new"
   mv "$STATE/old.toml.new" "$STATE/old.toml"
 done
-sed -i "s/^listen = .*/listen = \"127.0.0.1:$OLD_PORT\"/" "$STATE/old.toml"
 "$OLD" serve --config "$STATE/old.toml" >"$STATE/old.log" 2>&1 &
 stop_on_exit $! INT
 wait_for_port "$OLD_PORT" || { cat "$STATE/old.log" >&2; exit 1; }

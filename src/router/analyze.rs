@@ -214,6 +214,12 @@ pub fn analyze(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
     if is_plain_dml(sql) && !mentions_all_shards(sql) {
         return Analysis::plain_dml(text_of(sql));
     }
+    analyze_tokens(sql, tenant_param, key)
+}
+
+/// The analysis from the text's tokens: every text but those of the fast path, which
+/// must agree with it (a test checks them on the fuzz corpus).
+fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
     let text = String::from_utf8_lossy(sql);
     // Token offsets index `text`: lossy decoding can change lengths (invalid bytes).
     let tokens = tokenize(text.as_bytes());

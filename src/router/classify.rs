@@ -61,7 +61,11 @@ pub(super) fn may_write(sql: &str) -> bool {
         let reads = READ_ONLY_STARTS.iter().any(|k| w.is(0, k));
         let select_into = w.is(0, "select") && w.contains_word("into");
         let explain_analyze = w.is(0, "explain") && w.contains_word("analyze");
-        let locks = w.is(0, "select") && w.contains_word("for") && w.contains_word("update");
+        // FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE: PostgreSQL refuses every
+        // locking clause in a read-only transaction.
+        let locks = w.is(0, "select")
+            && w.contains_word("for")
+            && (w.contains_word("update") || w.contains_word("share"));
         !reads || select_into || explain_analyze || locks
     })
 }

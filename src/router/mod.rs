@@ -51,8 +51,9 @@ pub fn analyze_for_tests(sql: &[u8]) -> Analysis {
     analyze::analyze(sql, "pgtenant.tenant_id", TenantKey::Bigint)
 }
 
-/// A statement's analysis, uncached (the fuzz targets').
-pub(crate) fn analyze_statement(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
+/// A statement's analysis, uncached: for the fuzz targets, and for the test that holds
+/// it against PostgreSQL (`tests/it/classifier.rs`).
+pub fn analyze_statement(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
     analyze::analyze(sql, tenant_param, key)
 }
 

@@ -11,7 +11,12 @@ pub(super) const DML_STARTS: [&str; 8] =
 pub(super) fn is_plain_dml(sql: &[u8]) -> bool {
     let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
     let rest = &sql[start..];
-    let word_len = rest.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(rest.len());
+    // The first word as PostgreSQL's lexer reads it: `select1` or `select` followed by a
+    // byte above 0x7f is one identifier, not the keyword.
+    let word_len = rest
+        .iter()
+        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80))
+        .unwrap_or(rest.len());
     if !DML_STARTS.iter().any(|w| rest[..word_len].eq_ignore_ascii_case(w.as_bytes())) {
         return false;
     }

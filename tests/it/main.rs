@@ -5,6 +5,7 @@ mod harness;
 mod admin;
 mod adversarial;
 mod catalog;
+mod classifier;
 mod cli;
 mod clients;
 mod copy_errors;

@@ -20,6 +20,8 @@ fn tells_reads_from_writes() {
     assert!(writes("with d as (delete from accounts returning *) select * from d"));
     assert!(writes("select * into copy_of from accounts"));
     assert!(writes("select * from accounts for update"));
+    assert!(writes("select * from accounts for share"));
+    assert!(writes("SELECT name FROM accounts a WHERE a.tenant_id = 5 FOR KEY SHARE"));
     assert!(writes("explain analyze update accounts set x = 1"));
     assert!(writes("create table t (a int)"));
     assert!(writes("copy accounts from stdin"));
@@ -322,4 +324,43 @@ fn invalid_utf8_and_multibyte_text_never_panic() {
     for junk in [&b"\xc3"[..], b"E'\\\xc3", b"/*\xe2\x82", b"$\xf0$ x", b"SET \xff = 1"] {
         let _ = analyze(junk, P, TenantKey::Bigint);
     }
+}
+
+/// The plain-DML fast path and the analysis from tokens agree on every statement of the
+/// SQL fuzz corpus (and a few written here) that the fast path takes.
+#[test]
+fn the_fast_path_agrees_with_the_full_analysis_on_the_corpus() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/sql");
+    let mut texts: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+        .map(|entries| entries.filter_map(|e| std::fs::read(e.ok()?.path()).ok()).collect())
+        .unwrap_or_default();
+    assert!(texts.len() > 100, "the corpus at {}", dir.display());
+    for sql in [
+        "SELECT abalance FROM pgbench_accounts WHERE aid = $1",
+        "UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2",
+        "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 2, 3, 4, CURRENT_TIMESTAMP)",
+        "select * from pg_stat_activity",
+        "SELECT * FROM pg_prepared_statements",
+        "select pg_backend_pid()",
+        "select 1 from t where a = 'pg_locks'",
+    ] {
+        texts.push(sql.as_bytes().to_vec());
+    }
+    let mut plain = 0;
+    for sql in &texts {
+        if !is_plain_dml(sql) || mentions_all_shards(sql) {
+            continue;
+        }
+        plain += 1;
+        let full = analyze_tokens(sql, P, TenantKey::Bigint);
+        let what = String::from_utf8_lossy(sql);
+        assert_eq!(full.kind, StatementKind::Other, "{what}");
+        assert_eq!((full.pin, full.is_multi, full.sets_tenant_among_many), (None, false, false), "{what}");
+        assert!(full.session_changes.is_empty() && full.bad_setting.is_none(), "{what}");
+        assert!(!full.tampers_tenant_guc && !full.lifts_read_only && !full.controls_transaction, "{what}");
+        assert!(full.set_config_name_params.is_empty(), "{what}");
+        assert!(full.other_sessions.is_none() && full.prepared_view.is_empty(), "{what}");
+        assert!(full.single_dml && full.hint.is_none(), "{what}");
+    }
+    assert!(plain > 10, "only {plain} statements took the fast path");
 }
