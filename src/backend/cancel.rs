@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
 
-use super::conn::ServerAddr;
+use super::addr::ServerAddr;
 
 /// How long a postmaster may take to take a cancel request and close its connection;
 /// a cancel not confirmed by then counts as lost, and its server connection is closed.

@@ -1,7 +1,6 @@
 //! A server connection: opened, optionally upgraded to TLS, and authenticated by
 //! pgtenant (trust, cleartext, md5, SCRAM-SHA-256), then used as a relay target.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +10,7 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, Scr
 use postgres_protocol::message::frontend;
 use tokio::net::{TcpStream, UnixStream};
 
+use super::addr::ServerAddr;
 use super::cancel::CancelTarget;
 use super::error::BackendError;
 use super::prepared::{PreparedStatement, server_name};
@@ -40,14 +40,6 @@ impl ConnectTarget {
     pub fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }
-}
-
-/// Where a server listens: TCP, or a Unix socket when the configured host is a directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ServerAddr {
-    Tcp(SocketAddr),
-    /// The socket file, `<dir>/.s.PGSQL.<port>`.
-    Unix(Arc<Path>),
 }
 
 /// Statements forgotten on one connection and not closed yet, at most (see

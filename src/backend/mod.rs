@@ -2,6 +2,7 @@
 //! (node, user, database), what each connection still owes, and the settings and
 //! prepared statements it carries.
 
+mod addr;
 mod cancel;
 mod coarse_clock;
 mod conn;
@@ -17,8 +18,9 @@ mod share;
 mod state;
 mod tls;
 
+pub use addr::ServerAddr;
 pub use cancel::CancelTarget;
-pub use conn::{MAX_SERVER_MESSAGE, ServerAddr, ServerConn, record_param};
+pub use conn::{MAX_SERVER_MESSAGE, ServerConn, record_param};
 pub use error::{BackendError, CheckoutError};
 pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};
 pub use pool::{PoolView, PooledConn, Pools, ServerPool, Wanted};

@@ -129,6 +129,16 @@ pub enum FrontendError {
 }
 
 impl FrontendError {
+    /// A client message that does not parse as its type.
+    pub fn malformed(what: &str) -> Self {
+        FrontendError::Protocol(format!("malformed {what} message"))
+    }
+
+    /// A message that needs the attached server, with none attached.
+    pub fn no_server() -> Self {
+        FrontendError::Protocol("no server attached".into())
+    }
+
     /// Whether the client connection must end after reporting this error.
     pub fn is_fatal(&self) -> bool {
         matches!(

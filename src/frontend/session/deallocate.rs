@@ -13,7 +13,6 @@
 use bytes::{Bytes, BytesMut};
 
 use super::Session;
-use super::extended::malformed;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, StatementKind};
@@ -40,7 +39,7 @@ impl Session {
         let mut reply = BytesMut::new();
         match frame.tag {
             b'B' => {
-                let bind = protocol::bind_view(body).ok_or_else(|| malformed("Bind"))?;
+                let bind = protocol::bind_view(body).ok_or_else(|| FrontendError::malformed("Bind"))?;
                 let name = match &self.unnamed_deallocates {
                     Some(name) if bind.statement.is_empty() => name.clone(),
                     _ => {
@@ -61,7 +60,8 @@ impl Session {
                 protocol::bind_complete(&mut reply);
             }
             b'D' => {
-                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Describe"))?;
+                let (kind, name) =
+                    protocol::target_view(body).ok_or_else(|| FrontendError::malformed("Describe"))?;
                 match kind {
                     b'P' if self.deallocate_portals.contains_key(name) => {}
                     b'S' if name.is_empty() && self.unnamed_deallocates.is_some() => {
@@ -72,7 +72,8 @@ impl Session {
                 protocol::put_message(&mut reply, b'n', |_| {});
             }
             b'E' => {
-                let (portal, _) = protocol::split_cstr(body).ok_or_else(|| malformed("Execute"))?;
+                let (portal, _) =
+                    protocol::split_cstr(body).ok_or_else(|| FrontendError::malformed("Execute"))?;
                 let Some(name) = self.deallocate_portals.remove(portal) else { return Ok(false) };
                 if self.client_status() == TxStatus::Failed {
                     return Err(FrontendError::InFailedTransaction);
@@ -86,7 +87,8 @@ impl Session {
                 protocol::command_complete(&mut reply, "DEALLOCATE");
             }
             b'C' => {
-                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Close"))?;
+                let (kind, name) =
+                    protocol::target_view(body).ok_or_else(|| FrontendError::malformed("Close"))?;
                 match kind {
                     b'P' if self.deallocate_portals.remove(name).is_some() => {
                         protocol::close_complete(&mut reply)

@@ -107,7 +107,8 @@ impl Session {
         for frame in &self.batch {
             match frame.tag {
                 b'P' => {
-                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    let p = protocol::parse_view(frame.body())
+                        .ok_or_else(|| FrontendError::malformed("Parse"))?;
                     if p.name.is_empty()
                         || self.statements.check_room(p.name, p.query, p.param_types).is_err()
                     {
@@ -193,7 +194,8 @@ impl Session {
             }
             match frame.tag {
                 b'P' => {
-                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    let p = protocol::parse_view(frame.body())
+                        .ok_or_else(|| FrontendError::malformed("Parse"))?;
                     if p.name.is_empty() {
                         unnamed = Some(self.recent.get_or_analyze(&self.shared.router, p.query));
                     } else if let Err(err) = self.statement_room(p.name, p.query, p.param_types) {
@@ -206,7 +208,8 @@ impl Session {
                     protocol::parse_complete(&mut reply);
                 }
                 b'B' => {
-                    let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                    let b =
+                        protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
                     bound = match b.statement {
                         b"" => unnamed.clone().or_else(|| self.unnamed.clone()),
                         name => self.bound_analysis(name),
@@ -271,7 +274,8 @@ impl Session {
         for frame in &self.batch {
             let (analysis, tenants) = match frame.tag {
                 b'P' => {
-                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    let p = protocol::parse_view(frame.body())
+                        .ok_or_else(|| FrontendError::malformed("Parse"))?;
                     let analysis = self.recent.get_or_analyze(router, p.query);
                     parsed_here.push((p.name, analysis.clone()));
                     parsed.push(analysis.clone());
@@ -282,7 +286,8 @@ impl Session {
                     continue;
                 }
                 b'B' => {
-                    let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                    let b =
+                        protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
                     let here = parsed_here.iter().rev().find(|(name, _)| *name == b.statement);
                     let Some(analysis) =
                         here.map(|(_, a)| a.clone()).or_else(|| self.bound_analysis(b.statement))
@@ -329,7 +334,7 @@ impl Session {
     /// Inside a transaction: the tenants a Bind names (text and parameters) must be the
     /// session's and live on the transaction's shard.
     async fn check_bind(&self, frame: &Frame) -> Result<(), FrontendError> {
-        let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+        let b = protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
         let Some(analysis) = self.bound_analysis(b.statement) else { return Ok(()) };
         if let Some(err) = self.refusal_of_bound(&analysis, b.rest) {
             return Err(err);
@@ -392,7 +397,7 @@ impl Session {
         match frame.tag {
             b'P' => self.forward_parse(&frame)?,
             b'B' => {
-                let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                let b = protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
                 // What a statement does is decided where it runs: here, not at Parse.
                 let analysis = self.bound_analysis(b.statement);
                 if analysis.as_ref().is_some_and(|a| a.sets_tenant()) {
@@ -416,7 +421,7 @@ impl Session {
                 self.note_session_risk(analysis.as_ref().map_or(SessionRisk::Anything, |a| a.session_risk()));
                 self.note_bound_changes(b.portal, analysis, b.rest);
                 let stmt = self.server_statement(b.statement);
-                let a = self.server.as_mut().ok_or_else(no_server)?;
+                let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                 match &stmt {
                     Some(stmt) => {
                         protocol::bind_renamed(&mut a.conn.io.wbuf, b.portal, &stmt.server_name, b.rest)
@@ -426,10 +431,10 @@ impl Session {
                 a.conn.queue.push(Pending::Client { reply: Reply::Bind, statement: stmt, changes: 0 });
             }
             b'D' => {
-                let (kind, name) =
-                    protocol::target_view(frame.body()).ok_or_else(|| malformed("Describe"))?;
+                let (kind, name) = protocol::target_view(frame.body())
+                    .ok_or_else(|| FrontendError::malformed("Describe"))?;
                 let stmt = if kind == b'S' { self.server_statement(name) } else { None };
-                let a = self.server.as_mut().ok_or_else(no_server)?;
+                let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                 match &stmt {
                     Some(stmt) => protocol::describe_statement(&mut a.conn.io.wbuf, &stmt.server_name),
                     None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
@@ -437,34 +442,36 @@ impl Session {
                 a.conn.queue.push(Pending::Client { reply: Reply::Describe, statement: stmt, changes: 0 });
             }
             b'C' => {
-                let (kind, name) = protocol::target_view(frame.body()).ok_or_else(|| malformed("Close"))?;
+                let (kind, name) =
+                    protocol::target_view(frame.body()).ok_or_else(|| FrontendError::malformed("Close"))?;
                 if kind == b'S' && !name.is_empty() {
                     self.statements.remove(name);
                     let mut b = BytesMut::new();
                     protocol::close_complete(&mut b);
-                    let a = self.server.as_mut().ok_or_else(no_server)?;
+                    let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                     a.conn.queue.push(Pending::Synthetic(b.freeze()));
                 } else {
-                    let a = self.server.as_mut().ok_or_else(no_server)?;
+                    let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                     a.conn.io.wbuf.extend_from_slice(&frame.raw);
                     a.conn.queue.push(Pending::client(Reply::Close));
                 }
             }
             b'E' => {
-                let (portal, _) = protocol::split_cstr(frame.body()).ok_or_else(|| malformed("Execute"))?;
+                let (portal, _) =
+                    protocol::split_cstr(frame.body()).ok_or_else(|| FrontendError::malformed("Execute"))?;
                 self.note_executed_changes(portal);
-                let a = self.server.as_mut().ok_or_else(no_server)?;
+                let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                 a.conn.io.wbuf.extend_from_slice(&frame.raw);
                 a.conn.queue.push(Pending::client(Reply::Execute));
             }
             b'S' => {
                 let changes = std::mem::take(&mut self.request_changes);
-                let a = self.server.as_mut().ok_or_else(no_server)?;
+                let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                 a.conn.io.wbuf.extend_from_slice(&frame.raw);
                 a.conn.queue.push(Pending::Client { reply: Reply::Sync, statement: None, changes });
             }
             b'H' => {
-                let a = self.server.as_mut().ok_or_else(no_server)?;
+                let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
                 a.conn.io.wbuf.extend_from_slice(&frame.raw);
             }
             _ => {
@@ -517,7 +524,7 @@ impl Session {
     }
 
     pub(super) fn forward_parse(&mut self, frame: &Frame) -> Result<(), FrontendError> {
-        let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+        let p = protocol::parse_view(frame.body()).ok_or_else(|| FrontendError::malformed("Parse"))?;
         if crate::router::mentions_all_shards(p.query)
             && super::scatter::is_scatter(&self.recent.get_or_analyze(&self.shared.router, p.query))
         {
@@ -546,7 +553,7 @@ impl Session {
                 return Ok(());
             }
             let rewritten = self.unnamed.clone().and_then(|analysis| self.text_for_server(&analysis));
-            let a = self.server.as_mut().ok_or_else(no_server)?;
+            let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
             match rewritten {
                 Some(sql) => protocol::parse(&mut a.conn.io.wbuf, b"", sql.as_bytes(), p.param_types),
                 None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
@@ -566,7 +573,7 @@ impl Session {
             self.parsed_proxy_call();
             return Ok(());
         }
-        let a = self.server.as_mut().ok_or_else(no_server)?;
+        let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;
         if a.conn.prepared.touch(stmt.id) {
             let mut b = BytesMut::new();
             protocol::parse_complete(&mut b);
@@ -746,12 +753,4 @@ pub(super) fn add_new(named: &mut Named, tenants: Named) {
             named.push(t);
         }
     }
-}
-
-pub(super) fn malformed(what: &str) -> FrontendError {
-    FrontendError::Protocol(format!("malformed {what} message"))
-}
-
-pub(super) fn no_server() -> FrontendError {
-    FrontendError::Protocol("no server attached".into())
 }

@@ -7,7 +7,6 @@
 use bytes::{Bytes, BytesMut};
 
 use super::Session;
-use super::extended::malformed;
 use crate::frontend::error::FrontendError;
 use crate::protocol;
 use crate::router::StatementKind;
@@ -24,7 +23,8 @@ impl Session {
         for frame in std::mem::take(&mut self.batch) {
             match frame.tag {
                 b'P' => {
-                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    let p = protocol::parse_view(frame.body())
+                        .ok_or_else(|| FrontendError::malformed("Parse"))?;
                     if p.name.is_empty() {
                         self.unnamed = Some(self.recent.get_or_analyze(&self.shared.router, p.query));
                     } else {
@@ -62,7 +62,8 @@ impl Session {
         for frame in &self.batch {
             match frame.tag {
                 b'P' => {
-                    let p = protocol::parse_view(frame.body()).ok_or_else(|| malformed("Parse"))?;
+                    let p = protocol::parse_view(frame.body())
+                        .ok_or_else(|| FrontendError::malformed("Parse"))?;
                     let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
                     if !ends(&analysis.kind) || self.statement_room(p.name, p.query, p.param_types).is_err() {
                         return Ok(false);
@@ -73,7 +74,8 @@ impl Session {
                     }
                 }
                 b'B' => {
-                    let b = protocol::bind_view(frame.body()).ok_or_else(|| malformed("Bind"))?;
+                    let b =
+                        protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
                     let ok = match b.statement {
                         b"" => parsed_unnamed || self.unnamed.as_ref().is_some_and(|a| ends(&a.kind)),
                         name => {

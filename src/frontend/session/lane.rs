@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
-use super::in_place::{Layout, write_from_bind};
+use super::layout::{Layout, write_from_bind};
 use super::server::{check_writable_on, inject_tenant_in_request};
 use super::{ClientTx, HIGH_WATER, Session};
 use crate::backend::{Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};

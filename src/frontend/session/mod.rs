@@ -17,6 +17,7 @@ mod failed_tx;
 mod held;
 mod in_place;
 mod lane;
+mod layout;
 mod long_statement;
 mod named;
 mod prepared_view;

@@ -21,7 +21,6 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
-use super::extended::malformed;
 use super::server::inject_sql;
 use super::{ClientTx, Session};
 use crate::backend::OnError;
@@ -260,7 +259,7 @@ impl Session {
         let body = frame.body();
         match frame.tag {
             b'P' => {
-                let p = protocol::parse_view(body).ok_or_else(|| malformed("Parse"))?;
+                let p = protocol::parse_view(body).ok_or_else(|| FrontendError::malformed("Parse"))?;
                 if proxy_select(&self.recent.get_or_analyze(&self.shared.router, p.query)).is_none() {
                     return Ok(false);
                 }
@@ -269,7 +268,7 @@ impl Session {
                 Ok(true)
             }
             b'B' => {
-                let bind = protocol::bind_view(body).ok_or_else(|| malformed("Bind"))?;
+                let bind = protocol::bind_view(body).ok_or_else(|| FrontendError::malformed("Bind"))?;
                 let Some(analysis) = self.bound_analysis(bind.statement) else {
                     self.local_portals.remove(bind.portal);
                     return Ok(false);
@@ -287,7 +286,8 @@ impl Session {
                     Some(CallArg::Literal(v)) => Some(v),
                     Some(CallArg::Param { index, .. }) => bound_integer(bind.rest, index)?,
                 };
-                let formats = protocol::bind_result_formats(bind.rest).ok_or_else(|| malformed("Bind"))?;
+                let formats = protocol::bind_result_formats(bind.rest)
+                    .ok_or_else(|| FrontendError::malformed("Bind"))?;
                 if self.local_portals.len() >= MAX_LOCAL_PORTALS
                     && !self.local_portals.contains_key(bind.portal)
                 {
@@ -301,7 +301,8 @@ impl Session {
                 Ok(true)
             }
             b'D' => {
-                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Describe"))?;
+                let (kind, name) =
+                    protocol::target_view(body).ok_or_else(|| FrontendError::malformed("Describe"))?;
                 let mut b = BytesMut::new();
                 if kind == b'P' {
                     let Some(portal) = self.local_portals.get(name) else { return Ok(false) };
@@ -316,7 +317,8 @@ impl Session {
                 Ok(true)
             }
             b'E' => {
-                let (name, rest) = protocol::split_cstr(body).ok_or_else(|| malformed("Execute"))?;
+                let (name, rest) =
+                    protocol::split_cstr(body).ok_or_else(|| FrontendError::malformed("Execute"))?;
                 let Some(mut portal) = self.local_portals.remove(name) else { return Ok(false) };
                 let max_rows =
                     rest.get(..4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]])).unwrap_or(0);
@@ -349,7 +351,8 @@ impl Session {
                 Ok(true)
             }
             b'C' => {
-                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Close"))?;
+                let (kind, name) =
+                    protocol::target_view(body).ok_or_else(|| FrontendError::malformed("Close"))?;
                 if kind != b'P' || self.local_portals.remove(name).is_none() {
                     return Ok(false);
                 }
@@ -437,8 +440,8 @@ impl Session {
 
 /// Parameter `index` (zero-based) of a Bind as an integer: text, or binary int2/int4/int8.
 fn bound_integer(rest: &[u8], index: usize) -> Result<Option<i64>, FrontendError> {
-    let n = u16::try_from(index + 1).map_err(|_| malformed("Bind"))?;
-    let (binary, value) = protocol::bind_param(rest, n).ok_or_else(|| malformed("Bind"))?;
+    let n = u16::try_from(index + 1).map_err(|_| FrontendError::malformed("Bind"))?;
+    let (binary, value) = protocol::bind_param(rest, n).ok_or_else(|| FrontendError::malformed("Bind"))?;
     let Some(value) = value else { return Ok(None) };
     let parsed = if binary {
         protocol::binary_int(value)

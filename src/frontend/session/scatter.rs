@@ -12,7 +12,6 @@ use bytes::{Bytes, BytesMut};
 
 use super::Session;
 use super::client_watch::unless_client_leaves;
-use super::extended::malformed;
 use crate::admin::scatter::{self, Link, Policy, Prepared, Request, ScatterError};
 use crate::backend::health::{LagBound, PrimaryChoice};
 use crate::backend::{PooledConn, ServerPool, SettingValue, Wanted};
@@ -307,7 +306,7 @@ impl Session {
         let body = frame.body();
         match frame.tag {
             b'P' => {
-                let p = protocol::parse_view(body).ok_or_else(|| malformed("Parse"))?;
+                let p = protocol::parse_view(body).ok_or_else(|| FrontendError::malformed("Parse"))?;
                 let analysis = self.recent.get_or_analyze(&self.shared.router, p.query);
                 if !is_scatter(&analysis) {
                     return Ok(false);
@@ -343,13 +342,15 @@ impl Session {
                 Ok(true)
             }
             b'B' => {
-                let bind = protocol::bind_view(body).ok_or_else(|| malformed("Bind"))?;
+                let bind = protocol::bind_view(body).ok_or_else(|| FrontendError::malformed("Bind"))?;
                 let Some(prepared) = self.scatter_statements.get(bind.statement).cloned() else {
                     self.scatter_portals.remove(bind.portal);
                     return Ok(false);
                 };
-                let parameters = protocol::bind_parameters(bind.rest).ok_or_else(|| malformed("Bind"))?;
-                let formats = protocol::bind_result_formats(bind.rest).ok_or_else(|| malformed("Bind"))?;
+                let parameters =
+                    protocol::bind_parameters(bind.rest).ok_or_else(|| FrontendError::malformed("Bind"))?;
+                let formats = protocol::bind_result_formats(bind.rest)
+                    .ok_or_else(|| FrontendError::malformed("Bind"))?;
                 if self.scatter_portals.len() >= MAX_SCATTER_PORTALS
                     && !self.scatter_portals.contains_key(bind.portal)
                 {
@@ -364,7 +365,8 @@ impl Session {
                 Ok(true)
             }
             b'D' => {
-                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Describe"))?;
+                let (kind, name) =
+                    protocol::target_view(body).ok_or_else(|| FrontendError::malformed("Describe"))?;
                 let mut b = BytesMut::new();
                 let (prepared, formats) = if kind == b'P' {
                     let Some(portal) = self.scatter_portals.get(name) else { return Ok(false) };
@@ -387,7 +389,8 @@ impl Session {
                 Ok(true)
             }
             b'E' => {
-                let (name, rest) = protocol::split_cstr(body).ok_or_else(|| malformed("Execute"))?;
+                let (name, rest) =
+                    protocol::split_cstr(body).ok_or_else(|| FrontendError::malformed("Execute"))?;
                 let Some(portal) = self.scatter_portals.remove(name) else { return Ok(false) };
                 let max_rows =
                     rest.get(..4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]])).unwrap_or(0);
@@ -402,7 +405,8 @@ impl Session {
                 Ok(true)
             }
             b'C' => {
-                let (kind, name) = protocol::target_view(body).ok_or_else(|| malformed("Close"))?;
+                let (kind, name) =
+                    protocol::target_view(body).ok_or_else(|| FrontendError::malformed("Close"))?;
                 let closed = if kind == b'P' {
                     self.scatter_portals.remove(name).is_some()
                 } else {

@@ -22,9 +22,9 @@ pub struct Msg {
 }
 
 impl Msg {
-    /// The SQLSTATE of an ErrorResponse; `None` for other messages.
+    /// The SQLSTATE of an ErrorResponse or NoticeResponse; `None` for other messages.
     pub fn sqlstate(&self) -> Option<String> {
-        if self.tag != b'E' {
+        if !matches!(self.tag, b'E' | b'N') {
             return None;
         }
         let mut fields = self.body.split(|b| *b == 0);
@@ -133,7 +133,7 @@ impl RawClient {
 
 /// The SQLSTATE of the first ErrorResponse, if any.
 pub fn sqlstate(msgs: &[Msg]) -> Option<String> {
-    msgs.iter().find_map(|m| m.sqlstate())
+    msgs.iter().filter(|m| m.tag == b'E').find_map(|m| m.sqlstate())
 }
 
 /// The text of the first column of every DataRow.
