@@ -14,6 +14,7 @@ mod session;
 mod startup;
 mod strict;
 mod tls;
+mod write_hooks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -80,6 +81,8 @@ pub struct Shared {
     pruned_for: AtomicUsize,
     /// Strict isolation's view of the shards' tenant tables.
     strict: strict::StrictCatalog,
+    /// Which shards run code of the user's on writes (see `write_hooks`).
+    write_hooks: Arc<write_hooks::WriteHooks>,
     /// Threads that may parse long statements at once: half the cores, so
     /// that the runtime's workers keep the rest.
     pub parse_threads: tokio::sync::Semaphore,
@@ -151,6 +154,7 @@ impl Shared {
             file_config,
             pruned_for: AtomicUsize::new(0),
             strict: strict::StrictCatalog::default(),
+            write_hooks: Arc::default(),
             parse_threads: tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             ),

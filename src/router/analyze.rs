@@ -140,6 +140,15 @@ impl Analysis {
         &self.sql
     }
 
+    /// Whether the text starts with CREATE, ALTER or DROP: it may change tables, their
+    /// policies, triggers or defaults, and what pgtenant read of the shard's catalog.
+    pub fn is_ddl(&self) -> bool {
+        let first = self.sql.trim_start();
+        ["create", "alter", "drop"]
+            .iter()
+            .any(|w| first.get(..w.len()).is_some_and(|s| s.eq_ignore_ascii_case(w)))
+    }
+
     /// Whether the text contains the tenant column's name at all: when not, it names
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).

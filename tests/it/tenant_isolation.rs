@@ -221,3 +221,55 @@ async fn the_tenants_own_sql_cannot_forge_the_tenant_row_level_security_trusts()
     // And the session's next transaction runs as tenant 7 again.
     assert_eq!(secrets(&seven, table, true).await, ["secret-7"]);
 }
+
+/// A write runs a trigger that sets the tenant GUC (issue 49 spares the GUC's SET after
+/// writes to a shard that runs no code of the user's on writes): on a shard that has
+/// such a trigger, including one created through this proxy after writes found none,
+/// the GUC is set again before the connection's next transaction, in both pool modes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
+    let admin = shard_admin(1, "app").await;
+    admin
+        .batch_execute(
+            "DROP TABLE IF EXISTS hooked CASCADE;
+             CREATE TABLE hooked (tenant_id bigint, v int);
+             ALTER TABLE hooked OWNER TO app;",
+        )
+        .await
+        .unwrap();
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        // One server connection: the next transaction gets the one the trigger ran on.
+        let proxy = start_proxy(move |c| {
+            c.proxy.pool_mode = mode;
+            c.users[0].pool_size = 1;
+        })
+        .await;
+        let client = proxy.connect(Some(7)).await;
+        let guc = "SELECT current_setting('pgtenant.tenant_id') AS guc WHERE true";
+        for _ in 0..3 {
+            client.batch_execute("INSERT INTO hooked VALUES (7, 1)").await.unwrap();
+            assert_eq!(first_values(&client, guc).await, ["7"], "{mode:?}");
+        }
+        // The tenant's own DDL, through this proxy.
+        client
+            .batch_execute(
+                "CREATE OR REPLACE FUNCTION hooked_poison() RETURNS trigger LANGUAGE plpgsql AS
+                   $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); RETURN NEW; END $$;
+                 DROP TRIGGER IF EXISTS hooked_poison ON hooked;
+                 CREATE TRIGGER hooked_poison BEFORE INSERT ON hooked
+                   FOR EACH ROW EXECUTE FUNCTION hooked_poison();",
+            )
+            .await
+            .unwrap();
+        for round in 0..3 {
+            client.batch_execute("INSERT INTO hooked VALUES (7, 2)").await.unwrap();
+            assert_eq!(first_values(&client, guc).await, ["7"], "{mode:?}, after the trigger ran ({round})");
+            let extended = client.execute("INSERT INTO hooked VALUES ($1, 3)", &[&7i64]).await;
+            assert!(extended.is_ok(), "{mode:?}: {extended:?}");
+            let row = client.query_one(guc, &[]).await.unwrap();
+            assert_eq!(row.get::<_, String>(0), "7", "{mode:?}, extended ({round})");
+        }
+        client.batch_execute("DROP TRIGGER hooked_poison ON hooked").await.unwrap();
+        proxy.shutdown().await;
+    }
+}

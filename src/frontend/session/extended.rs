@@ -16,8 +16,7 @@ use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
 use crate::router::{
-    Analysis, ConfigArg, Named, NodeTarget, PinReason, ROUTING_VERSION, Route, SessionChange, SessionRisk,
-    StatementKind,
+    Analysis, ConfigArg, Named, NodeTarget, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind,
 };
 
 impl Session {
@@ -418,7 +417,7 @@ impl Session {
                     a.pin.get_or_insert(pin);
                 }
                 // A statement pgtenant never saw parsed may do anything.
-                self.note_session_risk(analysis.as_ref().map_or(SessionRisk::Anything, |a| a.session_risk()));
+                self.note_session_risk(analysis.as_deref());
                 self.note_bound_changes(b.portal, analysis, b.rest);
                 let stmt = self.server_statement(b.statement);
                 let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;

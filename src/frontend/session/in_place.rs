@@ -115,7 +115,7 @@ impl Session {
         if lane_candidate {
             self.time_alone(&bound);
         }
-        self.note_session_risk(bound.session_risk());
+        self.note_session_risk(Some(&bound));
         self.forward_in_place(layout, bound, statement.as_deref())?;
         Ok(true)
     }

@@ -162,9 +162,24 @@ impl Session {
     /// which a pooled connection carries to other clients, are reset before its next
     /// transaction in transaction pooling (a session-pooled or pinned connection keeps
     /// its client's own changes, as PostgreSQL does, and is reset when given back).
-    pub(super) fn note_session_risk(&mut self, risk: SessionRisk) {
+    /// `analysis`: the statement's (`None`: one pgtenant did not see parsed, or a
+    /// FunctionCall). A write counts as nothing when the shard is known to run no code of
+    /// the user's on writes (`frontend::write_hooks`); DDL makes that read again.
+    pub(super) fn note_session_risk(&mut self, analysis: Option<&Analysis>) {
+        let risk = analysis.map_or(SessionRisk::Anything, |a| a.session_risk());
         if risk == SessionRisk::Nothing {
             return;
+        }
+        let Some(shard) = self.server.as_ref().map(|a| a.route.shard) else { return };
+        let hooks = &self.shared.write_hooks;
+        if analysis.is_some_and(|a| a.is_ddl()) {
+            hooks.forget(shard, &self.database);
+        }
+        if risk == SessionRisk::ThroughTriggers {
+            let node = || primary_now(&self.shared.health, &self.pools.topology, shard).ok();
+            if hooks.none_known(shard, &self.database, node, &self.user) {
+                return;
+            }
         }
         let shared = self.pool_mode == PoolMode::Transaction;
         if let Some(a) = self.server.as_mut() {
@@ -203,9 +218,7 @@ impl Session {
             database: &self.database,
             tenant,
         };
-        let ddl = ["create", "alter", "drop"]
-            .iter()
-            .any(|w| analysis.text().trim_start().get(..w.len()).is_some_and(|s| s.eq_ignore_ascii_case(w)));
+        let ddl = analysis.is_ddl();
         // Boxed: it reads the catalog of the shard, a large state that every session's
         // future would otherwise carry (strict isolation is off by default).
         Box::pin(check.check(self.shared.router.confinement(analysis, bind_rest), ddl)).await

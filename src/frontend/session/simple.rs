@@ -10,7 +10,7 @@ use crate::backend::{Pending, Reply};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::{ROUTING_VERSION, SessionRisk, StatementKind};
+use crate::router::{ROUTING_VERSION, StatementKind};
 
 impl Session {
     pub(super) async fn on_query(&mut self, frame: Frame) -> Result<(), FrontendError> {
@@ -166,7 +166,7 @@ impl Session {
             None => a.conn.io.wbuf.extend_from_slice(&frame.raw),
         }
         self.setting_changes.extend(analysis.session_changes.iter().cloned());
-        self.note_session_risk(analysis.session_risk());
+        self.note_session_risk(Some(&analysis));
         if lane_candidate {
             self.time_alone(&analysis);
         }
@@ -191,7 +191,7 @@ impl Session {
             a.conn.io.wbuf.extend_from_slice(&frame.raw);
         }
         // A function of any kind, called by its OID.
-        self.note_session_risk(SessionRisk::Anything);
+        self.note_session_risk(None);
         Ok(())
     }
 

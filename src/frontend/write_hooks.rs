@@ -1,0 +1,105 @@
+//! Whether a write on a shard can run code pgtenant does not see: a trigger, a rule, or
+//! a default, constraint, generated column or index expression that calls a function of
+//! the user's (or `set_config`). Without any, a single INSERT/UPDATE/DELETE/MERGE runs
+//! only PostgreSQL's own code, which cannot change the tenant GUC: the server
+//! connection's GUC is still known after it, and is not set again before the next
+//! transaction (issue 49: that SET was most of what PostgreSQL spent on top of a
+//! single-row INSERT through pgtenant, and a fifth of a TPC-B transaction).
+//!
+//! Read from the shard's catalog over a control-plane connection (the user's server
+//! credentials, as strict isolation reads it), kept for `REFRESH`, and forgotten when
+//! this proxy forwards DDL. Until it is known, and after it expires, a write counts as
+//! one that may run such code: never a guess in the unsafe direction. A hook created
+//! by another proxy or directly on the shard is seen within `REFRESH`; the signed
+//! tenant context (`tenant_context_key`) keeps a GUC forged meanwhile from being
+//! trusted by row-level security.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{NodeConfig, UserConfig};
+use crate::directory::ShardId;
+
+/// How long a shard's answer is trusted.
+const REFRESH: Duration = Duration::from_secs(10);
+
+/// The catalog query: true when a write may run code pgtenant does not see.
+const HOOKS_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE NOT tgisinternal)
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE rulename <> '_RETURN')
+    OR EXISTS (
+        SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_proc p ON p.oid = d.refobjid
+        WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass
+          AND d.classid IN ('pg_catalog.pg_attrdef'::regclass, 'pg_catalog.pg_constraint'::regclass,
+                            'pg_catalog.pg_class'::regclass)
+          AND (p.pronamespace <> 'pg_catalog'::regnamespace OR p.proname = 'set_config'))";
+
+/// What each (shard, database) answered, and which are being read.
+pub struct WriteHooks {
+    known: moka::sync::Cache<(ShardId, String), bool>,
+    reading: moka::sync::Cache<(ShardId, String), ()>,
+}
+
+impl Default for WriteHooks {
+    fn default() -> Self {
+        Self {
+            known: moka::sync::Cache::builder().max_capacity(4096).time_to_live(REFRESH).build(),
+            reading: moka::sync::Cache::builder().max_capacity(4096).time_to_live(REFRESH).build(),
+        }
+    }
+}
+
+impl WriteHooks {
+    /// Whether a write to `database` on `shard` is known to run no code pgtenant does not
+    /// see. When that is not known, it is read in the background (from `node`, as
+    /// `user`) and the answer is `false` meanwhile.
+    pub fn none_known(
+        self: &Arc<Self>,
+        shard: ShardId,
+        database: &str,
+        node: impl FnOnce() -> Option<NodeConfig>,
+        user: &Arc<UserConfig>,
+    ) -> bool {
+        let key = (shard, database.to_string());
+        if let Some(hooks) = self.known.get(&key) {
+            return !hooks;
+        }
+        if self.reading.contains_key(&key) {
+            return false;
+        }
+        let Some(node) = node() else { return false };
+        self.reading.insert(key.clone(), ());
+        let (hooks, user) = (self.clone(), user.clone());
+        tokio::spawn(async move {
+            let dbname = node.dbname.clone().unwrap_or_else(|| key.1.clone());
+            match read_hooks(&node, &user, &dbname).await {
+                Ok(any) => hooks.known.insert(key.clone(), any),
+                Err(e) => {
+                    tracing::debug!(shard = key.0, error = %e, "could not read the shard's write hooks")
+                }
+            }
+            hooks.reading.invalidate(&key);
+        });
+        false
+    }
+
+    /// DDL went to `database` on `shard`: read again on next need.
+    pub fn forget(&self, shard: ShardId, database: &str) {
+        self.known.invalidate(&(shard, database.to_string()));
+    }
+}
+
+async fn read_hooks(
+    node: &NodeConfig,
+    user: &UserConfig,
+    dbname: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(&node.host).port(node.port).user(user.server_user()).dbname(dbname);
+    pg.connect_timeout(Duration::from_secs(5)).application_name("pgtenant write hooks");
+    if let Some(password) = user.server_password() {
+        pg.password(password);
+    }
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client.query_one(HOOKS_SQL, &[]).await?.get(0))
+}
