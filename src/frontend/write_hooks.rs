@@ -24,8 +24,11 @@ use crate::directory::ShardId;
 const REFRESH: Duration = Duration::from_secs(10);
 
 /// The catalog query: true when a write may run code pgtenant does not see.
+/// The rules of `pg_catalog` relations are PostgreSQL's own: `pg_settings`' turn an
+/// UPDATE of it into `set_config`, which the analysis counts as anything already.
 const HOOKS_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE NOT tgisinternal)
-    OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite WHERE rulename <> '_RETURN')
+    OR EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_class c ON c.oid = r.ev_class
+               WHERE r.rulename <> '_RETURN' AND c.relnamespace <> 'pg_catalog'::regnamespace)
     OR EXISTS (
         SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_proc p ON p.oid = d.refobjid
         WHERE d.refclassid = 'pg_catalog.pg_proc'::regclass

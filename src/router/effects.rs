@@ -89,6 +89,10 @@ fn statement_risk(w: &Words) -> SessionRisk {
     }
     let reads = READ_STARTS.iter().any(|k| w.is(0, k));
     let writes = ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
+    if writes && w.contains_word("pg_settings") {
+        // pg_settings' own rule turns an UPDATE of it into set_config().
+        return SessionRisk::Anything;
+    }
     match (reads, writes) {
         (true, false) => SessionRisk::Nothing,
         _ if ["insert", "update", "delete", "merge", "with"].iter().any(|k| w.is(0, k)) => {
@@ -466,6 +470,7 @@ mod tests {
             ("select current_setting('pgtenant.tenant_id')", SessionRisk::Nothing),
             ("UPDATE t SET a = 1 WHERE id = $1", SessionRisk::ThroughTriggers),
             ("INSERT INTO t VALUES (1, now())", SessionRisk::ThroughTriggers),
+            ("UPDATE pg_settings SET setting = '8' WHERE name = 'pgtenant.tenant_id'", SessionRisk::Anything),
             ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", SessionRisk::ThroughTriggers),
             (
                 "DO $$ BEGIN PERFORM set_config('pgtenant.tenant_id', '8', false); END $$",

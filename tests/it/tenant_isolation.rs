@@ -250,6 +250,10 @@ async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
             client.batch_execute("INSERT INTO hooked VALUES (7, 1)").await.unwrap();
             assert_eq!(first_values(&client, guc).await, ["7"], "{mode:?}");
         }
+        // pg_settings' own rule: an UPDATE of it is set_config.
+        let forge = "UPDATE pg_settings SET setting = '8' WHERE name = 'pgtenant.tenant_id'";
+        client.batch_execute(forge).await.unwrap();
+        assert_eq!(first_values(&client, guc).await, ["7"], "{mode:?}: after UPDATE pg_settings");
         // The tenant's own DDL, through this proxy.
         client
             .batch_execute(
