@@ -104,5 +104,6 @@ async fn read_hooks(
     }
     let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
-    Ok(client.query_one(HOOKS_SQL, &[]).await?.get(0))
+    // A server that answers something else (NULL, another type) counts as one with hooks.
+    Ok(client.query_one(HOOKS_SQL, &[]).await?.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(true))
 }

@@ -107,10 +107,32 @@ fn statement_risk(w: &Words) -> SessionRisk {
 /// The first words of statements that read (a WITH may also write).
 const READ_STARTS: [&str; 4] = ["select", "values", "table", "with"];
 
-/// Whether every `(` of the statement follows a keyword, a type name or a function
-/// known not to wait (`call_cannot_wait`), or no word at all.
+/// Whether every `(` of the statement follows a keyword, a type name, a function known
+/// not to wait (`call_cannot_wait`), a name whose column list it opens
+/// (`names_columns`), or no word at all.
 fn calls_only_known(w: &Words) -> bool {
-    (0..w.tokens.len()).all(|i| w.text(i + 1) != "(" || call_cannot_wait(w, i))
+    (0..w.tokens.len()).all(|i| w.text(i + 1) != "(" || names_columns(w, i) || call_cannot_wait(w, i))
+}
+
+/// Token `i`, before `(`, names a table or CTE whose column list follows, not a
+/// function: `INSERT INTO [schema.]table [AS alias] (` or `WITH [RECURSIVE] name (`. (pgbench's INSERT, and every INSERT with a column
+/// list, counted as a call of an unknown function before: the connection's settings
+/// and tenant GUC were set again after each.)
+fn names_columns(w: &Words, i: usize) -> bool {
+    if !matches!(w.tokens.get(i).map(|t| t.kind), Some(TokenKind::Word | TokenKind::QuotedIdent)) {
+        return false;
+    }
+    // The table's name, past an alias and a schema.
+    let mut at = i;
+    if at >= 2 && w.is(at - 1, "as") {
+        at -= 2;
+    }
+    if at >= 2 && w.text(at - 1) == "." {
+        at -= 2;
+    }
+    let inserts = at >= 1 && w.is(at - 1, "into") && w.is(0, "insert");
+    let cte = i >= 1 && (w.is(i - 1, "with") || w.is(i - 1, "recursive"));
+    inserts || cte
 }
 
 /// Token `i` stands before `(`: a keyword or type name that takes parentheses, or a
@@ -470,6 +492,13 @@ mod tests {
             ("select current_setting('pgtenant.tenant_id')", SessionRisk::Nothing),
             ("UPDATE t SET a = 1 WHERE id = $1", SessionRisk::ThroughTriggers),
             ("INSERT INTO t VALUES (1, now())", SessionRisk::ThroughTriggers),
+            (
+                "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 2, 3, 4, CURRENT_TIMESTAMP)",
+                SessionRisk::ThroughTriggers,
+            ),
+            ("insert into s.t as x (a) values (1) returning a", SessionRisk::ThroughTriggers),
+            ("INSERT INTO t (a) SELECT f(1)", SessionRisk::Anything),
+            ("INSERT INTO t (a) VALUES (my_default())", SessionRisk::Anything),
             ("UPDATE pg_settings SET setting = '8' WHERE name = 'pgtenant.tenant_id'", SessionRisk::Anything),
             ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", SessionRisk::ThroughTriggers),
             (
@@ -495,6 +524,7 @@ mod tests {
             "SELECT count(*), max(a) FROM t WHERE tenant_id = 7 GROUP BY b ORDER BY 1 LIMIT 3",
             "with x as (select * from t) select * from x where a in (1, 2)",
             "SELECT pg_catalog.now(), '1.5'::numeric(10,2), coalesce(a, 0) FROM t /* hint */",
+            "WITH x (a, b) AS (SELECT 1, 2) SELECT * FROM x",
             "VALUES (1), (2)",
             "TABLE t",
             "select exists (select 1 from t where a = any($1))",
