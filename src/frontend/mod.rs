@@ -51,6 +51,25 @@ pub(crate) fn primary_now(
     }
 }
 
+/// A control-plane connection to `node`'s database `dbname` with `user`'s server
+/// credentials (no TLS), to read the shard's catalog (`strict`, `write_hooks`).
+async fn catalog_reader(
+    node: &NodeConfig,
+    user: &crate::config::UserConfig,
+    dbname: &str,
+    purpose: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut pg = tokio_postgres::Config::new();
+    pg.host(&node.host).port(node.port).user(user.server_user()).dbname(dbname);
+    pg.connect_timeout(std::time::Duration::from_secs(5)).application_name(purpose);
+    if let Some(password) = user.server_password() {
+        pg.password(password);
+    }
+    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
 /// How server connections learn whose tenant they serve: the tenant GUC and the key
 /// its value is signed with; `None` when the GUC is not set at all.
 pub(crate) fn tenant_context(config: &Config) -> Option<TenantContext<'_>> {

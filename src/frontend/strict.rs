@@ -82,14 +82,7 @@ async fn read_tenant_tables(
     user: &UserConfig,
     dbname: &str,
 ) -> Result<TenantTables, tokio_postgres::Error> {
-    let mut pg = tokio_postgres::Config::new();
-    pg.host(&node.host).port(node.port).user(user.server_user()).dbname(dbname);
-    pg.connect_timeout(Duration::from_secs(5)).application_name("pgtenant strict isolation");
-    if let Some(password) = user.server_password() {
-        pg.password(password);
-    }
-    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+    let client = super::catalog_reader(node, user, dbname, "pgtenant strict isolation").await?;
     let rows = client
         .query(
             "SELECT lower(n.nspname), lower(c.relname), c.relrowsecurity AND c.relforcerowsecurity

@@ -96,14 +96,7 @@ async fn read_hooks(
     user: &UserConfig,
     dbname: &str,
 ) -> Result<bool, tokio_postgres::Error> {
-    let mut pg = tokio_postgres::Config::new();
-    pg.host(&node.host).port(node.port).user(user.server_user()).dbname(dbname);
-    pg.connect_timeout(Duration::from_secs(5)).application_name("pgtenant write hooks");
-    if let Some(password) = user.server_password() {
-        pg.password(password);
-    }
-    let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
+    let client = super::catalog_reader(node, user, dbname, "pgtenant write hooks").await?;
     // A server that answers something else (NULL, another type) counts as one with hooks.
     Ok(client.query_one(HOOKS_SQL, &[]).await?.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(true))
 }
