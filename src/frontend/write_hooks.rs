@@ -8,13 +8,16 @@
 //!
 //! Read from the shard's catalog over a control-plane connection (the user's server
 //! credentials, as strict isolation reads it), kept for `REFRESH`, and forgotten when
-//! this proxy forwards DDL. Until it is known, and after it expires, a write counts as
+//! this proxy forwards DDL and again when that DDL's transaction ends (a read under
+//! way meanwhile may have seen the catalog before it: its answer is dropped). Until it
+//! is known, and after it expires, a write counts as
 //! one that may run such code: never a guess in the unsafe direction. A hook created
 //! by another proxy or directly on the shard is seen within `REFRESH`; the signed
 //! tenant context (`tenant_context_key`) keeps a GUC forged meanwhile from being
 //! trusted by row-level security.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::config::{NodeConfig, UserConfig};
@@ -40,6 +43,9 @@ const HOOKS_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHER
 pub struct WriteHooks {
     known: moka::sync::Cache<(ShardId, String), bool>,
     reading: moka::sync::Cache<(ShardId, String), ()>,
+    /// Counts `forget`s: a read that began before one may have seen the catalog as it
+    /// was before the DDL, and its answer is not kept.
+    forgotten: AtomicU64,
 }
 
 impl Default for WriteHooks {
@@ -47,6 +53,7 @@ impl Default for WriteHooks {
         Self {
             known: moka::sync::Cache::builder().max_capacity(4096).time_to_live(REFRESH).build(),
             reading: moka::sync::Cache::builder().max_capacity(4096).time_to_live(REFRESH).build(),
+            forgotten: AtomicU64::new(0),
         }
     }
 }
@@ -72,22 +79,32 @@ impl WriteHooks {
         let Some(node) = node() else { return false };
         self.reading.insert(key.clone(), ());
         let (hooks, user) = (self.clone(), user.clone());
+        let forgotten = self.forgotten.load(Ordering::Acquire);
         tokio::spawn(async move {
             let dbname = node.dbname.clone().unwrap_or_else(|| key.1.clone());
             match read_hooks(&node, &user, &dbname).await {
-                Ok(any) => hooks.known.insert(key.clone(), any),
+                Ok(any) if hooks.forgotten.load(Ordering::Acquire) == forgotten => {
+                    hooks.known.insert(key.clone(), any);
+                    hooks.reading.invalidate(&key);
+                }
+                // DDL since: read again on next need (its `forget` let a new read begin).
+                Ok(_) => {}
                 Err(e) => {
-                    tracing::debug!(shard = key.0, error = %e, "could not read the shard's write hooks")
+                    tracing::debug!(shard = key.0, error = %e, "could not read the shard's write hooks");
+                    hooks.reading.invalidate(&key);
                 }
             }
-            hooks.reading.invalidate(&key);
         });
         false
     }
 
-    /// DDL went to `database` on `shard`: read again on next need.
+    /// DDL went to `database` on `shard`, or its transaction ended: read again on next
+    /// need, and keep no answer read before now.
     pub fn forget(&self, shard: ShardId, database: &str) {
-        self.known.invalidate(&(shard, database.to_string()));
+        self.forgotten.fetch_add(1, Ordering::AcqRel);
+        let key = (shard, database.to_string());
+        self.known.invalidate(&key);
+        self.reading.invalidate(&key);
     }
 }
 

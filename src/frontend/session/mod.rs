@@ -110,6 +110,9 @@ struct Attached {
     /// A statement that may run code pgtenant cannot follow went out in the request
     /// under way (see `Session::check_writable`).
     unknown_code_in_request: bool,
+    /// DDL went out here since the transaction began: when it ends, what the shard's
+    /// catalog says of write hooks is read again (see `frontend::write_hooks`).
+    ddl_in_transaction: bool,
 }
 
 pub struct Session {

@@ -174,6 +174,9 @@ impl Session {
         let hooks = &self.shared.write_hooks;
         if analysis.is_some_and(|a| a.is_ddl()) {
             hooks.forget(shard, &self.database);
+            if let Some(a) = self.server.as_mut() {
+                a.ddl_in_transaction = true;
+            }
         }
         if risk == SessionRisk::ThroughTriggers {
             let node = || primary_now(&self.shared.health, &self.pools.topology, shard).ok();
@@ -240,6 +243,7 @@ impl Session {
             timing: None,
             block_begun: false,
             unknown_code_in_request: false,
+            ddl_in_transaction: false,
         });
     }
 
@@ -498,6 +502,10 @@ impl Session {
         a.unknown_code_in_request = false;
         if status == TxStatus::Idle {
             a.block_begun = false;
+            if std::mem::take(&mut a.ddl_in_transaction) {
+                // Committed (or not) now: a read since the DDL went out saw it uncommitted.
+                self.shared.write_hooks.forget(a.route.shard, &self.database);
+            }
         }
         if let Some((since, analysis)) = a.timing.take() {
             analysis.shape().record(since.elapsed(), self.shared.config.proxy.pipeline_quick());
