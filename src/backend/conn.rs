@@ -55,7 +55,7 @@ pub struct ServerConn {
     pub cancel: CancelTarget,
     /// ParameterStatus values, as reported at startup and updated since.
     pub params: Vec<(String, String)>,
-    /// Statement ids prepared on this server (`pgt_<id>`).
+    /// Statement ids prepared on this server (`__pgtenant_<id>`).
     pub prepared: PreparedOnServer,
     /// Statements prepared here since the server was last idle outside a transaction.
     /// Until their transaction commits, their plans may rest on what it created (a

@@ -12,7 +12,7 @@ use bytes::Bytes;
 #[derive(Debug)]
 pub struct PreparedStatement {
     pub id: u64,
-    /// `pgt_<id>`, the name used on every server.
+    /// `__pgtenant_<id>`, the name used on every server.
     pub server_name: Bytes,
     pub query: Bytes,
     /// The raw parameter-type section of the client's Parse.
@@ -51,7 +51,7 @@ impl PreparedStatement {
 
 /// The name statement `id` has on every server.
 pub fn server_name(id: u64) -> String {
-    format!("pgt_{id}")
+    format!("{}{id}", crate::protocol::RESERVED_PREFIX)
 }
 
 /// Interns statements; bounded by entries and by bytes of text, so that clients
@@ -116,7 +116,7 @@ mod tests {
         let c = r.intern(b"SELECT $1", b"\0\x01\0\0\0\x17");
         assert_eq!(a.id, b.id);
         assert_ne!(a.id, c.id);
-        assert_eq!(&a.server_name[..], format!("pgt_{}", a.id).as_bytes());
+        assert_eq!(&a.server_name[..], format!("__pgtenant_{}", a.id).as_bytes());
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub enum FrontendError {
         tenant.as_ref().map(|t| format!(" with tenant {t}")).unwrap_or_default()
     )]
     OtherSessions { object: String, tenant: Option<TenantId> },
+    #[error(
+        "prepared statement name \"{name}\" is reserved: names beginning with \"__pgtenant_\" are pgtenant's own on the server"
+    )]
+    ReservedStatementName { name: String },
     #[error("current transaction is aborted, commands ignored until end of transaction block")]
     InFailedTransaction,
     #[error("prepared statement \"{name}\" does not exist")]

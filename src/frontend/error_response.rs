@@ -66,6 +66,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         | E::StrictIsolation { .. }
         | E::StrictCatalog { .. }
         | E::OtherSessions { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
+        E::ReservedStatementName { .. } => sqlstate::RESERVED_NAME,
         E::TenantReadOnly { .. } | E::ReadOnlyWall { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,

@@ -5,6 +5,11 @@
 //! Invariant: a forwarded message is always the client's or server's original bytes;
 //! views only read from a copy-free `Bytes` slice and never re-encode.
 
+/// The prefix of every name pgtenant gives things on a server (prepared statements,
+/// the scatter planner's aliases and tables): a client's SQL may not use it where the
+/// server would share the name with pgtenant's.
+pub const RESERVED_PREFIX: &str = "__pgtenant_";
+
 mod build;
 mod describe;
 mod frame;

@@ -11,6 +11,7 @@ pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const UNDEFINED_OBJECT: &str = "42704";
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
+pub const RESERVED_NAME: &str = "42939";
 pub const ACTIVE_SQL_TRANSACTION: &str = "25001";
 pub const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";

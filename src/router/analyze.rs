@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::classify::{
     alters_tenant_default, classify, controls_transaction_block, hint_in_comment, lifts_read_only, may_write,
-    pin_reason, setting_name,
+    pin_reason, reserved_statement, setting_name,
 };
 use super::effects::SessionRisk;
 use super::facts::{SqlFacts, literal_ranges};
@@ -97,10 +97,14 @@ pub struct Analysis {
     /// Where the text reads `pg_prepared_statements`, which the session answers with
     /// the client's own statements (see `prepared_view`).
     pub prepared_view: Box<[super::prepared_view::ViewRef]>,
+    /// A SQL `PREPARE`, `EXECUTE` or `DEALLOCATE` of a name in pgtenant's namespace on
+    /// the server (`protocol::RESERVED_PREFIX`): it would reach (or collide with) a
+    /// statement pgtenant prepared there for itself or another client. Refused.
+    pub reserved_statement: Option<Box<str>>,
     /// One SELECT/INSERT/UPDATE/DELETE/MERGE/WITH/VALUES/TABLE statement: it may share
     /// an implicit transaction with a message sent before it. (PostgreSQL refuses
     /// VACUUM, CREATE INDEX CONCURRENTLY and the like after an unsynced message.)
-    pub single_dml: bool,
+    pub(super) single_dml: bool,
     /// Recognised by the plain-DML fast path: nothing in it depends on the values of its
     /// literals, so a text that differs only there may share it (see `template`).
     pub(super) plain: bool,
@@ -167,6 +171,14 @@ impl Analysis {
         self.cannot_wait.get_or_init(|| super::effects::cannot_wait(&self.sql))
     }
 
+    /// Whether the statement may run after a message of pgtenant's own in one implicit
+    /// transaction (no Sync between): one DML statement calling no code pgtenant cannot
+    /// follow. A function may run VACUUM or the like, which PostgreSQL would then refuse
+    /// as "within a pipeline" instead of with the error it gives the statement alone.
+    pub fn shares_implicit_transaction(&self) -> bool {
+        self.single_dml && self.session_risk() != SessionRisk::Anything
+    }
+
     /// What the statement may do to the server session's state behind pgtenant's back
     /// (see `effects::session_risk`).
     pub fn session_risk(&self) -> SessionRisk {
@@ -204,6 +216,7 @@ impl Analysis {
             set_config_name_params: Box::default(),
             other_sessions: None,
             prepared_view: Box::default(),
+            reserved_statement: None,
             single_dml: true,
             plain: true,
             sql,
@@ -309,6 +322,10 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         set_config_name_params,
         other_sessions,
         prepared_view: super::prepared_view::references(&text, &code).into(),
+        reserved_statement: statements
+            .iter()
+            .find_map(|stmt| reserved_statement(&Words { sql: &text, tokens: stmt }))
+            .map(String::into_boxed_str),
         plain: false,
         sql: text.into(),
         facts: OnceLock::new(),

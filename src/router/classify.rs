@@ -113,10 +113,8 @@ pub(super) fn classify(
         if w.is(at, "all") {
             return StatementKind::DiscardAll;
         }
-        let name = match w.tokens.get(at).map(|t| t.kind) {
-            Some(TokenKind::Word) => w.text(at).to_ascii_lowercase(),
-            Some(TokenKind::QuotedIdent) => w.text(at).trim_matches('"').replace("\"\"", "\""),
-            _ => return StatementKind::Other,
+        let Some(name) = identifier_at(w, at) else {
+            return StatementKind::Other;
         };
         if at + 1 == w.tokens.len() {
             return StatementKind::Deallocate(name);
@@ -295,6 +293,30 @@ pub(super) fn lifts_read_only(w: &Words) -> bool {
         }
     }
     set_config_calls(w).any(|i| set_config_name(w, i).is_some_and(|name| protected(&name)))
+}
+
+/// The identifier at token `i`, as the server reads it (folded unless quoted).
+fn identifier_at(w: &Words, i: usize) -> Option<String> {
+    match w.tokens.get(i).map(|t| t.kind) {
+        Some(TokenKind::Word) => Some(w.text(i).to_ascii_lowercase()),
+        Some(TokenKind::QuotedIdent) => Some(w.text(i).trim_matches('"').replace("\"\"", "\"")),
+        _ => None,
+    }
+}
+
+/// The prepared statement name of a SQL `PREPARE`, `EXECUTE` or `DEALLOCATE`, when it
+/// is in pgtenant's namespace on the server (see `Analysis::reserved_statement`).
+pub(super) fn reserved_statement(w: &Words) -> Option<String> {
+    let at = if w.is(0, "prepare") && !w.is(1, "transaction") || w.is(0, "execute") {
+        1
+    } else if w.is(0, "deallocate") {
+        if w.is(1, "prepare") { 2 } else { 1 }
+    } else {
+        return None;
+    };
+    // (A U&"..." name is refused with every U&"..." identifier: `other_sessions`.)
+    let name = identifier_at(w, at)?;
+    name.starts_with(crate::protocol::RESERVED_PREFIX).then_some(name)
 }
 
 /// Transaction control of any kind, savepoints included.

@@ -1,6 +1,6 @@
 //! `pg_prepared_statements` as the client should see it. On a pooled server
 //! connection the view lists what pgtenant prepared there: other clients' statements
-//! (other tenants' texts among them) under pgtenant's names (`pgt_<id>`), pgtenant's
+//! (other tenants' texts among them) under pgtenant's names (`__pgtenant_<id>`), pgtenant's
 //! own, and statements a client let go that the server keeps for others. A statement
 //! that reads the view reads a subquery in its place: the rows of the client's own
 //! statements, under the client's names, and those it prepared with SQL `PREPARE`

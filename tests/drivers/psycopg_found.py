@@ -138,7 +138,7 @@ def prepared_statements_view():
     assert "psy_sql" in names, rows
     assert any(n.startswith("_pg3_") for n in names), rows
     assert not any("8000" in r[1] for r in rows), f"another client's statement shows: {rows}"
-    assert not any(n.startswith("pgt_") for n in names), f"pgtenant's names show: {rows}"
+    assert not any(n.startswith("__pgtenant_") for n in names), f"pgtenant's names show: {rows}"
     conn.execute("deallocate psy_sql")
     names = [r[0] for r in conn.execute("select name from pg_prepared_statements").fetchall()]
     assert "psy_sql" not in names, names

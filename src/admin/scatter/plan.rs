@@ -34,7 +34,7 @@ pub const SHARD_COLUMN: &str = "shard_id";
 /// The coordinator's table of partial rows (dropped at the end of its transaction).
 pub const PARTIAL_TABLE: &str = "__pgtenant_scatter";
 /// Names pgtenant writes into the SQL it generates; refused in a client's text.
-const RESERVED_PREFIX: &str = "__pgtenant_";
+use crate::protocol::RESERVED_PREFIX;
 const SHARD_PLACEHOLDER: &str = "__pgtenant_shard__";
 
 /// The aggregates pgtenant merges, by how.

@@ -9,7 +9,8 @@ use crate::router::Analysis;
 impl Session {
     /// The refusal of a statement for what its text does, before any routing: it
     /// would change the tenant GUC behind pgtenant's back, give one of pgtenant's
-    /// settings a value it cannot take, or reach the server's other sessions.
+    /// settings a value it cannot take, name a prepared statement of pgtenant's on the
+    /// server, or reach the server's other sessions.
     pub(super) fn refusal_of(&self, analysis: &Analysis) -> Option<FrontendError> {
         if analysis.tampers_tenant_guc {
             return Some(FrontendError::TenantGucProtected {
@@ -18,6 +19,9 @@ impl Session {
         }
         if let Some(bad) = &analysis.bad_setting {
             return Some(FrontendError::from(bad));
+        }
+        if let Some(name) = &analysis.reserved_statement {
+            return Some(FrontendError::ReservedStatementName { name: name.to_string() });
         }
         let object = analysis.other_sessions.as_deref()?;
         Some(FrontendError::OtherSessions { object: object.into(), tenant: self.tenant.clone() })
@@ -44,5 +48,8 @@ impl Session {
 /// Whether the text of `analysis` is refused whoever sends it (see `refusal_of`):
 /// such a request takes the general path, which words the refusal.
 pub(super) fn is_refused(analysis: &Analysis) -> bool {
-    analysis.tampers_tenant_guc || analysis.bad_setting.is_some() || analysis.other_sessions.is_some()
+    analysis.tampers_tenant_guc
+        || analysis.bad_setting.is_some()
+        || analysis.other_sessions.is_some()
+        || analysis.reserved_statement.is_some()
 }

@@ -30,7 +30,7 @@ pub(super) enum LaneRequest<'a> {
 /// A statement whose request leaves nothing behind on the server connection once it
 /// is answered: no transaction block, no setting, nothing that pins the connection.
 fn leaves_no_state(analysis: &Analysis) -> bool {
-    analysis.single_dml
+    analysis.shares_implicit_transaction()
         && !analysis.is_multi
         && analysis.kind == StatementKind::Other
         && analysis.pin.is_none()

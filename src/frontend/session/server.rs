@@ -769,7 +769,7 @@ fn settings_refused(
 
 /// The statement that sets the tenant GUC inside a client's extended request (its id
 /// in `ServerConn::prepared` is `SET_TENANT_STATEMENT_ID`).
-const SET_TENANT_STATEMENT: &[u8] = b"pgtenant_set_tenant";
+const SET_TENANT_STATEMENT: &[u8] = b"__pgtenant_set_tenant";
 
 /// Sets the tenant GUC ahead of the client's extended messages, without a Sync: it runs
 /// in the client's implicit transaction. Its answers are swallowed; an error (none is

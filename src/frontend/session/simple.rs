@@ -129,7 +129,7 @@ impl Session {
                     }
                 }
             }
-            if !self.begin_or_reply(route, analysis.single_dml).await {
+            if !self.begin_or_reply(route, analysis.shares_implicit_transaction()).await {
                 return Ok(());
             }
         } else {

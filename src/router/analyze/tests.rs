@@ -58,6 +58,29 @@ fn sees_every_way_to_lift_the_read_only_wall() {
 }
 
 #[test]
+fn sees_sql_that_names_pgtenants_own_prepared_statements() {
+    let reserved = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).reserved_statement;
+    for (sql, name) in [
+        ("EXECUTE __pgtenant_1", "__pgtenant_1"),
+        ("execute __PGTENANT_12 (1, 'x')", "__pgtenant_12"),
+        ("DEALLOCATE \"__pgtenant_set_tenant\"", "__pgtenant_set_tenant"),
+        ("DEALLOCATE PREPARE __pgtenant_3", "__pgtenant_3"),
+        ("SELECT 1; PREPARE __pgtenant_x AS SELECT 1", "__pgtenant_x"),
+    ] {
+        assert_eq!(reserved(sql).as_deref(), Some(name), "{sql}");
+    }
+    for sql in [
+        "EXECUTE pgtenant_set_tenant",
+        "PREPARE TRANSACTION '__pgtenant_1'",
+        "DEALLOCATE ALL",
+        "EXECUTE \"__PGTENANT_1\"",
+        "SELECT '__pgtenant_1'",
+    ] {
+        assert_eq!(reserved(sql), None, "{sql}");
+    }
+}
+
+#[test]
 fn sees_every_way_to_change_the_tenant_guc() {
     let tampers = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).tampers_tenant_guc;
     assert!(tampers("SELECT set_config('pgtenant.tenant_id', '5', false)"));
