@@ -28,9 +28,11 @@
 # RETURNING per transaction, into pgbench_history), connect (-S with a new connection per
 # transaction, -C; SCRAM for every target). CLIENTS=400 runs past shard 1's
 # max_connections (300): its direct run fails, and the proxies are compared with each
-# other (PgBouncer's max_client_conn is 2000 here, pgtenant's max_clients 1000).
+# other (PgBouncer's max_client_conn is 5000 here, pgtenant's max_clients 1000 unless DEV_ARGS says).
 #
 # MODES and CLIENTS pick some of the runs (e.g. MODES=simple CLIENTS="8 32").
+# BENCH_JOBS sets pgbench's threads (-j; default 2, 1 for a single client). DEV_ARGS
+# passes flags to `pgtenant dev` (e.g. DEV_ARGS="--max-clients 2500" for 2,000 clients).
 #
 # VARIANT="name = value" adds a second pgtenant ("pgtenant-variant") on the same
 # cluster with that one [proxy] setting changed (e.g. VARIANT="workers = 2"),
@@ -156,7 +158,7 @@ run() { # target mode clients workload
     pgtenant-tcp) port=$TCP_PROXY_PORT; pid=$TCP_PID; opts="-c pgtenant.tenant_id=7" ;;
     pgtenant-variant) port=$VARIANT_PORT; pid=$VARIANT_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
-  local jobs=$(( $3 < 2 ? 1 : 2 ))
+  local jobs=$(( $3 < 2 ? 1 : ${BENCH_JOBS:-2} ))
   local before after out pg_before pg_after
   before=$(cpu_ticks "$pid")
   pg_before=$(cluster_ticks)

@@ -47,6 +47,9 @@ pub struct DevOptions {
     /// (`[proxy] thread_per_core`).
     #[arg(long)]
     pub thread_per_core: bool,
+    /// Clients the proxy serves at once (`[proxy] max_clients`); past it, 53300.
+    #[arg(long, default_value_t = crate::config::ProxyConfig::default().max_clients)]
+    pub max_clients: usize,
 }
 
 pub async fn run(options: DevOptions) -> Result<(), String> {
@@ -60,6 +63,7 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
         http_port,
         workers,
         thread_per_core,
+        max_clients,
     } = options;
     if shards < 2 {
         return Err("pgtenant dev needs at least 2 shards (its demo tenants live on shards 1 and 2)".into());
@@ -118,6 +122,7 @@ pub async fn run(options: DevOptions) -> Result<(), String> {
     let mut config = demo::demo_catalog_config(listen, catalog, Some(&tls_dir));
     config.proxy.workers = workers;
     config.proxy.thread_per_core = thread_per_core;
+    config.proxy.max_clients = max_clients;
     if http_port != 0 {
         config.observe.listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port)));
     }
