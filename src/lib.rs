@@ -17,7 +17,8 @@
 //! - `protocol`: I/O-free framing and the few message views and builders needed.
 //! - `config`: configuration types and validation.
 //! - `observe`: counters, connection registries, the HTTP port, logging.
-//! - `fuzzing`: the fuzz targets' entry points (`fuzz/`).
+//! - `fuzzing`: the fuzz targets' entry points (`fuzz/`), and their replay in the
+//!   tests; compiled for tests and with the `fuzzing` feature (the fuzz crate's) only.
 
 pub mod admin;
 pub mod backend;
@@ -26,6 +27,7 @@ pub mod config;
 pub mod dev;
 pub mod directory;
 pub mod frontend;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod net;
@@ -35,6 +37,3 @@ pub mod router;
 pub mod server;
 pub mod snowflake;
 pub mod tenancy;
-
-#[cfg(test)]
-mod fuzz_tests;

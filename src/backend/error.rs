@@ -35,7 +35,8 @@ impl BackendError {
                 true
             }
             BackendError::Refused { fields, .. } => {
-                matches!(fields.code.as_str(), "57P01" | "57P02" | "57P03")
+                use crate::protocol::sqlstate::{ADMIN_SHUTDOWN, CANNOT_CONNECT_NOW, CRASH_SHUTDOWN};
+                [ADMIN_SHUTDOWN, CRASH_SHUTDOWN, CANNOT_CONNECT_NOW].contains(&fields.code.as_str())
             }
             _ => false,
         }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 
 use super::prepared::PreparedStatement;
-use crate::protocol::{self, ErrorFields, TxStatus};
+use crate::protocol::{self, ErrorFields, TxStatus, sqlstate};
 
 /// The message whose responses an entry waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -531,7 +531,7 @@ fn is_fatal(raw: &[u8]) -> bool {
 fn is_stale_plan(raw: &[u8]) -> bool {
     let body = raw.get(5..).unwrap_or_default();
     let field = |kind| protocol::error_field(body, kind).unwrap_or_default();
-    field(b'C') == b"0A000"
+    field(b'C') == sqlstate::FEATURE_NOT_SUPPORTED.as_bytes()
         && (field(b'R') == b"RevalidateCachedQuery"
             || field(b'M') == b"cached plan must not change result type")
 }
@@ -541,7 +541,7 @@ fn is_stale_plan(raw: &[u8]) -> bool {
 /// "cache lookup failed for type ..." when its plan points at a type that is gone).
 fn is_broken_on_server(raw: &[u8]) -> bool {
     let code = protocol::error_field(raw.get(5..).unwrap_or_default(), b'C').unwrap_or_default();
-    matches!(code, b"26000" | b"XX000")
+    code == sqlstate::INVALID_SQL_STATEMENT_NAME.as_bytes() || code == sqlstate::INTERNAL_ERROR.as_bytes()
 }
 
 /// Whether a message with `tag` is the last response to `reply`.

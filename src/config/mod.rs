@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use env::expand as expand_env;
 pub use reload::needs_restart;
 pub use validate::validate;

@@ -191,7 +191,7 @@ impl Conn {
                 let parse = parse_view(body)?;
                 let name = parse.name.to_vec();
                 if !name.is_empty() && self.statements.contains_key(&name) {
-                    self.fail("42P05", "prepared statement already exists");
+                    self.fail(sqlstate::DUPLICATE_PSTATEMENT, "prepared statement already exists");
                 } else {
                     self.statements.insert(name, String::from_utf8_lossy(parse.query).into_owned());
                     parse_complete(&mut self.out);
@@ -222,7 +222,12 @@ impl Conn {
             b'd' | b'c' | b'f' => {}
             b'X' => return None,
             _ => {
-                error_response(&mut self.out, Severity::Fatal, "08P01", "invalid frontend message type");
+                error_response(
+                    &mut self.out,
+                    Severity::Fatal,
+                    sqlstate::PROTOCOL_VIOLATION,
+                    "invalid frontend message type",
+                );
                 self.flush().await;
                 return None;
             }
@@ -260,11 +265,11 @@ impl Conn {
     fn bind(&mut self, body: &[u8]) -> Option<()> {
         let bind = bind_view(body)?;
         let Some(sql) = self.statements.get(bind.statement).cloned() else {
-            self.fail("26000", "prepared statement does not exist");
+            self.fail(sqlstate::INVALID_SQL_STATEMENT_NAME, "prepared statement does not exist");
             return Some(());
         };
         if !bind.portal.is_empty() && self.portals.contains_key(bind.portal) {
-            self.fail("42P03", "portal already exists");
+            self.fail(sqlstate::DUPLICATE_CURSOR, "portal already exists");
             return Some(());
         }
         let formats = bind_result_formats(bind.rest).unwrap_or_default();
@@ -283,14 +288,14 @@ impl Conn {
                     (sql.clone(), Vec::new())
                 }
                 None => {
-                    self.fail("26000", "prepared statement does not exist");
+                    self.fail(sqlstate::INVALID_SQL_STATEMENT_NAME, "prepared statement does not exist");
                     return Some(());
                 }
             },
             _ => match self.portals.get(name) {
                 Some(portal) => (portal.sql.clone(), portal.formats.clone()),
                 None => {
-                    self.fail("34000", "portal does not exist");
+                    self.fail(sqlstate::INVALID_CURSOR_NAME, "portal does not exist");
                     return Some(());
                 }
             },
@@ -306,7 +311,7 @@ impl Conn {
     async fn execute(&mut self, body: &[u8]) -> Option<()> {
         let (name, _) = split_cstr(body)?;
         let Some(portal) = self.portals.get(name) else {
-            self.fail("34000", "portal does not exist");
+            self.fail(sqlstate::INVALID_CURSOR_NAME, "portal does not exist");
             return Some(());
         };
         let (sql, formats) = (portal.sql.clone(), portal.formats.clone());
@@ -323,7 +328,7 @@ impl Conn {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if sql.contains("fuzz_notice") {
-            notice_response(&mut self.out, Severity::Warning, "01000", "fuzz notice");
+            notice_response(&mut self.out, Severity::Warning, sqlstate::WARNING, "fuzz notice");
             parameter_status_msg(&mut self.out, "application_name", "fuzz");
         }
         if sql.contains("fuzz_close") {
@@ -334,7 +339,7 @@ impl Conn {
             error_response(
                 &mut self.out,
                 Severity::Fatal,
-                "57P01",
+                sqlstate::ADMIN_SHUTDOWN,
                 "terminating connection due to administrator command",
             );
             let _ = self.flush().await;
@@ -342,7 +347,7 @@ impl Conn {
         }
         // Permission refused to the health checker: its node stays unchecked.
         if sql.contains("pg_is_in_recovery()") {
-            self.fail("42501", "permission denied");
+            self.fail(sqlstate::INSUFFICIENT_PRIVILEGE, "permission denied");
             return Outcome::Failed;
         }
         let kind = classify(sql);
@@ -350,7 +355,7 @@ impl Conn {
             && !matches!(kind, Kind::Commit | Kind::Rollback | Kind::RollbackTo)
         {
             self.fail(
-                "25P02",
+                sqlstate::IN_FAILED_SQL_TRANSACTION,
                 "current transaction is aborted, commands ignored until end of transaction block",
             );
             return Outcome::Failed;
@@ -360,7 +365,7 @@ impl Conn {
                 // As PostgreSQL refusing `COPY ... FREEZE`: CopyInResponse, then the error at once.
                 copy_response(&mut self.out, b'G');
             }
-            self.fail("XX000", "fuzz error");
+            self.fail(sqlstate::INTERNAL_ERROR, "fuzz error");
             return Outcome::Failed;
         }
         match kind {
@@ -379,7 +384,10 @@ impl Conn {
                 command_complete(&mut self.out, "ROLLBACK");
             }
             Kind::RollbackTo | Kind::Savepoint if self.status == TxStatus::Idle => {
-                self.fail("25P01", "savepoints can only be used in transaction blocks");
+                self.fail(
+                    sqlstate::NO_ACTIVE_SQL_TRANSACTION,
+                    "savepoints can only be used in transaction blocks",
+                );
                 return Outcome::Failed;
             }
             Kind::RollbackTo => {
@@ -429,7 +437,7 @@ impl Conn {
                     return Outcome::Done;
                 }
                 b'f' => {
-                    self.fail("57014", "COPY from stdin failed");
+                    self.fail(sqlstate::QUERY_CANCELED, "COPY from stdin failed");
                     return Outcome::Failed;
                 }
                 b'H' | b'S' => {}
@@ -437,9 +445,9 @@ impl Conn {
                 other => {
                     // As PostgreSQL: the copy fails, and the connection with it.
                     let message = format!("unexpected message type 0x{other:02X} during COPY from stdin");
-                    self.fail("08P01", &message);
+                    self.fail(sqlstate::PROTOCOL_VIOLATION, &message);
                     let lost = "terminating connection because protocol synchronization was lost";
-                    error_response(&mut self.out, Severity::Fatal, "08P01", lost);
+                    error_response(&mut self.out, Severity::Fatal, sqlstate::PROTOCOL_VIOLATION, lost);
                     let _ = self.flush().await;
                     return Outcome::Gone;
                 }

@@ -512,7 +512,12 @@ async fn finish(mut client: Client, i: usize, trace: &[String]) {
     // Answered every time, by a refusal the program may have caused (a pinned session,
     // a tenant the wall keeps out). One that says a server is missing or broken is
     // a finding: a leaked pool slot, a lost connection the session keeps tripping on.
-    let persistent = ["53300", "08006", "08P01", "XX000"];
+    let persistent = [
+        sqlstate::TOO_MANY_CONNECTIONS,
+        sqlstate::CONNECTION_FAILURE,
+        sqlstate::PROTOCOL_VIOLATION,
+        sqlstate::INTERNAL_ERROR,
+    ];
     let last_refusal = seen.iter().rev().find(|s| s.starts_with("ERROR")).cloned().unwrap_or_default();
     assert!(
         !persistent.iter().any(|code| last_refusal.contains(code)),

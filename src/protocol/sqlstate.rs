@@ -27,4 +27,11 @@ pub const SYNTAX_ERROR: &str = "42601";
 pub const QUERY_CANCELED: &str = "57014";
 pub const WARNING: &str = "01000";
 pub const CONFIG_FILE_ERROR: &str = "F0000";
+pub const CRASH_SHUTDOWN: &str = "57P02";
+pub const INTERNAL_ERROR: &str = "XX000";
+// Those the fuzz targets' fake server answers with, as PostgreSQL does.
+pub const DUPLICATE_PSTATEMENT: &str = "42P05";
+pub const DUPLICATE_CURSOR: &str = "42P03";
+pub const INVALID_CURSOR_NAME: &str = "34000";
+pub const NO_ACTIVE_SQL_TRANSACTION: &str = "25P01";
 pub const CONFIGURATION_LIMIT_EXCEEDED: &str = "53400";

@@ -23,7 +23,7 @@ use sqlparser::ast::{
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-use super::lexer::{TokenKind, Tokens, code_tokens};
+use super::lexer::{Token, TokenKind, Tokens, code_tokens};
 
 /// Placeholders standing for literals are numbered from here, above any real `$n`.
 const LITERAL_BASE: u32 = 100_000;
@@ -261,12 +261,7 @@ fn unparsed_facts(sql: &str, column: &str) -> SqlFacts {
             }
         }
     }
-    // A read that names no relation (no FROM, JOIN, INTO, TABLE) needs no tenant.
-    const READS: [&str; 3] = ["select", "values", "show"];
-    const RELATION_WORDS: [&str; 10] =
-        ["from", "join", "into", "table", "update", "delete", "insert", "merge", "copy", "lock"];
-    let touches_tables = !READS.iter().any(|k| is_word(0, k))
-        || (0..tokens.len()).any(|i| RELATION_WORDS.iter().any(|k| is_word(i, k)));
+    let touches_tables = !reads_only_system_relations(sql, &tokens);
     SqlFacts {
         parsed: false,
         touches_tables,
@@ -275,6 +270,95 @@ fn unparsed_facts(sql: &str, column: &str) -> SqlFacts {
         relations: Vec::new(),
         confining: Vec::new(),
     }
+}
+
+/// Whether a text sqlparser cannot parse is a read whose every relation is a system
+/// catalog's (`pg_catalog.x`, `information_schema.x`, a bare `pg_x`), as psql's `\d`
+/// queries are: it needs no tenant. Anything the lexer cannot read so (a write, a
+/// relation of the user's, a FROM item it does not know) counts as touching tables.
+fn reads_only_system_relations(sql: &str, tokens: &[Token]) -> bool {
+    const READS: [&str; 3] = ["select", "values", "show"];
+    const WRITES: [&str; 6] = ["update", "delete", "insert", "merge", "copy", "lock"];
+    const RELATION_WORDS: [&str; 4] = ["from", "join", "into", "table"];
+    // Words that end a FROM list (its JOINs' ON and USING do not).
+    const FROM_LIST_ENDS: [&str; 12] = [
+        "where",
+        "group",
+        "having",
+        "window",
+        "order",
+        "limit",
+        "offset",
+        "fetch",
+        "for",
+        "union",
+        "except",
+        "intersect",
+    ];
+    let text = |i: usize| tokens.get(i).map_or("", |t| &sql[t.start..t.end]);
+    let kind = |i: usize| tokens.get(i).map(|t| t.kind);
+    let is_word =
+        |i: usize, word: &str| kind(i) == Some(TokenKind::Word) && text(i).eq_ignore_ascii_case(word);
+    let is_any = |i: usize, words: &[&str]| words.iter().any(|w| is_word(i, w));
+    // Every statement of the text a read, and no write anywhere (a CTE's); the UPDATE
+    // of a locking clause (FOR [NO KEY] UPDATE) locks rows of the FROM items read below.
+    let reads = |i: usize| i >= tokens.len() || is_any(i, &READS);
+    let locks = |i: usize| i > 0 && is_word(i, "update") && (is_word(i - 1, "for") || is_word(i - 1, "key"));
+    let writes = |i: usize| is_any(i, &WRITES) && !locks(i);
+    if !reads(0) || (0..tokens.len()).any(|i| writes(i) || (text(i) == ";" && !reads(i + 1))) {
+        return false;
+    }
+    let ident = |i: usize| match kind(i) {
+        Some(TokenKind::Word) => Some(text(i).to_ascii_lowercase()),
+        Some(TokenKind::QuotedIdent) => Some(text(i).trim_matches('"').to_string()),
+        _ => None,
+    };
+    // The FROM item at token `i` is fine when it is a system relation, a subquery (its
+    // own FROM is read in turn) or a function call (as a parsed statement's are).
+    let fine_item = |mut i: usize| {
+        if is_word(i, "only") || is_word(i, "lateral") {
+            i += 1;
+        }
+        if text(i) == "(" || text(i + 1) == "(" {
+            return true;
+        }
+        let Some(first) = ident(i) else { return false };
+        match text(i + 1) == "." {
+            true => SYSTEM_SCHEMAS.contains(&first.as_str()) && ident(i + 2).is_some() && text(i + 3) != ".",
+            false => first.starts_with("pg_"),
+        }
+    };
+    let mut depth = vec![0usize; tokens.len()];
+    let mut d = 0usize;
+    for (i, at) in depth.iter_mut().enumerate() {
+        match text(i) {
+            "(" => d += 1,
+            ")" => d = d.saturating_sub(1),
+            _ => {}
+        }
+        *at = d;
+    }
+    for i in (0..tokens.len()).filter(|&i| is_any(i, &RELATION_WORDS)) {
+        // `INTO` a table of one's own, or `TABLE t`, as any FROM item.
+        if !fine_item(i + 1) {
+            return false;
+        }
+        if !is_word(i, "from") {
+            continue;
+        }
+        // The rest of the FROM list: every item after a comma at its depth.
+        let mut k = i + 1;
+        while k < tokens.len()
+            && depth[k] >= depth[i]
+            && !(depth[k] == depth[i] && is_any(k, &FROM_LIST_ENDS))
+        {
+            if depth[k] == depth[i] && text(k) == "," && !fine_item(k + 1) {
+                return false;
+            }
+            k += 1;
+        }
+    }
+    true
 }
 
 fn facts_of(statements: &[Statement], column: &str) -> SqlFacts {
@@ -610,6 +694,33 @@ mod tests {
         // Naming no relation, it needs no tenant.
         let f = facts("select pg_catalog.session_user()");
         assert!(!f.parsed && !f.touches_tables, "{f:?}");
+        // Reading only system catalogs, neither (FOR NO KEY UPDATE: sqlparser fails).
+        let catalog_only = [
+            "SELECT c.oid, n.nspname, c.relname FROM pg_catalog.pg_class c \
+             LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relname OPERATOR(pg_catalog.~) '^(t)$' COLLATE pg_catalog.default \
+             AND pg_catalog.pg_table_is_visible(c.oid) ORDER BY 2, 3",
+            "select relname from pg_class, pg_namespace n",
+            "select x from pg_class c, lateral (select 1 from information_schema.tables) t",
+        ];
+        for sql in catalog_only {
+            let f = facts(&format!("{sql} for no key update"));
+            assert!(!f.parsed && !f.touches_tables, "{sql}: {f:?}");
+        }
+        for sql in [
+            "select * from pg_class, accounts",
+            "select * from pg_class c join accounts a on true",
+            "select * into mine from pg_class",
+            "select * from public.pg_class",
+            "select * from pg_catalog.pg_class, (select 1) s, t",
+            "select * from pg_class c join pg_namespace n on true, t",
+            "select 1; create table t ()",
+            "with w as (delete from t returning 1) select * from pg_class",
+            "select * from \"PG_CLASS\"",
+        ] {
+            let f = facts(&format!("{sql} for no key update"));
+            assert!(!f.parsed && f.touches_tables, "{sql}: {f:?}");
+        }
     }
 
     #[test]

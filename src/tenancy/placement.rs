@@ -4,6 +4,8 @@
 //! way: a pending reservation with a lease on the fullest active shard with room, then
 //! confirmed (mapped: routing follows through the catalog's NOTIFY) or cancelled.
 
+use tokio_postgres::error::SqlState;
+
 use crate::config::CatalogConfig;
 
 /// A reservation as the catalog reports it.
@@ -75,9 +77,13 @@ pub async fn placement(
         }
     };
     let row = row.map_err(|e| match e.as_db_error() {
-        Some(db) if db.code().code() == "53400" => PlacementError::NoRoom { tenant },
-        Some(db) if db.code().code() == "55000" => PlacementError::NotPending(db.message().to_string()),
-        Some(db) if db.code().code() == "22023" => PlacementError::BadArgument(db.message().to_string()),
+        Some(db) if *db.code() == SqlState::CONFIGURATION_LIMIT_EXCEEDED => PlacementError::NoRoom { tenant },
+        Some(db) if *db.code() == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => {
+            PlacementError::NotPending(db.message().to_string())
+        }
+        Some(db) if *db.code() == SqlState::INVALID_PARAMETER_VALUE => {
+            PlacementError::BadArgument(db.message().to_string())
+        }
         Some(db) => PlacementError::Catalog(db.message().to_string()),
         None => PlacementError::Catalog(e.to_string()),
     })?;

@@ -63,6 +63,16 @@ async fn without_a_tenant_catalog_queries_work_and_table_queries_are_refused() {
     assert_eq!(one, 1);
     let n: i64 = client.query_one("SELECT count(*) FROM pg_catalog.pg_class", &[]).await.unwrap().get(0);
     assert!(n > 0);
+    // Catalog-only text sqlparser cannot parse (a record operator), in both protocols;
+    // the same with a table of the user's in it is refused.
+    let catalog_only = "SELECT count(*) FROM pg_catalog.pg_class c, pg_namespace n \
+                        WHERE n.oid = c.relnamespace AND NOT (c *<> c)";
+    let n: i64 = client.query_one(catalog_only, &[]).await.unwrap().get(0);
+    assert!(n > 0);
+    let rows = client.simple_query(catalog_only).await.unwrap();
+    assert!(rows.iter().any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_))));
+    let with_a_table = format!("{catalog_only} AND EXISTS (SELECT 1 FROM pg_class, accounts)");
+    assert_eq!(sqlstate(&client.query(&with_a_table, &[]).await.unwrap_err()), "22023");
     let err = client.query("SELECT * FROM accounts", &[]).await.err().unwrap();
     assert_eq!(sqlstate(&err), "22023");
     assert!(err.as_db_error().unwrap().message().contains("pgtenant.tenant_id"), "{err}");

@@ -534,7 +534,7 @@ pub async fn execute(
         protocol::notice_response(
             &mut client.wbuf,
             protocol::Severity::Warning,
-            "01000",
+            protocol::sqlstate::WARNING,
             &format!("pgtenant: scatter-gather result is partial: shard {shard} is missing ({why})"),
         );
     }

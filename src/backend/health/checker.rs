@@ -228,9 +228,11 @@ fn lsn_at(row: &tokio_postgres::Row, column: usize) -> Option<u64> {
 /// permissions) leaves the node unchecked.
 fn failure(e: &tokio_postgres::Error) -> CheckOutcome {
     if let Some(db) = e.as_db_error() {
-        return match db.code().code() {
-            "57P01" | "57P02" | "57P03" | "53300" => CheckOutcome::Failed,
-            _ => CheckOutcome::Unchecked,
+        use tokio_postgres::error::SqlState;
+        let gone = [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN, SqlState::CANNOT_CONNECT_NOW];
+        return match gone.contains(db.code()) || *db.code() == SqlState::TOO_MANY_CONNECTIONS {
+            true => CheckOutcome::Failed,
+            false => CheckOutcome::Unchecked,
         };
     }
     let mut source = std::error::Error::source(e);

@@ -1,5 +1,7 @@
 //! Why a move command was refused or a move failed.
 
+use tokio_postgres::error::SqlState;
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MoveError {
     #[error("tenant moves need a catalog ([catalog] in the configuration)")]
@@ -32,10 +34,12 @@ impl MoveError {
     /// A catalog error, by the SQLSTATE its functions raise.
     pub(super) fn from_catalog(e: &tokio_postgres::Error) -> Self {
         match e.as_db_error() {
-            Some(db) => match db.code().code() {
-                "55000" => MoveError::Refused(db.message().to_string()),
-                "22023" => MoveError::BadArgument(db.message().to_string()),
-                "55006" | "23505" => MoveError::Busy(db.message().to_string()),
+            Some(db) => match db.code() {
+                &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE => MoveError::Refused(db.message().to_string()),
+                &SqlState::INVALID_PARAMETER_VALUE => MoveError::BadArgument(db.message().to_string()),
+                &SqlState::OBJECT_IN_USE | &SqlState::UNIQUE_VIOLATION => {
+                    MoveError::Busy(db.message().to_string())
+                }
                 _ => MoveError::Catalog(db.message().to_string()),
             },
             None => MoveError::Catalog(e.to_string()),
