@@ -2,6 +2,7 @@
 //! in parallel, and its answer is the one PostgreSQL would give from one database
 //! holding every shard's rows (see `plan` for how, `run` for the I/O).
 
+mod aggregates;
 mod error;
 pub mod plan;
 pub mod run;

@@ -19,14 +19,18 @@ use std::collections::HashSet;
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
-    Distinct, DuplicateTreatment, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
-    LimitClause, ObjectName, ObjectNamePart, OrderByKind, Query, Select, SelectItem, SetExpr, Statement,
-    TableFactor, Value, ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
+    Distinct, Expr, GroupByExpr, Ident, LimitClause, ObjectName, ObjectNamePart, OrderByKind, Query, Select,
+    SelectItem, SetExpr, Statement, TableFactor, Value, ValueWithSpan, Visit, VisitMut, Visitor, VisitorMut,
 };
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
 use super::ScatterError;
+pub use super::aggregates::column_name;
+use super::aggregates::{
+    AggCollector, AggKind, contains_aggregate, function_name, leftover_column, normalized, unmergeable,
+};
+use crate::protocol::RESERVED_PREFIX;
 
 pub use crate::router::{ALL_SHARDS, mentions_all_shards};
 /// The virtual column holding the shard a row comes from.
@@ -34,58 +38,7 @@ pub const SHARD_COLUMN: &str = "shard_id";
 /// The coordinator's table of partial rows (dropped at the end of its transaction).
 pub const PARTIAL_TABLE: &str = "__pgtenant_scatter";
 /// Names pgtenant writes into the SQL it generates; refused in a client's text.
-use crate::protocol::RESERVED_PREFIX;
 const SHARD_PLACEHOLDER: &str = "__pgtenant_shard__";
-
-/// The aggregates pgtenant merges, by how.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum AggKind {
-    Count,
-    Sum,
-    Avg,
-    Min,
-    Max,
-    BoolAnd,
-    BoolOr,
-}
-
-impl AggKind {
-    /// The function's name in SQL (`every` is written `bool_and`).
-    fn name(self) -> &'static str {
-        match self {
-            Self::Count => "count",
-            Self::Sum => "sum",
-            Self::Avg => "avg",
-            Self::Min => "min",
-            Self::Max => "max",
-            Self::BoolAnd => "bool_and",
-            Self::BoolOr => "bool_or",
-        }
-    }
-
-    fn of(name: &str) -> Option<Self> {
-        Some(match name {
-            "count" => Self::Count,
-            "sum" => Self::Sum,
-            "avg" => Self::Avg,
-            "min" => Self::Min,
-            "max" => Self::Max,
-            "bool_and" | "every" => Self::BoolAnd,
-            "bool_or" => Self::BoolOr,
-            _ => return None,
-        })
-    }
-}
-
-/// One aggregate call of the statement.
-#[derive(Clone, Debug)]
-struct Agg {
-    kind: AggKind,
-    /// `None` for `count(*)`.
-    arg: Option<Expr>,
-    distinct: bool,
-    filter: Option<Expr>,
-}
 
 /// A statement that names `all_shards.` tables, read and checked.
 #[derive(Debug)]
@@ -172,15 +125,6 @@ impl Plan {
     }
 }
 
-/// The name of partial column `i` in the coordinator's table.
-pub fn column_name(i: usize) -> String {
-    format!("{RESERVED_PREFIX}c{i}")
-}
-
-fn column(i: usize) -> Expr {
-    Expr::Identifier(Ident::new(column_name(i)))
-}
-
 impl FinalAgg {
     fn final_text(&self, types: &[u32]) -> Result<String, ScatterError> {
         let c = column_name(self.column);
@@ -234,10 +178,6 @@ fn type_name(oid: u32) -> Option<&'static str> {
         MONEY => "money",
         _ => return None,
     })
-}
-
-fn unmergeable(what: impl Into<String>) -> ScatterError {
-    ScatterError::Unmergeable(what.into())
 }
 
 /// Reads `sql`: `Ok(None)` when it names no `all_shards.` table after all.
@@ -303,14 +243,6 @@ fn names_all_shards(statement: &Statement) -> bool {
 fn is_all_shards(name: &ObjectName) -> bool {
     name.0.len() >= 2
         && matches!(&name.0[0], ObjectNamePart::Identifier(i) if normalized(i).value == ALL_SHARDS)
-}
-
-/// PostgreSQL folds unquoted names to lower case.
-fn normalized(ident: &Ident) -> Ident {
-    match ident.quote_style {
-        None => Ident::new(ident.value.to_lowercase()),
-        Some(_) => Ident::with_quote('"', ident.value.clone()),
-    }
 }
 
 impl Scatter {
@@ -821,98 +753,6 @@ impl Scatter {
             out.push(resolved);
         }
         Ok(out)
-    }
-}
-
-/// Replaces group keys by their partial columns and merged aggregates by placeholders.
-struct AggCollector<'a> {
-    keys: &'a [Expr],
-    aggs: Vec<Agg>,
-    error: Option<ScatterError>,
-}
-
-impl VisitorMut for AggCollector<'_> {
-    type Break = ();
-    fn pre_visit_expr(&mut self, expr: &mut Expr) -> ControlFlow<()> {
-        if let Some(i) = self.keys.iter().position(|k| k == expr) {
-            *expr = column(i);
-            return ControlFlow::Continue(());
-        }
-        let Expr::Function(f) = expr else { return ControlFlow::Continue(()) };
-        let name = function_name(&f.name);
-        let Some(kind) = AggKind::of(&name) else { return ControlFlow::Continue(()) };
-        match read_agg(kind, f) {
-            Ok(agg) => {
-                let i = self.aggs.len();
-                self.aggs.push(agg);
-                *expr = Expr::Identifier(Ident::new(format!("{RESERVED_PREFIX}agg_{i}__")));
-                ControlFlow::Continue(())
-            }
-            Err(e) => {
-                self.error = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    }
-}
-
-fn read_agg(kind: AggKind, f: &sqlparser::ast::Function) -> Result<Agg, ScatterError> {
-    let text = f.to_string();
-    if !f.within_group.is_empty() || f.null_treatment.is_some() {
-        return Err(unmergeable(format!("the aggregate call {text}")));
-    }
-    let FunctionArguments::List(list) = &f.args else {
-        return Err(unmergeable(format!("the aggregate call {text}")));
-    };
-    if !list.clauses.is_empty() {
-        return Err(unmergeable(format!("the aggregate call {text} (ORDER BY or options inside it)")));
-    }
-    let distinct = matches!(list.duplicate_treatment, Some(DuplicateTreatment::Distinct));
-    let arg = match list.args.as_slice() {
-        [FunctionArg::Unnamed(FunctionArgExpr::Wildcard)] if kind == AggKind::Count && !distinct => None,
-        [FunctionArg::Unnamed(FunctionArgExpr::Expr(e))] => {
-            if contains_aggregate(e) {
-                return Err(unmergeable(format!("the nested aggregate {text}")));
-            }
-            Some(e.clone())
-        }
-        _ => return Err(unmergeable(format!("the aggregate call {text}"))),
-    };
-    Ok(Agg { kind, arg, distinct, filter: f.filter.as_deref().cloned() })
-}
-
-fn contains_aggregate(expr: &Expr) -> bool {
-    let found = sqlparser::ast::visit_expressions(expr, |e| match e {
-        Expr::Function(f) if AggKind::of(&function_name(&f.name)).is_some() => ControlFlow::Break(()),
-        _ => ControlFlow::Continue(()),
-    });
-    found.is_break()
-}
-
-/// A column reference left after the keys and aggregates were replaced: PostgreSQL
-/// would accept it only when functionally dependent on a key, which pgtenant cannot see.
-fn leftover_column(expr: &Expr) -> Result<(), ScatterError> {
-    let mut found = None;
-    let _ = sqlparser::ast::visit_expressions(expr, |e| {
-        match e {
-            Expr::Identifier(i) if !i.value.starts_with(RESERVED_PREFIX) => found = Some(i.value.clone()),
-            Expr::CompoundIdentifier(parts) => found = Some(format!("{}", ObjectName::from(parts.clone()))),
-            _ => return ControlFlow::Continue(()),
-        }
-        ControlFlow::Break(())
-    });
-    match found {
-        Some(name) => Err(unmergeable(format!(
-            "column \"{name}\" outside GROUP BY and outside count/sum/avg/min/max/bool_and/bool_or"
-        ))),
-        None => Ok(()),
-    }
-}
-
-fn function_name(name: &ObjectName) -> String {
-    match name.0.last() {
-        Some(ObjectNamePart::Identifier(i)) => normalized(i).value,
-        _ => name.to_string().to_lowercase(),
     }
 }
 

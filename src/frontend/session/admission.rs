@@ -1,10 +1,16 @@
-//! What a statement may not do at all through pgtenant, decided in one place for every
-//! request path (simple, extended, in place, lanes): a statement refused here never
-//! reaches a server, whatever its shard, its transaction or its pool mode.
+//! What a statement may not do through pgtenant, decided in one place for every request
+//! path (simple, extended, in place, lanes): a statement refused here never reaches a
+//! server. First what its text does, whatever its route (`refusal_of`); then, once it is
+//! routed, what its tenant may do there: write (`check_writable_on`), touch tables that
+//! strict isolation cannot prove confined (`check_strict`), join the open transaction
+//! (`check_fits_transaction`).
 
 use super::Session;
+use crate::config::IsolationMode;
+use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
-use crate::router::Analysis;
+use crate::frontend::primary_now;
+use crate::router::{Analysis, READ_ONLY_SETTINGS, Route, Router, SessionRisk};
 
 impl Session {
     /// The refusal of a statement for what its text does, before any routing: it
@@ -52,4 +58,121 @@ pub(super) fn is_refused(analysis: &Analysis) -> bool {
         || analysis.bad_setting.is_some()
         || analysis.other_sessions.is_some()
         || analysis.reserved_statement.is_some()
+}
+
+impl Session {
+    /// Strict isolation (`proxy.isolation = "strict"`): a session with a tenant may not
+    /// run `analysis` on `shard` if it touches a table holding tenants without forced
+    /// row-level security and is not confined to the session's tenant (see
+    /// `frontend::strict`). `bind_rest`: the Bind's parameters, for `$n` values.
+    pub(super) async fn check_strict(
+        &self,
+        shard: ShardId,
+        analysis: &Analysis,
+        bind_rest: Option<&[u8]>,
+    ) -> Result<(), FrontendError> {
+        let config = &self.shared.config;
+        let Some(tenant) = &self.tenant else { return Ok(()) };
+        if config.proxy.isolation != IsolationMode::Strict || !self.shared.router.needs_tenant(analysis) {
+            return Ok(());
+        }
+        let node = primary_now(&self.shared.health, &self.pools.topology, shard)?;
+        let check = crate::frontend::strict::StrictCheck {
+            config,
+            catalog: &self.shared.strict,
+            shard,
+            node: &node,
+            user: &self.user,
+            database: &self.database,
+            tenant,
+        };
+        let ddl = analysis.is_ddl();
+        // Boxed: it reads the catalog of the shard, a large state that every session's
+        // future would otherwise carry (strict isolation is off by default).
+        Box::pin(check.check(self.shared.router.confinement(analysis, bind_rest), ddl)).await
+    }
+
+    /// Inside a transaction, every tenant a statement names must be the session's
+    /// (when bound) and live on the transaction's shard.
+    pub(super) async fn check_fits_transaction(&self, named: &[TenantId]) -> Result<(), FrontendError> {
+        let Some(current) = self.server.as_ref().map(|a| a.route.shard) else {
+            return Ok(());
+        };
+        Router::check_bound(self.tenant.as_ref(), named)?;
+        for t in named {
+            let placement =
+                self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
+            if placement.shard != current {
+                return Err(FrontendError::CrossShard { current, tenant: t.clone(), other: placement.shard });
+            }
+        }
+        Ok(())
+    }
+
+    /// A tenant that may not write (read_only, moving) gets its writes refused here,
+    /// before they reach the server (see `check_writable_on`); `bound`: the Bind's
+    /// parameters. Within one request, a statement pgtenant cannot follow may have turned
+    /// the wall off for the next transactions (`default_transaction_read_only` in a
+    /// function): no transaction boundary may follow it before pgtenant sets it again,
+    /// as it does before the next request's transaction.
+    pub(super) fn check_writable(
+        &self,
+        analysis: &Analysis,
+        bound: Option<&[u8]>,
+    ) -> Result<(), FrontendError> {
+        let Some(a) = self.server.as_ref() else { return Ok(()) };
+        check_writable_on(&a.route, analysis, bound)?;
+        match (&a.route.tenant, a.route.state.allows_writes()) {
+            (Some(tenant), false) if a.unknown_code_in_request && analysis.controls_transaction => {
+                let what = "a transaction boundary after SQL pgtenant cannot follow, in one request";
+                Err(read_only_wall(tenant, &a.route, what))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Refuses, for a tenant of `route` that may not write, a statement that may write, and
+/// one that would take down the server's wall (`default_transaction_read_only`, which
+/// pgtenant sets for it): `READ WRITE`, a change of the read-only settings (by name, or
+/// by a `set_config` name among the Bind's parameters `bound`), or a transaction boundary
+/// behind SQL pgtenant cannot follow in one query (a function could have turned it off
+/// for the transactions after it).
+pub(super) fn check_writable_on(
+    route: &Route,
+    analysis: &Analysis,
+    bound: Option<&[u8]>,
+) -> Result<(), FrontendError> {
+    let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
+        return Ok(());
+    };
+    let names_wall = |rest: &[u8]| {
+        analysis.set_config_name_params.iter().any(|&n| {
+            super::extended::text_parameter(rest, n)
+                .is_none_or(|name| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s)))
+        })
+    };
+    if analysis.lifts_read_only || bound.is_some_and(names_wall) {
+        let what = "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,";
+        return Err(read_only_wall(&tenant, route, what));
+    }
+    if analysis.is_multi && analysis.controls_transaction && analysis.session_risk() == SessionRisk::Anything
+    {
+        let what = "a transaction boundary after SQL pgtenant cannot follow, in one query,";
+        return Err(read_only_wall(&tenant, route, what));
+    }
+    if !analysis.may_write() {
+        return Ok(());
+    }
+    Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
+}
+
+/// The refusal of a statement that would take down `tenant`'s read-only wall.
+fn read_only_wall(tenant: &TenantId, route: &Route, what: &'static str) -> FrontendError {
+    FrontendError::ReadOnlyWall {
+        tenant: tenant.clone(),
+        shard: route.shard,
+        state: route.state.describe(),
+        what,
+    }
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 
+use super::admission::check_writable_on;
 use super::layout::{Layout, write_from_bind};
-use super::server::{check_writable_on, inject_tenant_in_request};
+use super::server::inject_tenant_in_request;
 use super::{ClientTx, HIGH_WATER, Session};
 use crate::backend::{Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
 use crate::config::PoolMode;

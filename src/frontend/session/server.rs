@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
+use super::admission::check_writable_on;
 use super::client_watch::unless_client_leaves;
 use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, LagBound, NodeKey, PrimaryChoice};
@@ -15,15 +16,14 @@ use crate::backend::{
     ServerConn, ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted,
     settings_sql, tenant_sql,
 };
-use crate::config::{IsolationMode, NodeConfig, PoolMode};
+use crate::config::{NodeConfig, PoolMode};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
 use crate::observe::conns::ConnState;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
-    Analysis, NodeTarget, READ_ONLY_SETTINGS, Route, Router, SessionChange, SessionRisk, TARGET_PARAMETER,
-    TargetMode, target_of,
+    Analysis, NodeTarget, Route, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
 };
 use crate::tenancy::tenant_tag_of;
 
@@ -194,37 +194,6 @@ impl Session {
                 a.conn.settings_unknown |= shared && a.pin.is_none();
             }
         }
-    }
-
-    /// Strict isolation (`proxy.isolation = "strict"`): a session with a tenant may not
-    /// run `analysis` on `shard` if it touches a table holding tenants without forced
-    /// row-level security and is not confined to the session's tenant (see
-    /// `frontend::strict`). `bind_rest`: the Bind's parameters, for `$n` values.
-    pub(super) async fn check_strict(
-        &self,
-        shard: ShardId,
-        analysis: &Analysis,
-        bind_rest: Option<&[u8]>,
-    ) -> Result<(), FrontendError> {
-        let config = &self.shared.config;
-        let Some(tenant) = &self.tenant else { return Ok(()) };
-        if config.proxy.isolation != IsolationMode::Strict || !self.shared.router.needs_tenant(analysis) {
-            return Ok(());
-        }
-        let node = primary_now(&self.shared.health, &self.pools.topology, shard)?;
-        let check = crate::frontend::strict::StrictCheck {
-            config,
-            catalog: &self.shared.strict,
-            shard,
-            node: &node,
-            user: &self.user,
-            database: &self.database,
-            tenant,
-        };
-        let ddl = analysis.is_ddl();
-        // Boxed: it reads the catalog of the shard, a large state that every session's
-        // future would otherwise carry (strict isolation is off by default).
-        Box::pin(check.check(self.shared.router.confinement(analysis, bind_rest), ddl)).await
     }
 
     /// Makes `conn` this client's server for a transaction on `route`.
@@ -438,45 +407,6 @@ impl Session {
         }
     }
 
-    /// Inside a transaction, every tenant a statement names must be the session's
-    /// (when bound) and live on the transaction's shard.
-    pub(super) async fn check_fits_transaction(&self, named: &[TenantId]) -> Result<(), FrontendError> {
-        let Some(current) = self.server.as_ref().map(|a| a.route.shard) else {
-            return Ok(());
-        };
-        Router::check_bound(self.tenant.as_ref(), named)?;
-        for t in named {
-            let placement =
-                self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
-            if placement.shard != current {
-                return Err(FrontendError::CrossShard { current, tenant: t.clone(), other: placement.shard });
-            }
-        }
-        Ok(())
-    }
-
-    /// A tenant that may not write (read_only, moving) gets its writes refused here,
-    /// before they reach the server (see `check_writable_on`); `bound`: the Bind's
-    /// parameters. Within one request, a statement pgtenant cannot follow may have turned
-    /// the wall off for the next transactions (`default_transaction_read_only` in a
-    /// function): no transaction boundary may follow it before pgtenant sets it again,
-    /// as it does before the next request's transaction.
-    pub(super) fn check_writable(
-        &self,
-        analysis: &Analysis,
-        bound: Option<&[u8]>,
-    ) -> Result<(), FrontendError> {
-        let Some(a) = self.server.as_ref() else { return Ok(()) };
-        check_writable_on(&a.route, analysis, bound)?;
-        match (&a.route.tenant, a.route.state.allows_writes()) {
-            (Some(tenant), false) if a.unknown_code_in_request && analysis.controls_transaction => {
-                let what = "a transaction boundary after SQL pgtenant cannot follow, in one request";
-                Err(read_only_wall(tenant, &a.route, what))
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Relays every complete server message and acts on ReadyForQuery.
     pub(super) fn on_server_bytes(&mut self) -> Result<(), FrontendError> {
         loop {
@@ -682,51 +612,6 @@ impl Session {
                 }
             }
         });
-    }
-}
-
-/// Refuses, for a tenant of `route` that may not write, a statement that may write, and
-/// one that would take down the server's wall (`default_transaction_read_only`, which
-/// pgtenant sets for it): `READ WRITE`, a change of the read-only settings (by name, or
-/// by a `set_config` name among the Bind's parameters `bound`), or a transaction boundary
-/// behind SQL pgtenant cannot follow in one query (a function could have turned it off
-/// for the transactions after it).
-pub(super) fn check_writable_on(
-    route: &Route,
-    analysis: &Analysis,
-    bound: Option<&[u8]>,
-) -> Result<(), FrontendError> {
-    let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
-        return Ok(());
-    };
-    let names_wall = |rest: &[u8]| {
-        analysis.set_config_name_params.iter().any(|&n| {
-            super::extended::text_parameter(rest, n)
-                .is_none_or(|name| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s)))
-        })
-    };
-    if analysis.lifts_read_only || bound.is_some_and(names_wall) {
-        let what = "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,";
-        return Err(read_only_wall(&tenant, route, what));
-    }
-    if analysis.is_multi && analysis.controls_transaction && analysis.session_risk() == SessionRisk::Anything
-    {
-        let what = "a transaction boundary after SQL pgtenant cannot follow, in one query,";
-        return Err(read_only_wall(&tenant, route, what));
-    }
-    if !analysis.may_write() {
-        return Ok(());
-    }
-    Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
-}
-
-/// The refusal of a statement that would take down `tenant`'s read-only wall.
-fn read_only_wall(tenant: &TenantId, route: &Route, what: &'static str) -> FrontendError {
-    FrontendError::ReadOnlyWall {
-        tenant: tenant.clone(),
-        shard: route.shard,
-        state: route.state.describe(),
-        what,
     }
 }
 

@@ -3,8 +3,8 @@
 
 use bytes::BytesMut;
 
+use super::admission::check_writable_on;
 use super::lane::LaneRequest;
-use super::server::check_writable_on;
 use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
 use crate::directory::TenantId;
