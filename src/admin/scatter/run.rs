@@ -2,10 +2,9 @@
 //! shards' parts in parallel, and either the rows streamed straight to the client or
 //! the partial rows copied (binary COPY, copy-free: a DataRow's body is a COPY tuple)
 //! into the coordinator's table (`coordinator`) and the final statement's rows streamed
-//! back. When no
-//! second connection of its pool is free at once, the coordinator runs its own shard's
-//! part itself (INSERT ... SELECT into its table), so that a statement never waits for
-//! a second connection of a pool it holds one of.
+//! back. When no second connection of its pool is free at once, the coordinator runs
+//! its own shard's part itself (INSERT ... SELECT into its table), so that a statement
+//! never waits for a second connection of a pool it holds one of.
 //!
 //! Memory stays flat: rows move in batches through a bounded channel, and the client
 //! (or the coordinator) is written to before more is read.
