@@ -88,6 +88,21 @@ pub enum NodeTarget {
 /// Where a session's reads may go (`pgtenant.target`; see `config::ReadTarget`).
 pub use crate::config::ReadTarget as TargetMode;
 
+/// What the session says of a request's node, for `Router::route` to decide it: the
+/// session's target mode, and whether the request runs in autocommit (no transaction
+/// block open or begun, and the request whole: one routed by its first part goes to
+/// the primary).
+#[derive(Clone, Copy, Debug)]
+pub struct Reach {
+    pub mode: TargetMode,
+    pub autocommit: bool,
+}
+
+impl Reach {
+    /// The primary, whatever the statements.
+    pub const PRIMARY: Reach = Reach { mode: TargetMode::Primary, autocommit: false };
+}
+
 impl TargetMode {
     pub fn parse(text: &str) -> Option<Self> {
         match text.trim().to_ascii_lowercase().as_str() {
@@ -250,7 +265,23 @@ impl Router {
     /// Routes a transaction whose first request names `named` (hints, SQL literals,
     /// parameters) and consists of `statements`. A bound session tenant admits no
     /// other tenant; without one, the named tenants decide, and they must share a shard.
+    /// The node: a replica only where `reach` allows one for `statements` (see
+    /// `TargetMode::target_for`).
     pub async fn route(
+        &self,
+        session: Option<&TenantId>,
+        named: &[TenantId],
+        statements: &[Arc<Analysis>],
+        memo: &mut PlacementMemo,
+        reach: Reach,
+    ) -> Result<Route, RouteError> {
+        let mut route = self.route_shard(session, named, statements, memo).await?;
+        route.target = reach.mode.target_for(statements, reach.autocommit);
+        Ok(route)
+    }
+
+    /// `route`'s shard and tenant (the primary as its node).
+    async fn route_shard(
         &self,
         session: Option<&TenantId>,
         named: &[TenantId],
@@ -598,27 +629,53 @@ mod tests {
         let read = r.analyze(b"select 1 from t");
         let write = r.analyze(b"delete from t");
         let mut memo = PlacementMemo::default();
-        let route =
-            r.route(None, &[TenantId::Int(1500)], std::slice::from_ref(&read), &mut memo).await.unwrap();
+        let route = r
+            .route(None, &[TenantId::Int(1500)], std::slice::from_ref(&read), &mut memo, Reach::PRIMARY)
+            .await
+            .unwrap();
         assert_eq!((route.tenant, route.shard), (Some(TenantId::Int(1500)), 2));
         let route = r
-            .route(None, &[TenantId::Int(3), TenantId::Int(4)], std::slice::from_ref(&read), &mut memo)
+            .route(
+                None,
+                &[TenantId::Int(3), TenantId::Int(4)],
+                std::slice::from_ref(&read),
+                &mut memo,
+                Reach::PRIMARY,
+            )
             .await
             .unwrap();
         assert_eq!((route.tenant, route.shard), (None, 1), "two tenants of one shard: no single tenant GUC");
         let cross = r
-            .route(None, &[TenantId::Int(3), TenantId::Int(1500)], std::slice::from_ref(&read), &mut memo)
+            .route(
+                None,
+                &[TenantId::Int(3), TenantId::Int(1500)],
+                std::slice::from_ref(&read),
+                &mut memo,
+                Reach::PRIMARY,
+            )
             .await
             .unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: false, .. }));
         assert!(cross.to_string().contains("scatter-gather"), "{cross}");
         let cross = r
-            .route(None, &[TenantId::Int(3), TenantId::Int(1500)], std::slice::from_ref(&write), &mut memo)
+            .route(
+                None,
+                &[TenantId::Int(3), TenantId::Int(1500)],
+                std::slice::from_ref(&write),
+                &mut memo,
+                Reach::PRIMARY,
+            )
             .await
             .unwrap_err();
         assert!(matches!(cross, RouteError::CrossShard { write: true, .. }));
         let other = r
-            .route(Some(&TenantId::Int(3)), &[TenantId::Int(4)], std::slice::from_ref(&read), &mut memo)
+            .route(
+                Some(&TenantId::Int(3)),
+                &[TenantId::Int(4)],
+                std::slice::from_ref(&read),
+                &mut memo,
+                Reach::PRIMARY,
+            )
             .await
             .unwrap_err();
         assert_eq!(other, RouteError::OtherTenant { session: TenantId::Int(3), named: TenantId::Int(4) });

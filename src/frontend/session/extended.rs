@@ -16,7 +16,7 @@ use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
 use crate::router::{
-    Analysis, ConfigArg, Named, NodeTarget, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind,
+    Analysis, ConfigArg, Named, PinReason, ROUTING_VERSION, Reach, Route, SessionChange, StatementKind,
 };
 
 impl Session {
@@ -314,15 +314,13 @@ impl Session {
     /// primary, and the tenant GUC is set ahead of it rather than inside it.
     async fn route_batch(&mut self, statements: &BatchStatements, whole: bool) -> Result<(), FrontendError> {
         let analyses = &statements.executed;
-        let mut route: Route = self
+        // A request routed by its first part goes to the primary.
+        let reach = Reach { autocommit: whole && self.reach().autocommit, ..self.reach() };
+        let route: Route = self
             .shared
             .router
-            .route(self.tenant.as_ref(), &statements.named, analyses, &mut self.placement)
+            .route(self.tenant.as_ref(), &statements.named, analyses, &mut self.placement, reach)
             .await?;
-        self.aim(&mut route, analyses);
-        if !whole {
-            route.target = NodeTarget::Primary;
-        }
         for (analysis, bind) in analyses.iter().zip(&statements.binds) {
             let rest = protocol::bind_view(bind).map(|b| b.rest);
             self.check_strict(route.shard, analysis, rest).await?;

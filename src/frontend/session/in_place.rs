@@ -83,14 +83,12 @@ impl Session {
         let statement = (!b.statement.is_empty()).then(|| SmallVec::<[u8; 32]>::from_slice(b.statement));
 
         let lane_candidate = self.lane_candidate(&bound);
+        let reach = self.reach();
         let route = router
-            .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement)
+            .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement, reach)
             .await;
         let route = match route {
-            Ok(mut route) => {
-                self.aim(&mut route, std::slice::from_ref(&bound));
-                self.check_strict(route.shard, &bound, Some(b.rest)).await.map(|()| route)
-            }
+            Ok(route) => self.check_strict(route.shard, &bound, Some(b.rest)).await.map(|()| route),
             Err(err) => Err(err.into()),
         };
         let routed = match route {

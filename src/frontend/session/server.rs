@@ -23,7 +23,7 @@ use crate::frontend::primary_now;
 use crate::observe::conns::ConnState;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
-    Analysis, NodeTarget, Route, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
+    Analysis, NodeTarget, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
 };
 use crate::tenancy::tenant_tag_of;
 
@@ -253,11 +253,10 @@ impl Session {
         }
     }
 
-    /// Points `route` at a replica when this session's target allows it for
-    /// `statements` (see `TargetMode::target_for`).
-    pub(super) fn aim(&self, route: &mut Route, statements: &[Arc<Analysis>]) {
+    /// What this session says of its next request's node (see `Router::route`).
+    pub(super) fn reach(&self) -> Reach {
         let autocommit = self.at_transaction_start() && matches!(self.tx, ClientTx::Idle);
-        route.target = self.target.target_for(statements, autocommit);
+        Reach { mode: self.target, autocommit }
     }
 
     /// A connection to a healthy replica of `route`'s shard, when one is within the lag

@@ -101,18 +101,22 @@ impl Session {
                 return Ok(());
             }
             // Refused before a server is attached: the tenant GUC may go out with the query.
+            let reach = self.reach();
             let route = self
                 .shared
                 .router
-                .route(self.tenant.as_ref(), &named, std::slice::from_ref(&analysis), &mut self.placement)
+                .route(
+                    self.tenant.as_ref(),
+                    &named,
+                    std::slice::from_ref(&analysis),
+                    &mut self.placement,
+                    reach,
+                )
                 .await
                 .map_err(FrontendError::from)
                 .and_then(|route| check_writable_on(&route, &analysis, None).map(|()| route));
             let route = match route {
-                Ok(mut route) => {
-                    self.aim(&mut route, std::slice::from_ref(&analysis));
-                    self.check_strict(route.shard, &analysis, None).await.map(|()| route)
-                }
+                Ok(route) => self.check_strict(route.shard, &analysis, None).await.map(|()| route),
                 Err(err) => Err(err),
             };
             let mut route = route;
