@@ -31,7 +31,7 @@ use tokio_util::sync::PollSender;
 
 use super::cancel::{CancelState, CancelTarget};
 use super::conn::ServerConn;
-use super::pool::PooledConn;
+use super::pooled::PooledConn;
 use super::relay::{RelayNotes, RelayStop};
 use super::settings::TenantGuc;
 use crate::directory::TenantId;

@@ -11,6 +11,7 @@ pub mod health;
 mod lane;
 mod pick;
 mod pool;
+mod pooled;
 mod prepared;
 mod prepared_on_server;
 mod relay;

@@ -19,17 +19,17 @@
 //! instructions per transaction there, against a few hundred for this.
 
 use std::collections::{HashMap, HashSet};
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
-use super::cancel::CancelState;
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
 use super::lane::{Lane, LaneJoin};
 use super::pick::{Shelf, Wanted, pick};
+use super::pooled::Home;
+pub use super::pooled::PooledConn;
 use super::settings::Settings;
 use super::share::{GateError, LimitSource, ShareGate, ShareKey, SharePermit};
 use super::tls::ServerTls;
@@ -217,136 +217,31 @@ impl ServerPool {
     }
 }
 
-/// A checked-out server connection; dropping it puts it back on its pool's shelf.
-pub struct PooledConn {
-    conn: Option<Box<ServerConn>>,
-    pool: Arc<NodePool>,
-    /// Given back after the connection is on the shelf (fields drop after `drop`);
-    /// taken along while a cancel is waited for.
-    permit: Option<SharePermit>,
-}
-
-impl PooledConn {
-    /// Closes the connection instead of returning it (its state is not trusted); a
-    /// waiting client then opens a new one.
-    pub fn discard(mut self) {
-        self.conn = None;
+/// Where its checked-out connections come back (see `pooled`).
+impl Home for NodePool {
+    fn reusable(&self, conn: &ServerConn) -> bool {
+        let age = coarse_clock::coarse_ms().saturating_sub(conn.opened_ms);
+        !self.retires(conn.pool_epoch) && (self.lifetime_ms == 0 || age < self.lifetime_ms)
     }
 
-    /// The connection failed under its client (closed or reset by the server, or
-    /// unreadable): closed, and so are its pool's other ones, the idle ones now and the
-    /// busy ones as they come back. A node being stopped ends its backends one by one;
-    /// a connection whose backend has not ended yet still looks alive, and a request put
-    /// on it next would fail the same way, a second error for a client whose request was
-    /// already lost. The next checkouts open fresh connections instead, which find out
-    /// whether the node still takes them (and, when not, hold their requests for the
-    /// failover).
-    pub fn lost(mut self) {
-        self.conn = None;
-        self.pool.retire_open();
-    }
-
-    /// Returns the connection to its pool: at once, or with `reset` once its session
-    /// state is reset (DISCARD ALL), in a task of its own so that no client waits for the
-    /// reset; it stays checked out until then.
-    #[inline]
-    pub fn release(self, reset: bool) {
-        if reset {
-            self.release_after_reset();
+    fn shelve(&self, mut conn: Box<ServerConn>) {
+        conn.idle_since_ms = coarse_clock::coarse_ms();
+        if let Some(listed) = &conn.listed {
+            listed.set_state(ConnState::Idle, Some(self.shard));
+        }
+        // Checked under the lock: `close` closes the gate before it empties the shelf.
+        let mut shelf = self.lock_shelf();
+        if !self.gate.is_closed() {
+            shelf.push(conn);
         }
     }
 
-    fn release_after_reset(mut self) {
-        tokio::spawn(async move {
-            // Untrusted until the reset completes: if the task is dropped midway (at
-            // shutdown), the connection is closed instead of handed out.
-            self.broken = true;
-            let reset = Box::pin(self.reset()).await;
-            match reset {
-                Ok(()) => self.broken = false,
-                Err(_) => self.discard(),
-            }
-        });
+    fn retire_open(&self) {
+        NodePool::retire_open(self);
     }
 
-    /// A cancel sent to `conn` is not confirmed yet: its signal could still hit the
-    /// next client's statement, so the connection stays checked out (its permit held,
-    /// as PgBouncer's `sv_being_canceled`) until it is, and is shelved then.
-    fn shelve_once_canceled(&mut self, mut conn: Box<ServerConn>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        // Untrusted while it waits: if the task is dropped midway (at shutdown), the
-        // connection is closed instead of shelved.
-        conn.broken = true;
-        let mut waiting =
-            PooledConn { conn: Some(conn), pool: self.pool.clone(), permit: self.permit.take() };
-        let counted = BeingCanceled::new(&self.pool);
-        runtime.spawn(async move {
-            waiting.cancel.settled().await;
-            drop(counted);
-            // Dropped now: shelved if the cancel was confirmed, closed if not.
-            waiting.broken = false;
-        });
-    }
-}
-
-impl Drop for PooledConn {
-    fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            let now = coarse_clock::coarse_ms();
-            let retired = self.pool.retires(conn.pool_epoch);
-            // A connection left mid-request (a task dropped before its answer ended) is
-            // never handed to another client.
-            if retired
-                || conn.broken
-                || (self.pool.lifetime_ms > 0 && now.saturating_sub(conn.opened_ms) >= self.pool.lifetime_ms)
-            {
-                return;
-            }
-            match conn.cancel.state() {
-                CancelState::Settled => {}
-                // It may still cancel whatever runs next on it.
-                CancelState::Unconfirmed => return,
-                CancelState::InFlight => return self.shelve_once_canceled(conn),
-            }
-            conn.idle_since_ms = now;
-            if let Some(listed) = &conn.listed {
-                listed.set_state(ConnState::Idle, Some(self.pool.shard));
-            }
-            // Checked under the lock: `close` closes the gate before it empties the shelf.
-            let mut shelf = self.pool.lock_shelf();
-            if !self.pool.gate.is_closed() {
-                shelf.push(conn);
-            }
-        }
-    }
-}
-
-/// Counts a connection in its pool's `being_canceled` while it lives.
-struct BeingCanceled(Arc<NodePool>);
-
-impl BeingCanceled {
-    fn new(pool: &Arc<NodePool>) -> Self {
-        pool.being_canceled.fetch_add(1, Ordering::Relaxed);
-        BeingCanceled(pool.clone())
-    }
-}
-
-impl Drop for BeingCanceled {
-    fn drop(&mut self) {
-        self.0.being_canceled.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl Deref for PooledConn {
-    type Target = ServerConn;
-    fn deref(&self) -> &ServerConn {
-        self.conn.as_deref().expect("a checked-out connection is present until dropped")
-    }
-}
-
-impl DerefMut for PooledConn {
-    fn deref_mut(&mut self) -> &mut ServerConn {
-        self.conn.as_deref_mut().expect("a checked-out connection is present until dropped")
+    fn being_canceled(&self) -> &AtomicUsize {
+        &self.being_canceled
     }
 }
 
@@ -424,7 +319,7 @@ impl NodePool {
         if let Some(listed) = &conn.listed {
             listed.set_state(ConnState::Active, Some(self.shard));
         }
-        Ok(PooledConn { conn: Some(conn), pool: self.clone(), permit: Some(permit) })
+        Ok(PooledConn::new(conn, self.clone(), permit))
     }
 }
 
