@@ -24,6 +24,7 @@ use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
 use super::lexer::{Token, TokenKind, Tokens, code_tokens};
+use super::words::FROM_LIST_ENDS;
 
 /// Placeholders standing for literals are numbered from here, above any real `$n`.
 const LITERAL_BASE: u32 = 100_000;
@@ -280,21 +281,6 @@ fn reads_only_system_relations(sql: &str, tokens: &[Token]) -> bool {
     const READS: [&str; 3] = ["select", "values", "show"];
     const WRITES: [&str; 6] = ["update", "delete", "insert", "merge", "copy", "lock"];
     const RELATION_WORDS: [&str; 4] = ["from", "join", "into", "table"];
-    // Words that end a FROM list (its JOINs' ON and USING do not).
-    const FROM_LIST_ENDS: [&str; 12] = [
-        "where",
-        "group",
-        "having",
-        "window",
-        "order",
-        "limit",
-        "offset",
-        "fetch",
-        "for",
-        "union",
-        "except",
-        "intersect",
-    ];
     let text = |i: usize| tokens.get(i).map_or("", |t| &sql[t.start..t.end]);
     let kind = |i: usize| tokens.get(i).map(|t| t.kind);
     let is_word =

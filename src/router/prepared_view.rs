@@ -9,6 +9,7 @@
 use std::ops::Range;
 
 use super::lexer::{Token, TokenKind};
+use super::words::follows_table_unaliased;
 
 /// Where a statement names the view: the bytes to replace (`pg_catalog.` included),
 /// and whether an alias follows (else the subquery takes the view's name).
@@ -19,34 +20,6 @@ pub struct ViewRef {
 }
 
 const VIEW: &str = "pg_prepared_statements";
-
-/// Words that may follow a table in FROM without being its alias.
-const NOT_ALIASES: &[&str] = &[
-    "where",
-    "join",
-    "left",
-    "right",
-    "full",
-    "inner",
-    "cross",
-    "natural",
-    "on",
-    "using",
-    "group",
-    "order",
-    "limit",
-    "offset",
-    "fetch",
-    "for",
-    "union",
-    "intersect",
-    "except",
-    "window",
-    "having",
-    "returning",
-    "tablesample",
-    "into",
-];
 
 /// The places `tokens` (comments left out) name the view.
 pub(super) fn references(sql: &str, tokens: &[Token]) -> Vec<ViewRef> {
@@ -65,9 +38,7 @@ pub(super) fn references(sql: &str, tokens: &[Token]) -> Vec<ViewRef> {
         let start = if qualified { tokens[i - 2].start } else { tokens[i].start };
         let aliased = match tokens.get(i + 1) {
             Some(t) if t.kind == TokenKind::QuotedIdent => true,
-            Some(t) if t.kind == TokenKind::Word => {
-                !NOT_ALIASES.iter().any(|k| text(i + 1).eq_ignore_ascii_case(k))
-            }
+            Some(t) if t.kind == TokenKind::Word => !follows_table_unaliased(text(i + 1)),
             _ => false,
         };
         refs.push(ViewRef { range: start..tokens[i].end, aliased });

@@ -4,6 +4,42 @@
 
 use super::lexer::{Token, TokenKind};
 
+/// Words that end a FROM list (a JOIN's ON and USING do not).
+pub(super) const FROM_LIST_ENDS: [&str; 12] = [
+    "where",
+    "group",
+    "having",
+    "window",
+    "order",
+    "limit",
+    "offset",
+    "fetch",
+    "for",
+    "union",
+    "except",
+    "intersect",
+];
+
+/// Whether `word` may follow a table in FROM without being its alias: an end of the
+/// list, a join, or a clause of the table's own.
+pub(super) fn follows_table_unaliased(word: &str) -> bool {
+    const JOINS_AND_TABLE_CLAUSES: [&str; 12] = [
+        "join",
+        "left",
+        "right",
+        "full",
+        "inner",
+        "cross",
+        "natural",
+        "on",
+        "using",
+        "returning",
+        "tablesample",
+        "into",
+    ];
+    FROM_LIST_ENDS.iter().chain(&JOINS_AND_TABLE_CLAUSES).any(|k| word.eq_ignore_ascii_case(k))
+}
+
 pub(super) struct Words<'a> {
     pub(super) sql: &'a str,
     pub(super) tokens: &'a [Token],
