@@ -103,6 +103,10 @@ pub enum FrontendError {
     #[error("{param} is pgtenant's to set: SET LOCAL and set_config() on it are refused; use SET {param}")]
     TenantGucProtected { param: String },
     #[error(
+        "{name} is pgtenant's own setting (the tenant's signature, which row-level security checks): SET, RESET and set_config() of it are refused"
+    )]
+    SettingProtected { name: &'static str },
+    #[error(
         "this session is bound to tenant {tenant} at login; {param} cannot be changed (allow_tenant_switch)"
     )]
     TenantFixed { tenant: TenantId, param: String },

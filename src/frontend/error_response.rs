@@ -62,6 +62,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Route(RouteError::NoDefaultShard) => sqlstate::UNDEFINED_OBJECT,
         E::Route(RouteError::CrossShard { .. }) => sqlstate::FEATURE_NOT_SUPPORTED,
         E::TenantGucProtected { .. }
+        | E::SettingProtected { .. }
         | E::TenantFixed { .. }
         | E::StrictIsolation { .. }
         | E::StrictCatalog { .. }

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use super::classify::{
     alters_tenant_default, classify, controls_transaction_block, hint_in_comment, lifts_read_only, may_write,
-    pin_reason, reserved_statement, setting_name,
+    pin_reason, reserved_statement, sets_or_resets, setting_name,
 };
 use super::effects::SessionRisk;
 use super::facts::{SqlFacts, literal_ranges};
@@ -83,6 +83,10 @@ pub struct Analysis {
     /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
     /// GUC would change behind pgtenant's back.
     pub tampers_tenant_guc: bool,
+    /// SET, RESET, `set_config` or `ALTER ... SET` of the tenant signature
+    /// (`backend::TENANT_SIGNATURE_GUC`), which pgtenant alone sets: refused, so that no
+    /// client leaves a pooled connection holding its tenant without the signature.
+    pub tampers_signature: bool,
     /// A statement takes down the read-only wall a tenant that may not write has (see
     /// `lifts_read_only`): refused for such a tenant.
     pub lifts_read_only: bool,
@@ -211,6 +215,7 @@ impl Analysis {
             session_changes: Box::default(),
             bad_setting: None,
             tampers_tenant_guc: false,
+            tampers_signature: false,
             lifts_read_only: false,
             controls_transaction: false,
             set_config_name_params: Box::default(),
@@ -292,6 +297,13 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
         set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
     });
+    let signature = crate::backend::TENANT_SIGNATURE_GUC;
+    let tampers_signature = statements.iter().any(|stmt| {
+        let w = Words { sql: &text, tokens: stmt };
+        sets_or_resets(&w, signature)
+            || calls_set_config_on(&w, signature)
+            || alters_tenant_default(&w, signature)
+    });
     let set_config_name_params = statements
         .iter()
         .flat_map(|stmt| {
@@ -317,6 +329,7 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         session_changes: session_changes.into(),
         bad_setting,
         tampers_tenant_guc,
+        tampers_signature,
         lifts_read_only: statements.iter().any(|stmt| lifts_read_only(&Words { sql: &text, tokens: stmt })),
         controls_transaction,
         set_config_name_params,

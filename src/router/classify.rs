@@ -17,6 +17,18 @@ pub(super) fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
     w.is(0, "alter") && contains_ignore_case(w.rest_from(0).as_bytes(), tenant_param.as_bytes())
 }
 
+/// Whether a SET or RESET (of any scope) names `setting`.
+pub(super) fn sets_or_resets(w: &Words, setting: &str) -> bool {
+    let at = if w.is(0, "reset") {
+        1
+    } else if w.is(0, "set") {
+        if w.is(1, "session") || w.is(1, "local") { 2 } else { 1 }
+    } else {
+        return false;
+    };
+    setting_name(w, at).0.eq_ignore_ascii_case(setting)
+}
+
 /// Statements that only read (or only manage the session): what a read-only tenant may run.
 const READ_ONLY_STARTS: [&str; 23] = [
     "select",

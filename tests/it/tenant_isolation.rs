@@ -277,3 +277,40 @@ async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
         proxy.shutdown().await;
     }
 }
+
+/// pgtenant's signature GUC is protected as the tenant GUC is: a client's SET, RESET
+/// or `set_config` of it is refused (42501), in both protocols, so that no client can
+/// leave a pooled connection holding its tenant without the signature row-level
+/// security checks (the next client of that tenant would read nothing).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tenant_signature_is_protected_as_the_tenant_guc_is() {
+    let table = "iso_signature";
+    isolated_table(table).await;
+    for mode in [PoolMode::Transaction, PoolMode::Session] {
+        // One server connection: the next client gets the one the first left.
+        let proxy = start_proxy(move |c| {
+            c.proxy.pool_mode = mode;
+            c.users[0].pool_size = 1;
+        })
+        .await;
+        let first = proxy.connect(Some(7)).await;
+        assert_eq!(secrets(&first, table, false).await, ["secret-7"]);
+        for sql in [
+            "SET pgtenant.tenant_sig = 'forged'",
+            "SET SESSION pgtenant.tenant_sig TO DEFAULT",
+            "RESET pgtenant.tenant_sig",
+            "SELECT set_config('pgtenant.tenant_sig', '', false)",
+        ] {
+            let simple = first.batch_execute(sql).await.expect_err(sql);
+            assert_eq!(crate::harness::sqlstate(&simple), "42501", "{mode:?}: {sql}");
+            let extended = first.query(sql, &[]).await.expect_err(sql);
+            assert_eq!(crate::harness::sqlstate(&extended), "42501", "{mode:?}, extended: {sql}");
+        }
+        assert_eq!(secrets(&first, table, true).await, ["secret-7"], "{mode:?}");
+        drop(first);
+        let next = proxy.connect(Some(7)).await;
+        assert_eq!(secrets(&next, table, false).await, ["secret-7"], "{mode:?}: the next client");
+        assert_eq!(secrets(&next, table, true).await, ["secret-7"], "{mode:?}: the next client, extended");
+        proxy.shutdown().await;
+    }
+}

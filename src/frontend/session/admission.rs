@@ -6,6 +6,7 @@
 //! (`check_fits_transaction`).
 
 use super::Session;
+use crate::backend::TENANT_SIGNATURE_GUC;
 use crate::config::IsolationMode;
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
@@ -22,6 +23,9 @@ impl Session {
             return Some(FrontendError::TenantGucProtected {
                 param: self.shared.router.tenant_param().into(),
             });
+        }
+        if analysis.tampers_signature {
+            return Some(FrontendError::SettingProtected { name: TENANT_SIGNATURE_GUC });
         }
         if let Some(bad) = &analysis.bad_setting {
             return Some(FrontendError::from(bad));
@@ -43,11 +47,16 @@ impl Session {
             return Some(refused);
         }
         let tenant_param = self.shared.router.tenant_param();
-        let names_tenant = analysis.set_config_name_params.iter().any(|&n| {
-            super::extended::text_parameter(bind_rest, n)
-                .is_none_or(|name| name.eq_ignore_ascii_case(tenant_param))
-        });
-        names_tenant.then(|| FrontendError::TenantGucProtected { param: tenant_param.into() })
+        let named = |bound: &str| {
+            analysis.set_config_name_params.iter().any(|&n| {
+                super::extended::text_parameter(bind_rest, n)
+                    .is_none_or(|name| name.eq_ignore_ascii_case(bound))
+            })
+        };
+        if named(TENANT_SIGNATURE_GUC) {
+            return Some(FrontendError::SettingProtected { name: TENANT_SIGNATURE_GUC });
+        }
+        named(tenant_param).then(|| FrontendError::TenantGucProtected { param: tenant_param.into() })
     }
 }
 
@@ -55,6 +64,7 @@ impl Session {
 /// such a request takes the general path, which words the refusal.
 pub(super) fn is_refused(analysis: &Analysis) -> bool {
     analysis.tampers_tenant_guc
+        || analysis.tampers_signature
         || analysis.bad_setting.is_some()
         || analysis.other_sessions.is_some()
         || analysis.reserved_statement.is_some()

@@ -58,6 +58,24 @@ fn sees_every_way_to_lift_the_read_only_wall() {
 }
 
 #[test]
+fn sees_every_way_to_change_the_tenant_signature() {
+    let tampers = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).tampers_signature;
+    for sql in [
+        "SET pgtenant.tenant_sig = 'x'",
+        "set session \"pgtenant\".tenant_sig to default",
+        "SET LOCAL pgtenant.TENANT_SIG = ''",
+        "RESET pgtenant.tenant_sig",
+        "SELECT 1; SELECT pg_catalog.set_config('pgtenant.tenant_sig', '', false)",
+        "ALTER ROLE app SET pgtenant.tenant_sig = 'x'",
+    ] {
+        assert!(tampers(sql), "{sql}");
+    }
+    for sql in ["SET pgtenant.tenant_id = 7", "RESET ALL", "SELECT current_setting('pgtenant.tenant_sig')"] {
+        assert!(!tampers(sql), "{sql}");
+    }
+}
+
+#[test]
 fn sees_sql_that_names_pgtenants_own_prepared_statements() {
     let reserved = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).reserved_statement;
     for (sql, name) in [
