@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark (issue 27): an online tenant move under a write load, through
-# `pgtenant dev` (release build, the shipped defaults; no replicas).
+# `pgtenant dev` (the `dist` build, the shipped defaults; no replicas).
 #   - tenant 7 (shard 1) holds ROWS rows over three tables (move_a, move_b, move_c);
 #     4 clients of tenant 7 insert into move_a in a loop, and 2 clients each of
 #     tenants 500 (shard 1, the source) and 1500 (shard 2, the target);

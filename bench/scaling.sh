@@ -11,8 +11,8 @@
 # thread-per-core variant's) ratio to PgBouncer. The default `workers = 0` (one per
 # two cores) is the row where workers = nproc / 2.
 #
-# Needs what bench/pgbench.sh needs (PostgreSQL's binaries, pgbench, pgbouncer, a
-# release build). Each worker count starts its own clusters: a few minutes each.
+# Needs what bench/pgbench.sh needs (PostgreSQL's binaries, pgbench, pgbouncer, the
+# `dist` build, which it makes). Each worker count starts its own clusters: a few minutes each.
 #
 #   [WORKER_SETS="1 2 4 8 16"] [CLIENTS="8 32 400 2000"] [WORKLOADS="select tpcb"] bench/scaling.sh [rounds=2] [seconds=10] [scale=10]
 set -euo pipefail
