@@ -17,16 +17,18 @@ pub(super) fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
     w.is(0, "alter") && contains_ignore_case(w.rest_from(0).as_bytes(), tenant_param.as_bytes())
 }
 
+/// The setting a SET or RESET (of any scope) names.
+fn set_or_reset_name(w: &Words) -> Option<String> {
+    if !(w.is(0, "set") || w.is(0, "reset")) {
+        return None;
+    }
+    let at = if w.is(1, "session") || w.is(1, "local") { 2 } else { 1 };
+    Some(setting_name(w, at).0)
+}
+
 /// Whether a SET or RESET (of any scope) names `setting`.
 pub(super) fn sets_or_resets(w: &Words, setting: &str) -> bool {
-    let at = if w.is(0, "reset") {
-        1
-    } else if w.is(0, "set") {
-        if w.is(1, "session") || w.is(1, "local") { 2 } else { 1 }
-    } else {
-        return false;
-    };
-    setting_name(w, at).0.eq_ignore_ascii_case(setting)
+    set_or_reset_name(w).is_some_and(|name| name.eq_ignore_ascii_case(setting))
 }
 
 /// Statements that only read (or only manage the session): what a read-only tenant may run.
@@ -298,11 +300,8 @@ pub(super) fn lifts_read_only(w: &Words) -> bool {
         return true;
     }
     let protected = |name: &str| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s));
-    if w.is(0, "set") || w.is(0, "reset") {
-        let at = if w.is(1, "session") || w.is(1, "local") { 2 } else { 1 };
-        if protected(&setting_name(w, at).0) {
-            return true;
-        }
+    if set_or_reset_name(w).is_some_and(|name| protected(&name)) {
+        return true;
     }
     set_config_calls(w).any(|i| set_config_name(w, i).is_some_and(|name| protected(&name)))
 }
