@@ -19,29 +19,33 @@ impl Session {
     /// settings a value it cannot take, name a prepared statement of pgtenant's on the
     /// server, or reach the server's other sessions.
     pub(super) fn refusal_of(&self, analysis: &Analysis) -> Option<FrontendError> {
-        if analysis.tampers_tenant_guc {
-            return Some(FrontendError::TenantGucProtected {
-                param: self.shared.router.tenant_param().into(),
-            });
-        }
-        if analysis.tampers_signature {
-            return Some(FrontendError::SettingProtected { name: TENANT_SIGNATURE_GUC });
-        }
-        if let Some(bad) = &analysis.bad_setting {
-            return Some(FrontendError::from(bad));
-        }
-        if let Some(name) = &analysis.reserved_statement {
-            return Some(FrontendError::ReservedStatementName { name: name.to_string() });
-        }
-        let object = analysis.other_sessions.as_deref()?;
-        Some(FrontendError::OtherSessions { object: object.into(), tenant: self.tenant.clone() })
+        text_refusal(analysis, self.shared.router.tenant_param(), &self.tenant)
     }
+}
+
+/// `Session::refusal_of` for a session whose tenant parameter is `tenant_param` and
+/// whose tenant is `tenant` (they only word the error).
+fn text_refusal(analysis: &Analysis, tenant_param: &str, tenant: &Option<TenantId>) -> Option<FrontendError> {
+    if analysis.tampers_tenant_guc {
+        return Some(FrontendError::TenantGucProtected { param: tenant_param.into() });
+    }
+    if analysis.tampers_signature {
+        return Some(FrontendError::SettingProtected { name: TENANT_SIGNATURE_GUC });
+    }
+    if let Some(bad) = &analysis.bad_setting {
+        return Some(FrontendError::from(bad));
+    }
+    if let Some(name) = &analysis.reserved_statement {
+        return Some(FrontendError::ReservedStatementName { name: name.to_string() });
+    }
+    let object = analysis.other_sessions.as_deref()?;
+    Some(FrontendError::OtherSessions { object: object.into(), tenant: tenant.clone() })
 }
 
 impl Session {
     /// `refusal_of`, and what the Bind's parameters show: a `set_config` whose name
-    /// comes as a parameter is refused when that name is the tenant parameter (or
-    /// cannot be read).
+    /// comes as a parameter is refused when that name is the tenant signature or the
+    /// tenant parameter (or cannot be read).
     pub(super) fn refusal_of_bound(&self, analysis: &Analysis, bind_rest: &[u8]) -> Option<FrontendError> {
         if let Some(refused) = self.refusal_of(analysis) {
             return Some(refused);
@@ -63,11 +67,7 @@ impl Session {
 /// Whether the text of `analysis` is refused whoever sends it (see `refusal_of`):
 /// such a request takes the general path, which words the refusal.
 pub(super) fn is_refused(analysis: &Analysis) -> bool {
-    analysis.tampers_tenant_guc
-        || analysis.tampers_signature
-        || analysis.bad_setting.is_some()
-        || analysis.other_sessions.is_some()
-        || analysis.reserved_statement.is_some()
+    text_refusal(analysis, "", &None).is_some()
 }
 
 impl Session {
