@@ -16,7 +16,7 @@ use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::protocol::{self, Frame};
 use crate::router::{
-    Analysis, ConfigArg, Named, PinReason, ROUTING_VERSION, Reach, Route, SessionChange, StatementKind,
+    Analysis, ConfigArg, Named, PinReason, ROUTING_VERSION, Route, SessionChange, StatementKind,
 };
 
 impl Session {
@@ -315,7 +315,8 @@ impl Session {
     async fn route_batch(&mut self, statements: &BatchStatements, whole: bool) -> Result<(), FrontendError> {
         let analyses = &statements.executed;
         // A request routed by its first part goes to the primary.
-        let reach = Reach { autocommit: whole && self.reach().autocommit, ..self.reach() };
+        let mut reach = self.reach();
+        reach.autocommit &= whole;
         let route: Route = self
             .shared
             .router
