@@ -5,7 +5,7 @@
 
 use pgtenant::config::PoolMode;
 
-use crate::harness::{shard_admin, shard_of, sqlstate, start_proxy};
+use crate::harness::{shard_admin, shard_of, sqlstate, start_pooled_proxy};
 
 /// Server-side names of pgtenant's own (`__pgtenant_<n>`, the tenant statement) are
 /// refused in SQL with 42939, in both protocols and pool modes, and the session goes
@@ -13,12 +13,8 @@ use crate::harness::{shard_admin, shard_of, sqlstate, start_proxy};
 #[tokio::test(flavor = "multi_thread")]
 async fn a_clients_sql_reaches_no_statement_pgtenant_prepared() {
     for mode in [PoolMode::Transaction, PoolMode::Session] {
-        // One server connection, shared in transaction pooling.
-        let proxy = start_proxy(move |c| {
-            c.proxy.pool_mode = mode;
-            c.users[0].pool_size = 2;
-        })
-        .await;
+        // Two server connections, which both clients share in transaction pooling.
+        let proxy = start_pooled_proxy(mode, 2).await;
         let other = proxy.connect(Some(8)).await;
         let row = other.query_one("SELECT $1::int + 8000", &[&1i32]).await.unwrap();
         assert_eq!(row.get::<_, i32>(0), 8001);
@@ -70,11 +66,7 @@ async fn a_function_that_vacuums_gets_postgresqls_own_error() {
         .await
         .unwrap();
     for mode in [PoolMode::Transaction, PoolMode::Session] {
-        let proxy = start_proxy(move |c| {
-            c.proxy.pool_mode = mode;
-            c.users[0].pool_size = 1;
-        })
-        .await;
+        let proxy = start_pooled_proxy(mode, 1).await;
         for extended in [false, true] {
             // The one server connection holds tenant 8 now (and is free again when its
             // client leaves, in session pooling): tenant 7's call switches it.

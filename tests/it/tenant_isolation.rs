@@ -4,7 +4,7 @@
 
 use pgtenant::config::PoolMode;
 
-use crate::harness::{shard_admin, start_proxy};
+use crate::harness::{shard_admin, start_pooled_proxy, start_proxy};
 
 /// A table of shard 1 with one row of tenant 7 and one of tenant 8, under the
 /// row-level security policy of `sql/rls.sql`, and a function that sets the tenant GUC.
@@ -239,11 +239,7 @@ async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
         .unwrap();
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         // One server connection: the next transaction gets the one the trigger ran on.
-        let proxy = start_proxy(move |c| {
-            c.proxy.pool_mode = mode;
-            c.users[0].pool_size = 1;
-        })
-        .await;
+        let proxy = start_pooled_proxy(mode, 1).await;
         let client = proxy.connect(Some(7)).await;
         let guc = "SELECT current_setting('pgtenant.tenant_id') AS guc WHERE true";
         for _ in 0..3 {
@@ -288,11 +284,7 @@ async fn the_tenant_signature_is_protected_as_the_tenant_guc_is() {
     isolated_table(table).await;
     for mode in [PoolMode::Transaction, PoolMode::Session] {
         // One server connection: the next client gets the one the first left.
-        let proxy = start_proxy(move |c| {
-            c.proxy.pool_mode = mode;
-            c.users[0].pool_size = 1;
-        })
-        .await;
+        let proxy = start_pooled_proxy(mode, 1).await;
         let first = proxy.connect(Some(7)).await;
         assert_eq!(secrets(&first, table, false).await, ["secret-7"]);
         for sql in [

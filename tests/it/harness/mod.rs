@@ -64,6 +64,16 @@ pub async fn start_proxy(tweak: impl FnOnce(&mut Config)) -> Proxy {
     start_on_own_thread(config, None).await
 }
 
+/// Starts a proxy in pool mode `mode` whose user has `pool_size` server connections per
+/// node (1: the next transaction gets the connection the last one used).
+pub async fn start_pooled_proxy(mode: pgtenant::config::PoolMode, pool_size: usize) -> Proxy {
+    start_proxy(move |c| {
+        c.proxy.pool_mode = mode;
+        c.users[0].pool_size = pool_size;
+    })
+    .await
+}
+
 /// Starts a proxy over the shared demo shards from a configuration file it writes
 /// (`tweak` may change it first), which RELOAD reads again; returns the file too.
 pub async fn start_proxy_from_file(
