@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use metrics::{counter, gauge, with_local_recorder};
+use metrics::{counter, describe_counter, describe_gauge, gauge, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use super::AdminView;
@@ -23,9 +23,82 @@ pub struct Exposition {
 
 impl Default for Exposition {
     fn default() -> Self {
-        Self { recorder: PrometheusBuilder::new().build_recorder() }
+        let recorder = PrometheusBuilder::new().build_recorder();
+        with_local_recorder(&recorder, describe);
+        Self { recorder }
     }
 }
+
+/// The HELP text of every family the recorder writes (`promtool check metrics` wants
+/// one each). The families written by hand below carry theirs where they are written.
+fn describe() {
+    for (name, help) in COUNTERS {
+        describe_counter!(*name, *help);
+    }
+    for (name, help) in GAUGES {
+        describe_gauge!(*name, *help);
+    }
+}
+
+const COUNTERS: &[(&str, &str)] = &[
+    (
+        "pgtenant_queries_total",
+        "Requests (statements or extended-protocol syncs) servers answered, per pool.",
+    ),
+    ("pgtenant_transactions_total", "Transactions servers completed, per pool."),
+    ("pgtenant_query_errors_total", "Requests a server answered with an error, per pool."),
+    (
+        "pgtenant_bytes_to_servers_total",
+        "Bytes pgtenant sent to servers, per pool (its own setup statements included).",
+    ),
+    ("pgtenant_bytes_from_servers_total", "Bytes servers sent to pgtenant, per pool."),
+    ("pgtenant_checkouts_total", "Server connections handed to a request, per pool."),
+    ("pgtenant_directory_cache_hits_total", "Tenant lookups answered by the directory cache."),
+    ("pgtenant_directory_cache_misses_total", "Tenant lookups that went to the catalog."),
+    ("pgtenant_parse_cache_hits_total", "Statements whose routing analysis came from the parse cache."),
+    ("pgtenant_parse_cache_misses_total", "Statements analyzed afresh."),
+    ("pgtenant_snowflake_ids_minted_total", "Snowflake IDs this proxy minted."),
+    ("pgtenant_routes_total", "Requests routed, by where their tenant came from (source)."),
+    (
+        "pgtenant_errors_total",
+        "ErrorResponses clients received, by SQLSTATE class and by who raised them (server or pgtenant).",
+    ),
+    (
+        "pgtenant_scatter_statements_total",
+        "Scatter-gather (all_shards.) statements, by how they ended (outcome).",
+    ),
+    ("pgtenant_scatter_shard_parts_total", "Scatter-gather parts a shard answered."),
+];
+
+const GAUGES: &[(&str, &str)] = &[
+    ("pgtenant_clients", "Client connections now, by state."),
+    ("pgtenant_pool_size", "Server connections a pool may open (pool_size)."),
+    ("pgtenant_pool_waiting", "Requests waiting for a server connection of the pool now."),
+    ("pgtenant_pool_use_ratio", "Share of the pool's connections in use now (active / pool_size)."),
+    ("pgtenant_server_connections", "Server connections now, by state (active, idle)."),
+    ("pgtenant_pool_use_warning_ratio", "pgtenant_pool_use_ratio above which SHOW POOLS says warning."),
+    ("pgtenant_pool_use_critical_ratio", "pgtenant_pool_use_ratio above which SHOW POOLS says critical."),
+    ("pgtenant_shard_has_primary", "1 while the shard has a primary requests can be sent to, else 0."),
+    ("pgtenant_node_up", "1 while the node answers health checks, else 0."),
+    ("pgtenant_node_is_primary", "1 while the node is up and reports itself a primary, else 0."),
+    ("pgtenant_replica_lag_bytes", "WAL bytes the replica has not replayed yet."),
+    ("pgtenant_replica_lag_seconds", "How far behind its primary the replica's replay is."),
+    ("pgtenant_routing_version", "The catalog's routing version this proxy has applied."),
+    (
+        "pgtenant_catalog_change_lag_seconds",
+        "Time from a catalog change to this proxy applying it, last seen.",
+    ),
+    ("pgtenant_catalog_listening", "1 while this proxy's LISTEN connection to the catalog is up, else 0."),
+    ("pgtenant_ready", "1 while /ready would answer 200, else 0."),
+    (
+        "pgtenant_move_phase",
+        "A tenant move's phase: 0 planned, 1 copying, 2 catching_up, 3 cutover, 4 switched, 5 cleaned, 6 rolled_back.",
+    ),
+    ("pgtenant_move_rows_copied", "Rows a tenant move has copied."),
+    ("pgtenant_move_cutover_attempts", "Cutover attempts of a tenant move."),
+    ("pgtenant_move_lag_seconds", "How far the move's catch-up trails the source."),
+    ("pgtenant_move_pause_seconds", "How long the move's cutover paused the tenant's writes."),
+];
 
 impl Exposition {
     /// The Prometheus text of everything now.
@@ -47,6 +120,7 @@ impl Exposition {
             &pools,
             |s| (s.query_buckets, s.query_us),
         );
+        seconds_counters(&mut text, &pools);
         text
     }
 }
@@ -70,10 +144,7 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
         counter!("pgtenant_query_errors_total", &labels).absolute(s.errors);
         counter!("pgtenant_bytes_to_servers_total", &labels).absolute(s.to_servers);
         counter!("pgtenant_bytes_from_servers_total", &labels).absolute(s.from_servers);
-        counter!("pgtenant_query_time_microseconds_total", &labels).absolute(s.query_us);
-        counter!("pgtenant_transaction_time_microseconds_total", &labels).absolute(s.xact_us);
         counter!("pgtenant_checkouts_total", &labels).absolute(s.checkouts);
-        counter!("pgtenant_checkout_wait_microseconds_total", &labels).absolute(s.wait_us);
         gauge!("pgtenant_pool_size", &labels).set(pool.size as f64);
         gauge!("pgtenant_pool_waiting", &labels).set(pool.waiting as f64);
         let ratio = if pool.size > 0 { pool.active as f64 / pool.size as f64 } else { 0.0 };
@@ -151,14 +222,75 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
         }
     }
     let scatter = crate::observe::scatter::snapshot();
-    counter!("pgtenant_scatter_queries_total").absolute(scatter.queries);
-    counter!("pgtenant_scatter_failed_total").absolute(scatter.failed);
-    counter!("pgtenant_scatter_partial_total").absolute(scatter.partial);
-    counter!("pgtenant_scatter_time_microseconds_total").absolute(scatter.total_us);
-    for (shard, parts, us) in scatter.shards {
-        counter!("pgtenant_scatter_shard_parts_total", "shard" => shard.to_string()).absolute(parts);
-        counter!("pgtenant_scatter_shard_time_microseconds_total", "shard" => shard.to_string()).absolute(us);
+    for (outcome, n) in scatter.outcomes {
+        counter!("pgtenant_scatter_statements_total", "outcome" => outcome.name()).absolute(n);
     }
+    for (shard, parts, _) in scatter.shards {
+        counter!("pgtenant_scatter_shard_parts_total", "shard" => shard.to_string()).absolute(parts);
+    }
+}
+
+/// The time counters, in seconds (Prometheus' base unit) and so fractional, which the
+/// recorder's integer counters cannot hold: written here, HELP and TYPE included.
+fn seconds_counters(out: &mut String, pools: &[PoolView]) {
+    let per_pool = |f: fn(&StatsSnapshot) -> u64| -> Vec<(String, u64)> {
+        pools.iter().map(|p| (pool_labels(p), f(&p.stats))).collect()
+    };
+    seconds_counter(
+        out,
+        "pgtenant_query_time_seconds_total",
+        "Time servers spent on requests (to their ReadyForQuery), per pool.",
+        &per_pool(|s| s.query_us),
+    );
+    seconds_counter(
+        out,
+        "pgtenant_transaction_time_seconds_total",
+        "Time from a transaction's first request to its end, per pool.",
+        &per_pool(|s| s.xact_us),
+    );
+    let scatter = crate::observe::scatter::snapshot();
+    seconds_counter(
+        out,
+        "pgtenant_scatter_time_seconds_total",
+        "Time scatter-gather statements took, from planning to their last row.",
+        &[(String::new(), scatter.total_us)],
+    );
+    let shards: Vec<(String, u64)> =
+        scatter.shards.iter().map(|(shard, _, us)| (format!("shard=\"{shard}\""), *us)).collect();
+    seconds_counter(
+        out,
+        "pgtenant_scatter_shard_time_seconds_total",
+        "Time a shard took to send its scatter-gather parts.",
+        &shards,
+    );
+}
+
+fn seconds_counter(out: &mut String, name: &str, help: &str, series: &[(String, u64)]) {
+    if series.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    for (labels, us) in series {
+        let value = *us as f64 / 1e6;
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
+        }
+    }
+}
+
+/// A pool's labels as the hand-written families print them.
+fn pool_labels(pool: &PoolView) -> String {
+    format!(
+        "shard=\"{}\",node=\"{}:{}\",database=\"{}\",user=\"{}\"",
+        pool.shard,
+        pool.host,
+        pool.port,
+        escape(&pool.database),
+        escape(&pool.user)
+    )
 }
 
 /// A histogram per pool from its fixed buckets (`bucket_counts_and_sum` of its stats).
@@ -172,14 +304,7 @@ fn histogram(
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} histogram");
     for pool in pools {
-        let labels = format!(
-            "shard=\"{}\",node=\"{}:{}\",database=\"{}\",user=\"{}\"",
-            pool.shard,
-            pool.host,
-            pool.port,
-            escape(&pool.database),
-            escape(&pool.user)
-        );
+        let labels = pool_labels(pool);
         let (buckets, sum_us) = bucket_counts_and_sum(&pool.stats);
         let mut cumulative = 0;
         for (i, bound) in WAIT_BUCKETS_US.iter().enumerate() {

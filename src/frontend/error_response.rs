@@ -7,6 +7,7 @@ use super::error::FrontendError;
 use crate::admin::scatter::ScatterError;
 use crate::backend::CheckoutError;
 use crate::directory::DirectoryError;
+use crate::observe::errors::Raiser;
 use crate::protocol::{self, Severity, sqlstate};
 use crate::router::RouteError;
 use crate::snowflake::SnowflakeError;
@@ -100,10 +101,25 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
     (code.to_string(), format!("pgtenant: {err}"))
 }
 
+/// Who raised `err`, for the error counters: PostgreSQL when pgtenant relays a
+/// server's own error (a refused setup statement, a scatter-gather statement's or
+/// shard's error), else pgtenant. `None` for a server's FATAL, which the server
+/// connection counted as it arrived.
+fn raiser(err: &FrontendError) -> Option<Raiser> {
+    match err {
+        FrontendError::ServerGone { fatal: Some(_), .. } => None,
+        FrontendError::ServerRefused(_) => Some(Raiser::Server),
+        FrontendError::Scatter(e) if e.raised_by_server() => Some(Raiser::Server),
+        _ => Some(Raiser::Proxy),
+    }
+}
+
 /// Appends the ErrorResponse for `err`, FATAL when the connection ends.
 pub fn write_error(buf: &mut BytesMut, err: &FrontendError) {
     let (code, message) = to_error_info(err);
-    crate::observe::errors::count(crate::observe::errors::Raiser::Proxy, code.as_bytes());
+    if let Some(raiser) = raiser(err) {
+        crate::observe::errors::count(raiser, code.as_bytes());
+    }
     let severity = if err.is_fatal() { Severity::Fatal } else { Severity::Error };
     protocol::error_response(buf, severity, &code, &message);
 }

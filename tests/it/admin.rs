@@ -8,24 +8,11 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use crate::harness::clusters::free_port;
-use crate::harness::{self, Proxy, connect, eventually, sqlstate, start_proxy, stdout};
+use crate::harness::{self, Proxy, connect, eventually, http_get, sqlstate, start_proxy, stdout};
 
 async fn start() -> Proxy {
     start_proxy(|c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await
-}
-
-/// `GET path` on the proxy's HTTP port: status code and body.
-async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("HTTP port");
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n").as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -16,6 +16,7 @@ mod fair_share;
 mod lifecycle;
 mod memory_limits;
 mod moves;
+mod operators;
 mod own_names;
 mod pipelining;
 mod placement;

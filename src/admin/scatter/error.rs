@@ -2,6 +2,7 @@
 //! maps each to its SQLSTATE in `frontend::error_response`.
 
 use crate::directory::ShardId;
+use crate::observe::scatter::Outcome;
 use crate::protocol::ErrorFields;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,4 +44,38 @@ pub enum ScatterError {
     RowLimit,
     #[error("at most {max} scatter-gather portals may be open at once")]
     TooManyPortals { max: usize },
+}
+
+impl ScatterError {
+    /// How a statement that ended with this error counts (`observe::scatter`).
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::Unmergeable(_)
+            | Self::Unparsed(_)
+            | Self::NotAllowed { .. }
+            | Self::TenantBound { .. }
+            | Self::NotReadOnly(_)
+            | Self::InTransaction { .. }
+            | Self::RowLimit
+            | Self::TooManyPortals { .. } => Outcome::Refused,
+            Self::Statement(_) => Outcome::StatementFailed,
+            // A shard's own error is the statement's (division by zero on its rows) unless
+            // it says the shard itself is in trouble (connection, resources, shutdown).
+            Self::Shard { fields, .. }
+                if !matches!(fields.code.get(..2), Some("08" | "53" | "57" | "58")) =>
+            {
+                Outcome::StatementFailed
+            }
+            Self::Shard { .. }
+            | Self::Timeout { .. }
+            | Self::Unavailable { .. }
+            | Self::NoCoordinator { .. } => Outcome::ShardFailed,
+            Self::Canceled => Outcome::Canceled,
+        }
+    }
+
+    /// Whether PostgreSQL raised it (relayed), rather than pgtenant.
+    pub fn raised_by_server(&self) -> bool {
+        matches!(self, Self::Statement(_) | Self::Shard { .. })
+    }
 }

@@ -33,7 +33,8 @@ use super::aggregates::{
 use crate::protocol::RESERVED_PREFIX;
 
 pub use crate::router::{ALL_SHARDS, mentions_all_shards};
-/// The virtual column holding the shard a row comes from.
+/// The virtual column holding the shard a row comes from (`integer`), there only where
+/// the table has no column of that name: a table's own `shard_id` wins.
 pub const SHARD_COLUMN: &str = "shard_id";
 /// The coordinator's table of partial rows (dropped at the end of its transaction).
 pub const PARTIAL_TABLE: &str = "__pgtenant_scatter";
@@ -43,6 +44,8 @@ const SHARD_PLACEHOLDER: &str = "__pgtenant_shard__";
 /// A statement that names `all_shards.` tables, read and checked.
 #[derive(Debug)]
 pub struct Scatter {
+    /// The statement as the client wrote it.
+    text: String,
     select: Select,
     order_by: Vec<sqlparser::ast::OrderByExpr>,
     limit: Option<LimitClause>,
@@ -51,7 +54,11 @@ pub struct Scatter {
     table: ObjectName,
     /// The name the statement refers to the table by (its alias, else its last part).
     alias: Ident,
+    /// Whether the statement names `shard_id` (the table's own, or the virtual one).
     names_shard_id: bool,
+    /// Whether the table has a `shard_id` column of its own (`table_has_shard_column`'s
+    /// answer): then no virtual one is added.
+    own_shard_column: bool,
     /// What the probe must answer: which of these functions are aggregates or window
     /// functions (only the merged aggregates may be).
     pub other_functions: Vec<String>,
@@ -219,7 +226,7 @@ pub fn parse(sql: &str) -> Result<Option<Scatter>, ScatterError> {
         Some(OrderByKind::Expressions(list)) => list,
         Some(OrderByKind::All(_)) => return Err(unmergeable("ORDER BY ALL")),
     };
-    let mut scatter = Scatter::read(select, order_by, limit_clause.take(), fetch.take())?;
+    let mut scatter = Scatter::read(sql, select, order_by, limit_clause.take(), fetch.take())?;
     scatter.find_probe_questions();
     Ok(Some(scatter))
 }
@@ -247,6 +254,7 @@ fn is_all_shards(name: &ObjectName) -> bool {
 
 impl Scatter {
     fn read(
+        text: &str,
         select: Select,
         order_by: Vec<sqlparser::ast::OrderByExpr>,
         limit: Option<LimitClause>,
@@ -281,6 +289,7 @@ impl Scatter {
             _ => return Err(unmergeable("a FROM item other than one all_shards. table")),
         };
         let mut scatter = Scatter {
+            text: text.to_string(),
             select,
             order_by,
             limit,
@@ -288,6 +297,7 @@ impl Scatter {
             table,
             alias,
             names_shard_id: false,
+            own_shard_column: false,
             other_functions: Vec::new(),
             ambiguous_group_names: Vec::new(),
         };
@@ -391,10 +401,28 @@ impl Scatter {
         })
     }
 
-    /// The FROM item a shard runs, with `shard_id` as a column when the statement names it.
+    /// The statement as the client wrote it.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// When the statement names `shard_id`: a statement that succeeds on a shard when
+    /// the table has a column of that name itself. Asked before the probe, which needs
+    /// the answer (`set_own_shard_column`).
+    pub fn shard_column_question(&self) -> Option<String> {
+        self.names_shard_id.then(|| format!("SELECT {SHARD_COLUMN} FROM {} LIMIT 0", self.table))
+    }
+
+    /// Records `shard_column_question`'s answer.
+    pub fn set_own_shard_column(&mut self, own: bool) {
+        self.own_shard_column = own;
+    }
+
+    /// The FROM item a shard runs, with the virtual `shard_id` column when the statement
+    /// names it and the table has none of its own.
     fn shard_from(&self) -> String {
         let alias = &self.alias;
-        if self.names_shard_id {
+        if self.names_shard_id && !self.own_shard_column {
             format!(
                 "(SELECT {RESERVED_PREFIX}t.*, CAST({SHARD_PLACEHOLDER} AS integer) AS {SHARD_COLUMN} \
                  FROM {} AS {RESERVED_PREFIX}t) AS {alias}",
@@ -488,7 +516,10 @@ impl Scatter {
             GroupByExpr::All(_) => return Err(unmergeable("GROUP BY ALL")),
             GroupByExpr::Expressions(keys, modifiers) => {
                 if !modifiers.is_empty() {
-                    return Err(unmergeable("GROUP BY modifiers"));
+                    return Err(unmergeable("GROUP BY modifiers (WITH ROLLUP, WITH CUBE, WITH TOTALS)"));
+                }
+                if let Some(set) = keys.iter().find_map(grouping_set_name) {
+                    return Err(unmergeable(format!("{set} in GROUP BY")));
                 }
                 !keys.is_empty()
             }
@@ -753,6 +784,16 @@ impl Scatter {
             out.push(resolved);
         }
         Ok(out)
+    }
+}
+
+/// The name of a grouping-set construct (whose groups pgtenant does not merge).
+fn grouping_set_name(key: &Expr) -> Option<&'static str> {
+    match key {
+        Expr::GroupingSets(_) => Some("GROUPING SETS"),
+        Expr::Rollup(_) => Some("ROLLUP"),
+        Expr::Cube(_) => Some("CUBE"),
+        _ => None,
     }
 }
 

@@ -39,6 +39,8 @@ impl Policy {
 /// A statement described and planned, ready to run with parameters.
 #[derive(Clone, Debug)]
 pub struct Prepared {
+    /// The client's statement, for the log.
+    pub sql: String,
     pub plan: Plan,
     /// The statement's parameter types (ParameterDescription), as the probe found them.
     pub param_types: Vec<u32>,

@@ -61,11 +61,21 @@ pub async fn ready(
 /// Describes `scatter` on `conn` (a shard's primary) and plans it: the statement's own
 /// errors (a missing column, a type mismatch) come back as PostgreSQL wrote them.
 pub async fn prepare(
-    scatter: &Scatter,
+    scatter: &mut Scatter,
     conn: &mut ServerConn,
     declared_types: &[u32],
 ) -> Result<Prepared, ScatterError> {
     let shard_error = |e: BackendError| ScatterError::NoCoordinator { reason: e.to_string() };
+    if let Some(question) = scatter.shard_column_question() {
+        // One more round trip, only for statements that name shard_id: the probe's
+        // text depends on the answer.
+        let w = &mut conn.io.wbuf;
+        protocol::parse(w, b"", question.as_bytes(), &[0, 0]);
+        protocol::sync(w);
+        conn.io.flush().await.map_err(io_error(conn)).map_err(shard_error)?;
+        let refused = read_until_ready(conn, |_| {}).await.map_err(shard_error)?;
+        scatter.set_own_shard_column(refused.is_none());
+    }
     let w = &mut conn.io.wbuf;
     protocol::parse(w, b"", scatter.probe_sql().as_bytes(), &type_section(declared_types));
     protocol::describe_statement(w, b"");
@@ -148,11 +158,21 @@ pub async fn prepare(
                 return Err(ScatterError::Unmergeable(format!("this statement ({})", fields.message)));
             }
             let types: Vec<u32> = partial.unwrap_or_default().iter().map(|c| c.type_oid).collect();
+            if types.iter().any(|t| PSEUDO_TYPES.contains(t)) {
+                // No table column can have such a type, so the coordinator could not hold it.
+                return Err(ScatterError::Unmergeable(
+                    "a row value such as (a, b) or ROW(...) as a key, DISTINCT value or ordered column"
+                        .into(),
+                ));
+            }
             plan.final_sql(&types)?
         }
     };
-    Ok(Prepared { plan, param_types, row_description, final_sql })
+    Ok(Prepared { sql: scatter.text().to_string(), plan, param_types, row_description, final_sql })
 }
+
+/// `record` and `record[]`: what a row value in a select list or aggregate has.
+const PSEUDO_TYPES: [u32; 2] = [2249, 2287];
 
 fn first_text_value(body: &[u8]) -> Option<String> {
     let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);

@@ -18,7 +18,7 @@ use crate::backend::{PooledConn, ServerPool, SettingValue, Wanted};
 use crate::config::NodeConfig;
 use crate::directory::{ShardId, ShardStatus};
 use crate::frontend::error::FrontendError;
-use crate::observe::scatter::Ended;
+use crate::observe::scatter::Outcome;
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, SCATTER_PARAMETER, StatementKind, TargetMode};
 
@@ -47,6 +47,23 @@ fn declared_types(raw: &[u8]) -> Vec<u32> {
         .chunks_exact(4)
         .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+/// Counts how a scatter-gather statement ended (`Ok` with the shards left out), and
+/// logs it when it failed: operators find failed statements in the log, not only as a
+/// number.
+fn scatter_ended(ended: Result<usize, &ScatterError>, sql: &str, started: Instant, shard_us: &[(u32, u64)]) {
+    let outcome = match ended {
+        Ok(0) => Outcome::Answered,
+        Ok(_) => Outcome::Partial,
+        Err(e) => e.outcome(),
+    };
+    if let Err(e) = ended
+        && outcome != Outcome::Canceled
+    {
+        tracing::info!(outcome = outcome.name(), error = %e, statement = sql, "scatter-gather statement failed");
+    }
+    crate::observe::scatter::record(outcome, started.elapsed(), shard_us);
 }
 
 impl Session {
@@ -171,13 +188,26 @@ impl Session {
         sql: &str,
         declared: &[u32],
     ) -> Result<(Arc<Prepared>, (ShardId, PooledConn)), FrontendError> {
+        let started = Instant::now();
+        let prepared = self.describe_scatter(sql, declared).await;
+        if let Err(FrontendError::Scatter(e)) = &prepared {
+            scatter_ended(Err(e), sql, started, &[]);
+        }
+        prepared
+    }
+
+    async fn describe_scatter(
+        &mut self,
+        sql: &str,
+        declared: &[u32],
+    ) -> Result<(Arc<Prepared>, (ShardId, PooledConn)), FrontendError> {
         self.check_scatter_allowed()?;
-        let Some(parsed) = scatter::parse(sql)? else {
+        let Some(mut parsed) = scatter::parse(sql)? else {
             return Err(ScatterError::Unparsed("it names no all_shards. table".into()).into());
         };
         let (shard, mut conn) = self.scatter_coordinator().await?;
         conn.broken = true;
-        let prepared = scatter::prepare(&parsed, &mut conn, declared).await;
+        let prepared = scatter::prepare(&mut parsed, &mut conn, declared).await;
         conn.broken = conn.status != TxStatus::Idle;
         if conn.broken {
             conn.discard();
@@ -263,15 +293,14 @@ impl Session {
         {
             conn.discard();
         }
-        let shard_us: Vec<(u32, u64)> = match &run {
-            Ok(outcome) => outcome.shard_us.iter().map(|(s, us)| (u32::from(*s), *us)).collect(),
-            Err(_) => Vec::new(),
-        };
-        let ended = match &run {
-            Ok(outcome) => Ended::Answered { missing: outcome.missing.len(), shard_us: &shard_us },
-            Err(_) => Ended::Failed,
-        };
-        crate::observe::scatter::record(ended, started.elapsed());
+        match &run {
+            Ok(outcome) => {
+                let shard_us: Vec<(u32, u64)> =
+                    outcome.shard_us.iter().map(|(s, us)| (u32::from(*s), *us)).collect();
+                scatter_ended(Ok(outcome.missing.len()), &prepared.sql, started, &shard_us);
+            }
+            Err(e) => scatter_ended(Err(e), &prepared.sql, started, &[]),
+        }
         run.map(|_| ()).map_err(FrontendError::from)
     }
 

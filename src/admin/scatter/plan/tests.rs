@@ -145,3 +145,54 @@ fn aggregates_the_probe_names_are_refused() {
     facts.aggregates.insert("percentile_cont".into());
     assert!(scatter.plan(&facts).unwrap_err().to_string().contains("percentile_cont"));
 }
+
+#[test]
+fn the_keyword_list_is_sorted_for_its_binary_search() {
+    // `normalized` finds keywords by binary search; an unsorted entry would be missed.
+    let quoted = |name: &str| normalized(&Ident::with_quote('"', name)).quote_style.is_some();
+    for word in ["all", "select", "xmltable", "user", "order", "between", "json_value"] {
+        assert!(quoted(word), "{word}");
+    }
+    for word in ["status", "shard_id", "name", "value", "a$1"] {
+        assert!(!quoted(word), "{word}");
+    }
+    assert!(quoted("Status") && quoted("1a") && quoted("a b"));
+}
+
+#[test]
+fn quoted_and_unquoted_spellings_of_a_column_are_one_column() {
+    let plan = planned(
+        r#"SELECT "status", count(*) FROM all_shards.t GROUP BY STATUS ORDER BY "status""#,
+        &["status", "count"],
+    );
+    assert_eq!(plan.shard_sql(1), "SELECT status, count(*) FROM t AS t GROUP BY 1");
+    let plan = planned(r#"SELECT DISTINCT "status" FROM all_shards.t ORDER BY status"#, &["status"]);
+    assert!(plan.final_sql(&[25]).unwrap().unwrap().ends_with("ORDER BY 1"));
+    // A quoted name with capitals is another column, kept exact.
+    let plan = planned(r#"SELECT "Status" FROM all_shards.t"#, &["Status"]);
+    assert_eq!(plan.shard_sql(1), r#"SELECT "Status" FROM t AS t"#);
+}
+
+#[test]
+fn grouping_sets_are_refused_by_their_own_name() {
+    assert!(refused("select a, count(*) from all_shards.t group by rollup (a)").contains("ROLLUP"));
+    assert!(refused("select a, count(*) from all_shards.t group by cube (a)").contains("CUBE"));
+    assert!(
+        refused("select a, count(*) from all_shards.t group by grouping sets ((a), ())")
+            .contains("GROUPING SETS")
+    );
+}
+
+#[test]
+fn a_table_s_own_shard_id_wins_over_the_virtual_one() {
+    let sql = "SELECT shard_id, count(*) FROM all_shards.events GROUP BY shard_id";
+    let mut scatter = parse(sql).unwrap().unwrap();
+    assert_eq!(scatter.shard_column_question().as_deref(), Some("SELECT shard_id FROM events LIMIT 0"));
+    scatter.set_own_shard_column(true);
+    let facts = ProbeFacts { output_names: vec!["shard_id".into(), "count".into()], ..Default::default() };
+    assert_eq!(
+        scatter.plan(&facts).unwrap().shard_sql(3),
+        "SELECT shard_id, count(*) FROM events AS events GROUP BY 1"
+    );
+    assert!(parse("SELECT id FROM all_shards.events").unwrap().unwrap().shard_column_question().is_none());
+}
