@@ -14,7 +14,7 @@ use crate::config::{HealthConfig, NodeRole, ObserveConfig, PoolMode, ProxyConfig
 use crate::directory::{PlacementRule, Shard, TenantId};
 use crate::observe::conns::{ConnRow, ConnState, unix_ms};
 use crate::observe::stats::StatsSnapshot;
-use crate::protocol::values::Value;
+use crate::protocol::values::{Value, console_time_text};
 
 /// The seed's pool-use thresholds (`seeds/003_…`): warning above 70 %, critical above 90 %.
 pub const POOL_USE_WARNING: f64 = 0.7;
@@ -151,8 +151,9 @@ fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
         ("port", Kind::Int8),
         ("local_addr", Kind::Text),
         ("local_port", Kind::Int8),
-        ("connect_time", Kind::Timestamptz),
-        ("request_time", Kind::Timestamptz),
+        // Text, as PgBouncer sends them (its exporters read them so).
+        ("connect_time", Kind::Text),
+        ("request_time", Kind::Text),
         ("wait", Kind::Int8),
         ("wait_us", Kind::Int8),
         ("close_needed", Kind::Int8),
@@ -181,19 +182,19 @@ fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
             int(c.info.port),
             if kind == "C" { local_addr.clone() } else { Value::Null },
             if kind == "C" { local_port.clone() } else { Value::Null },
-            Value::Timestamptz(c.info.connect_unix_ms as i64),
-            Value::Timestamptz(c.request_unix_ms as i64),
+            text(console_time_text(c.info.connect_unix_ms as i64)),
+            text(console_time_text(c.request_unix_ms as i64)),
             int(waited_ms / 1000),
             int((waited_ms % 1000) * 1000),
             int(0),
             text(format!("{:x}", c.id)),
-            text(""),
+            text(c.link.map(|l| format!("{l:x}")).unwrap_or_default()),
             int(c.info.pid),
             text(if c.info.tls { "TLS" } else { "" }),
             text(&c.info.application_name),
-            int(0),
+            int(c.prepared),
             int(c.id),
-            opt_text(c.tenant.clone()),
+            opt_text(c.tenant.as_ref().map(ToString::to_string)),
             c.shard.map_or(Value::Null, int),
         ]);
     }
@@ -540,7 +541,8 @@ fn shards(view: &AdminView<'_>) -> Table {
         let active: usize = mine.iter().map(|p| p.active).sum();
         let ratio = if size > 0 { active as f64 / size as f64 } else { 0.0 };
         let on_shard: Vec<&ConnRow> = clients.iter().filter(|c| c.shard == Some(u32::from(id))).collect();
-        let tenants: BTreeSet<&str> = on_shard.iter().filter_map(|c| c.tenant.as_deref()).collect();
+        let tenants: BTreeSet<String> =
+            on_shard.iter().filter_map(|c| c.tenant.as_ref().map(ToString::to_string)).collect();
         let ranges: Vec<String> = topology
             .ranges()
             .iter()
@@ -668,7 +670,8 @@ async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
         return t;
     };
     let cached = view.router.is_cached(&tenant);
-    let clients = view.clients.rows().iter().filter(|c| c.tenant.as_deref() == Some(id)).count();
+    let clients =
+        view.clients.rows().iter().filter(|c| c.tenant.as_ref().is_some_and(|t| t.to_string() == id)).count();
     let topology = view.router.topology();
     match view.router.placement(&tenant).await {
         Ok(placement) => {

@@ -4,7 +4,7 @@
 use bytes::BytesMut;
 
 use crate::protocol::values::{
-    BOOL_OID, Column, FLOAT8_OID, INT8_OID, TEXT_OID, TIMESTAMPTZ_OID, Value, data_row, row_description,
+    BOOL_OID, Column, FLOAT8_OID, INT8_OID, TEXT_OID, Value, data_row, row_description,
 };
 
 /// A column's type, as PostgreSQL names it.
@@ -14,7 +14,6 @@ pub enum Kind {
     Text,
     Bool,
     Float8,
-    Timestamptz,
 }
 
 impl Kind {
@@ -24,7 +23,6 @@ impl Kind {
             Kind::Text => TEXT_OID,
             Kind::Bool => BOOL_OID,
             Kind::Float8 => FLOAT8_OID,
-            Kind::Timestamptz => TIMESTAMPTZ_OID,
         }
     }
 }

@@ -228,6 +228,7 @@ impl Home for NodePool {
         conn.idle_since_ms = coarse_clock::coarse_ms();
         if let Some(listed) = &conn.listed {
             listed.set_state(ConnState::Idle, Some(self.shard));
+            listed.set_prepared(conn.prepared.len());
         }
         // Checked under the lock: `close` closes the gate before it empties the shelf.
         let mut shelf = self.lock_shelf();
@@ -318,6 +319,7 @@ impl NodePool {
         }
         if let Some(listed) = &conn.listed {
             listed.set_state(ConnState::Active, Some(self.shard));
+            listed.set_prepared(conn.prepared.len());
         }
         Ok(PooledConn::new(conn, self.clone(), permit))
     }

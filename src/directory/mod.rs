@@ -40,6 +40,15 @@ impl fmt::Display for TenantId {
     }
 }
 
+impl From<&TenantId> for crate::observe::conns::ShownTenant {
+    fn from(tenant: &TenantId) -> Self {
+        match tenant {
+            TenantId::Int(n) => Self::Int(*n),
+            TenantId::Text(s) => Self::Text(s.clone()),
+        }
+    }
+}
+
 impl From<i64> for TenantId {
     fn from(n: i64) -> Self {
         TenantId::Int(n)

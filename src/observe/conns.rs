@@ -46,6 +46,23 @@ impl ConnState {
     }
 }
 
+/// A tenant as the registry shows it: observe depends on no layer, so the directory's
+/// tenant id is copied in (an integer, or a shared text: no allocation either way).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShownTenant {
+    Int(i64),
+    Text(Arc<str>),
+}
+
+impl std::fmt::Display for ShownTenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShownTenant::Int(n) => write!(f, "{n}"),
+            ShownTenant::Text(t) => f.write_str(t),
+        }
+    }
+}
+
 /// What is fixed at login.
 #[derive(Clone, Debug)]
 pub struct ConnInfo {
@@ -74,8 +91,15 @@ struct Live {
     since_unix_ms: AtomicU64,
     /// When it last asked for a server (unix ms; its connect time before that).
     request_unix_ms: AtomicU64,
-    /// The session tenant, changed only by its SET/RESET (rare).
-    tenant: Mutex<Option<String>>,
+    /// A client: its session tenant, changed only by its SET/RESET (rare). A server:
+    /// the tenant of the transaction it runs, or last ran.
+    tenant: Mutex<Option<ShownTenant>>,
+    /// The connection it is paired with: a client's server, a server's client (its id
+    /// in the other registry; 0: none). PgBouncer's `link`.
+    link: AtomicU64,
+    /// Prepared statements it holds: a client's, as of its last transaction; a server's,
+    /// as of its last checkout or return.
+    prepared: AtomicU32,
     /// An admin asked to end it (KILL): the flag, and the wake-up of its owner.
     killed: AtomicBool,
     kill: Notify,
@@ -99,6 +123,8 @@ impl Entry {
             since_unix_ms: self.live.since_unix_ms.load(Ordering::Relaxed),
             request_unix_ms: self.live.request_unix_ms.load(Ordering::Relaxed),
             tenant: self.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            link: Some(self.live.link.load(Ordering::Relaxed)).filter(|l| *l != 0),
+            prepared: self.live.prepared.load(Ordering::Relaxed),
         }
     }
 }
@@ -126,7 +152,10 @@ pub struct ConnRow {
     pub shard: Option<u32>,
     pub since_unix_ms: u64,
     pub request_unix_ms: u64,
-    pub tenant: Option<String>,
+    pub tenant: Option<ShownTenant>,
+    /// The paired connection's id in the other registry.
+    pub link: Option<u64>,
+    pub prepared: u32,
 }
 
 pub fn unix_ms() -> u64 {
@@ -134,7 +163,7 @@ pub fn unix_ms() -> u64 {
 }
 
 impl ConnRegistry {
-    pub fn register(self: &Arc<Self>, info: ConnInfo, tenant: Option<String>) -> ConnHandle {
+    pub fn register(self: &Arc<Self>, info: ConnInfo, tenant: Option<ShownTenant>) -> ConnHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let now = unix_ms();
         let live = Arc::new(Live {
@@ -144,6 +173,8 @@ impl ConnRegistry {
             since_unix_ms: AtomicU64::new(now),
             request_unix_ms: AtomicU64::new(info.connect_unix_ms),
             tenant: Mutex::new(tenant),
+            link: AtomicU64::new(0),
+            prepared: AtomicU32::new(0),
             killed: AtomicBool::new(false),
             kill: Notify::new(),
             terminated: AtomicBool::new(false),
@@ -222,9 +253,13 @@ impl ConnHandle {
     }
 
     /// The connection now does `state` (on `shard`, when it waits for or holds one).
+    /// An idle one is paired with no other.
     #[inline]
     pub fn set_state(&self, state: ConnState, shard: Option<u16>) {
         self.live.shard.store(shard.map_or(u32::MAX, u32::from), Ordering::Relaxed);
+        if state == ConnState::Idle {
+            self.live.link.store(0, Ordering::Relaxed);
+        }
         // Sequentially consistent: a pause that reads the states after raising its flag
         // sees every client that did not see the flag (see `tenancy::pause`). Only a
         // wait's start is shown (SHOW POOLS' maxwait, SHOW CLIENTS' wait): the clock is
@@ -272,8 +307,28 @@ impl ConnHandle {
         }
     }
 
-    pub fn set_tenant(&self, tenant: Option<String>) {
+    pub fn set_tenant(&self, tenant: Option<ShownTenant>) {
         *self.live.tenant.lock().unwrap_or_else(|p| p.into_inner()) = tenant;
+    }
+
+    /// This server now runs a transaction of `client` for `tenant`: each is the other's
+    /// link, and the server's request time is the client's (read from it, not the clock).
+    #[inline]
+    pub fn serve(&self, client: &ConnHandle, tenant: Option<&ShownTenant>) {
+        self.live.link.store(client.id, Ordering::Relaxed);
+        client.live.link.store(self.id, Ordering::Relaxed);
+        let asked = client.live.request_unix_ms.load(Ordering::Relaxed);
+        self.live.request_unix_ms.store(asked, Ordering::Relaxed);
+        let mut shown = self.live.tenant.lock().unwrap_or_else(|p| p.into_inner());
+        if shown.as_ref() != tenant {
+            *shown = tenant.cloned();
+        }
+    }
+
+    /// How many prepared statements the connection holds now.
+    #[inline]
+    pub fn set_prepared(&self, n: usize) {
+        self.live.prepared.store(u32::try_from(n).unwrap_or(u32::MAX), Ordering::Relaxed);
     }
 }
 
@@ -303,16 +358,37 @@ mod tests {
     #[test]
     fn clients_are_listed_with_their_state_until_their_handle_drops() {
         let registry = Arc::new(ConnRegistry::default());
-        let a = registry.register(info("a"), Some("7".into()));
+        let a = registry.register(info("a"), Some(ShownTenant::Int(7)));
         let b = registry.register(info("b"), None);
         b.enter(2, 0);
         let rows = registry.rows();
         assert!(rows[1].request_unix_ms > 1, "asked for a server now, after connecting at 1");
         assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].state, rows[0].tenant.as_deref()), (ConnState::Idle, Some("7")));
+        assert_eq!((rows[0].state, rows[0].tenant.clone()), (ConnState::Idle, Some(ShownTenant::Int(7))));
         assert_eq!((rows[1].state, rows[1].shard), (ConnState::Waiting, Some(2)));
         drop(a);
         assert_eq!(registry.rows().iter().map(|r| r.id).collect::<Vec<_>>(), vec![b.id()]);
+    }
+
+    #[test]
+    fn a_server_serving_a_client_links_both_and_takes_its_tenant_and_request_time() {
+        let clients = Arc::new(ConnRegistry::default());
+        let servers = Arc::new(ConnRegistry::default());
+        let client = clients.register(info("a"), None);
+        let server = servers.register(info("a"), None);
+        client.enter(1, 0);
+        let tenant = ShownTenant::Text("acme".into());
+        server.serve(&client, Some(&tenant));
+        server.set_prepared(3);
+        let (c, s) = (&clients.rows()[0], &servers.rows()[0]);
+        assert_eq!((c.link, s.link), (Some(server.id()), Some(client.id())));
+        assert_eq!(s.request_unix_ms, c.request_unix_ms);
+        assert!(s.request_unix_ms > 1, "moved off its connect time");
+        assert_eq!((s.tenant.clone(), s.prepared), (Some(tenant), 3));
+        server.set_state(ConnState::Idle, Some(1));
+        client.set_state(ConnState::Idle, None);
+        assert_eq!((clients.rows()[0].link, servers.rows()[0].link), (None, None));
+        assert!(servers.rows()[0].tenant.is_some(), "the tenant it last ran stays shown");
     }
 
     #[test]

@@ -146,6 +146,13 @@ fn unix_ms_to_pg_micros(unix_ms: i64) -> i64 {
 
 /// `2026-11-22 19:06:45.927+00`, as PostgreSQL prints a timestamptz in UTC (ISO
 /// DateStyle), trailing zeros of the fraction dropped.
+/// A time as PgBouncer's console writes one (text, to the second, in UTC):
+/// `2026-11-28 15:47:03 UTC`.
+pub fn console_time_text(unix_ms: i64) -> String {
+    let text = timestamptz_text(unix_ms - unix_ms.rem_euclid(1000));
+    format!("{} UTC", text.trim_end_matches("+00"))
+}
+
 pub fn timestamptz_text(unix_ms: i64) -> String {
     let days = unix_ms.div_euclid(86_400_000);
     let ms_of_day = unix_ms.rem_euclid(86_400_000);

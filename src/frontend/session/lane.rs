@@ -15,7 +15,7 @@ use super::{ClientTx, HIGH_WATER, Session};
 use crate::backend::{Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
 use crate::config::PoolMode;
 use crate::frontend::error::FrontendError;
-use crate::observe::conns::ConnState;
+use crate::observe::conns::ShownTenant;
 use crate::protocol::{self, TxStatus};
 use crate::router::{Analysis, Route, StatementKind};
 
@@ -113,6 +113,9 @@ impl Session {
         let mut consumed = 0;
         let submitted = {
             let Some(mut entry) = lane.enter() else { return Ok(false) };
+            if let Some(server) = &entry.conn().listed {
+                server.serve(&self.listed, route.tenant.as_ref().map(ShownTenant::from).as_ref());
+            }
             let mut sets_tenant = None;
             if let Some(context) = crate::frontend::tenant_context(&self.shared.config)
                 && !entry.holds_tenant(route.tenant.as_ref())
@@ -194,7 +197,7 @@ impl Session {
             }
         }
         self.client.rbuf.advance(consumed);
-        self.listed.set_state(ConnState::Idle, None);
+        self.listed_idle();
         Ok(true)
     }
 

@@ -45,6 +45,7 @@ use crate::backend::{Pending, PooledConn, PreparedStatement, ReadOnlyGuc, Server
 use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
+use crate::observe::conns::ShownTenant;
 use crate::observe::conns::{ConnHandle, ConnState};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
@@ -254,7 +255,7 @@ impl Session {
             crate::frontend::params::application_name(&start.settings.list),
             start.cancel.pid,
         );
-        let listed = shared.clients.register(info, start.tenant.as_ref().map(ToString::to_string));
+        let listed = shared.clients.register(info, start.tenant.as_ref().map(ShownTenant::from));
         Self {
             client,
             shared,
@@ -309,6 +310,12 @@ impl Session {
             }
         }
         self.finish();
+    }
+
+    /// Listed as idle between transactions, with the prepared statements it holds now.
+    pub(super) fn listed_idle(&self) {
+        self.listed.set_state(ConnState::Idle, None);
+        self.listed.set_prepared(self.statements.len() + self.scatter_statements.len());
     }
 
     async fn run_loop(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), FrontendError> {

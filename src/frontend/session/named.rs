@@ -56,6 +56,11 @@ impl NamedStatements {
         }
     }
 
+    /// How many statements it holds.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
     pub fn get(&self, name: &[u8]) -> Option<&ClientStatement> {
         self.map.get(name)
     }

@@ -26,6 +26,7 @@ use super::{ClientTx, Session};
 use crate::backend::OnError;
 use crate::directory::ShardId;
 use crate::frontend::error::FrontendError;
+use crate::observe::conns::ShownTenant;
 use crate::protocol::{
     self, BOOL_OID, Column, Frame, INT4_OID, INT8_OID, Severity, TIMESTAMPTZ_OID, TxStatus, Value, sqlstate,
 };
@@ -200,7 +201,7 @@ impl Session {
                 Signal::Cancel => self.cancel_own_statement().await?,
             });
         }
-        let tenant = self.tenant.as_ref().map(ToString::to_string);
+        let tenant = self.tenant.as_ref().map(ShownTenant::from);
         let sibling = u32::try_from(pid).ok().and_then(|pid| {
             self.shared.clients.find_pid(pid).filter(|row| {
                 row.info.user == self.user.name && row.info.database == self.database && row.tenant == tenant

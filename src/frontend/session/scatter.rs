@@ -161,6 +161,9 @@ impl Session {
 
     /// Gives `conn` the client's settings and no tenant.
     async fn ready_for_scatter(&self, mut conn: PooledConn) -> Result<PooledConn, String> {
+        if let Some(server) = &conn.listed {
+            server.serve(&self.listed, None);
+        }
         let context = crate::frontend::tenant_context(&self.shared.config);
         if let Err(e) = scatter::ready(&mut conn, &self.settings, context).await {
             conn.discard();

@@ -21,6 +21,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
 use crate::observe::conns::ConnState;
+use crate::observe::conns::ShownTenant;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
     Analysis, NodeTarget, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
@@ -199,6 +200,9 @@ impl Session {
     /// Makes `conn` this client's server for a transaction on `route`.
     pub(super) fn attach(&mut self, conn: PooledConn, route: &Route) {
         self.listed.set_state(ConnState::Active, Some(route.shard));
+        if let Some(server) = &conn.listed {
+            server.serve(&self.listed, route.tenant.as_ref().map(ShownTenant::from).as_ref());
+        }
         self.cancel.set_target(Some(conn.cancel.clone()));
         self.server = Some(Attached {
             conn,
@@ -535,7 +539,7 @@ impl Session {
         let Some(a) = self.server.take() else {
             return;
         };
-        self.listed.set_state(ConnState::Idle, None);
+        self.listed_idle();
         self.cancel.set_target(None);
         if a.conn.broken || !a.conn.is_reusable() {
             a.conn.discard();

@@ -9,6 +9,7 @@ use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
 use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
+use crate::observe::conns::ShownTenant;
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{ROUTING_VERSION, StatementKind};
 
@@ -237,7 +238,7 @@ impl Session {
             self.shared.router.placement(t).await.map_err(|e| FrontendError::Route(e.into()))?;
         }
         tracing::debug!(?tenant, "session tenant set");
-        self.listed.set_tenant(tenant.as_ref().map(ToString::to_string));
+        self.listed.set_tenant(tenant.as_ref().map(ShownTenant::from));
         let before = std::mem::replace(&mut self.tenant, tenant);
         if untouched_tx {
             self.tenant_before_tx.get_or_insert(before);
@@ -252,7 +253,7 @@ impl Session {
             && !committed
         {
             tracing::debug!(tenant = ?before, "session tenant restored: its transaction did not commit");
-            self.listed.set_tenant(before.as_ref().map(ToString::to_string));
+            self.listed.set_tenant(before.as_ref().map(ShownTenant::from));
             self.tenant = before;
         }
     }
