@@ -83,6 +83,14 @@ const GAUGES: &[(&str, &str)] = &[
     ("pgtenant_node_is_primary", "1 while the node is up and reports itself a primary, else 0."),
     ("pgtenant_replica_lag_bytes", "WAL bytes the replica has not replayed yet."),
     ("pgtenant_replica_lag_seconds", "How far behind its primary the replica's replay is."),
+    (
+        "pgtenant_replica_lag_bound_seconds",
+        "Replica lag past which reads leave a replica (max_replica_lag_ms).",
+    ),
+    (
+        "pgtenant_replica_lag_bound_bytes",
+        "Replica lag past which reads leave a replica (max_replica_lag_bytes).",
+    ),
     ("pgtenant_routing_version", "The catalog's routing version this proxy has applied."),
     (
         "pgtenant_catalog_change_lag_seconds",
@@ -162,6 +170,9 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
             gauge!("pgtenant_server_connections", "shard" => pool.shard.to_string(), "node" => node.clone(), "user" => pool.user.clone(), "state" => state.name()).set(n as f64);
         }
     }
+    let bound = &view.config.health;
+    gauge!("pgtenant_replica_lag_bound_seconds").set(bound.max_replica_lag_ms as f64 / 1000.0);
+    gauge!("pgtenant_replica_lag_bound_bytes").set(bound.max_replica_lag_bytes as f64);
     gauge!("pgtenant_pool_use_warning_ratio").set(POOL_USE_WARNING);
     gauge!("pgtenant_pool_use_critical_ratio").set(POOL_USE_CRITICAL);
     let topology = view.router.topology();

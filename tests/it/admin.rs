@@ -487,6 +487,8 @@ async fn readiness_follows_the_catalog() {
     assert!(body.contains("pgtenant_catalog_change_lag_seconds "), "exported once a change came");
     let lag = metric(&body, "pgtenant_catalog_change_lag_seconds");
     assert!((0.0..5.0).contains(&lag), "lag {lag} s");
+    let missing = harness::dashboard_series_missing("catalog", &body);
+    assert!(missing.is_empty(), "catalog series the dashboard or rules use, not on /metrics: {missing:?}");
 
     let stopped = cluster.clone();
     tokio::task::spawn_blocking(move || stopped.stop()).await.unwrap().unwrap();

@@ -188,7 +188,7 @@ async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledg
     seed(db, 1, 78, 100).await;
     seed(db, 2, 1078, 100).await;
     let catalog = new_catalog(db).await;
-    let a = start_proxy(&catalog, db, |_| {}).await;
+    let a = start_proxy(&catalog, db, |c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await;
     let b = start_proxy(&catalog, db, |_| {}).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut movers = Vec::new();
@@ -208,6 +208,10 @@ async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledg
     let id: i64 = row.get("move_id");
     assert_eq!((row.get::<_, i64>("source"), row.get::<_, i64>("target")), (1, 2));
     let switched = wait_phase(&console, id, "switched", Duration::from_secs(60)).await;
+    // The driving proxy reports the move as the dashboard and the alert rules read it.
+    let metrics = crate::harness::http_get(a.http_addr().unwrap(), "/metrics").await.1;
+    let missing = crate::harness::dashboard_series_missing("moves", &metrics);
+    assert!(missing.is_empty(), "move series the dashboard or rules use, not on /metrics: {missing:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     let mut acked = BTreeSet::new();

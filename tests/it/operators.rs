@@ -89,7 +89,21 @@ async fn metrics_pass_promtool_and_count_scatter_outcomes_by_raiser() {
     }
     // PostgreSQL raised the scatter statement's 42703, not pgtenant.
     assert!(value("pgtenant_errors_total{raised_by=\"server\",class=\"42\"}") >= 1.0, "{body}");
+    // The dashboard and the alert rules read only what is there.
+    let missing = crate::harness::dashboard_series_missing("proxy", &body);
+    assert!(missing.is_empty(), "series the dashboard or rules use, not on /metrics: {missing:?}");
     proxy.shutdown().await;
+}
+
+#[test]
+fn the_shipped_alert_rules_pass_promtool_and_every_series_used_has_a_live_check() {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus/pgtenant-alerts.yml");
+    let (ok, out) = promtool(&["check", "rules", rules], "");
+    assert!(ok && out.contains("SUCCESS"), "promtool check rules:\n{out}");
+    // Each area is checked live by the test that brings it about (operators, moves,
+    // admin's catalog readiness, replica reads): none is left out.
+    let areas: Vec<&str> = crate::harness::dashboard_series().keys().copied().collect();
+    assert_eq!(areas, ["catalog", "moves", "proxy", "replica"]);
 }
 
 /// The console's row of `view` whose `column` is `value`, as text by column name.

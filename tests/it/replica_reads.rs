@@ -37,6 +37,7 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
     let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
         c.health.max_replica_lag_bytes = 1 << 20;
         c.users[0].target = Some(ReadTarget::PreferReplica);
+        c.observe.listen = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     let replica_only = session(&proxy, "replica").await;
@@ -87,6 +88,10 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
         eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(false) }).await;
     assert!(fell_back.is_some(), "a lagging replica is left for the primary");
     assert_eq!(read_on_replica(&replica_only).await, Err("57P03".into()), "replica mode: a clear error");
+    // The lag is on /metrics, as the dashboard and the alert rules read it.
+    let metrics = harness::http_get(proxy.http_addr().unwrap(), "/metrics").await.1;
+    let missing = harness::dashboard_series_missing("replica", &metrics);
+    assert!(missing.is_empty(), "replica series the dashboard or rules use, not on /metrics: {missing:?}");
     on_replica.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
     let back =
         eventually(Duration::from_secs(10), || async { read_on_replica(&prefer).await == Ok(true) }).await;

@@ -326,3 +326,72 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     (status, body)
 }
+
+/// The series the shipped Grafana dashboard and Prometheus alert rules read (every
+/// `pgtenant_...` name in their expressions), by area: each test that brings an area
+/// to life (moves, a catalog, a replica) checks its own on a live `/metrics`, and the
+/// plain proxy checks the rest (`tests/it/operators.rs`).
+pub fn dashboard_series() -> std::collections::BTreeMap<&'static str, std::collections::BTreeSet<String>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let dashboard = std::fs::read_to_string(root.join("grafana/pgtenant-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    collect_exprs(&dashboard, &mut exprs);
+    let rules = std::fs::read_to_string(root.join("prometheus/pgtenant-alerts.yml")).unwrap();
+    exprs.extend(rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")).map(str::to_string));
+    let mut by_area: std::collections::BTreeMap<&'static str, std::collections::BTreeSet<String>> =
+        Default::default();
+    for expr in &exprs {
+        for (at, _) in expr.match_indices("pgtenant_") {
+            let name: String = expr[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            by_area.entry(series_area(&name)).or_default().insert(name);
+        }
+    }
+    by_area
+}
+
+/// Which test brings a series to life: "moves", "catalog", "replica" or "proxy".
+fn series_area(name: &str) -> &'static str {
+    if name.starts_with("pgtenant_move_") {
+        "moves"
+    } else if name.starts_with("pgtenant_catalog_") {
+        "catalog"
+    } else if name.starts_with("pgtenant_replica_lag_") && !name.contains("_bound_") {
+        "replica"
+    } else {
+        "proxy"
+    }
+}
+
+fn collect_exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                match (key.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => collect_exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// The series of `area` the dashboard or rules read that `metrics` (a live scrape) lacks.
+pub fn dashboard_series_missing(area: &str, metrics: &str) -> Vec<String> {
+    let series = dashboard_series().remove(area).unwrap_or_default();
+    assert!(!series.is_empty(), "the dashboard reads series of {area}");
+    series
+        .into_iter()
+        .filter(|name| {
+            !metrics.lines().any(|l| {
+                l.strip_prefix(name.as_str())
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+        })
+        .collect()
+}
