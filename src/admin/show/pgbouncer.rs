@@ -1,61 +1,17 @@
-//! The console's views, built from snapshots the layers expose (pools, connections,
-//! health, directory), never from their internals. Where PgBouncer has the same
-//! command, the columns keep its names, order and meaning, so that its exporters and
-//! dashboards read them; pgtenant's own columns come after PgBouncer's.
+//! PgBouncer's views (POOLS, CLIENTS, SERVERS, STATS, DATABASES, CONFIG, VERSION,
+//! LISTS, USERS) with its column names, order and meaning, pgtenant's columns after.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use super::AdminView;
-use super::command::{HELP, Show};
-use super::table::{Kind, Table, int, opt_text, text};
-use crate::backend::PoolView;
-use crate::backend::health::{NodeKey, NodeState, ObservedRole, PrimaryChoice};
-use crate::config::{HealthConfig, NodeRole, ObserveConfig, PoolMode, ProxyConfig};
-use crate::directory::{PlacementRule, Shard, TenantId};
+use super::{CONSOLE_MODE, pool_mode_name};
+use crate::admin::AdminView;
+use crate::admin::table::{Kind, Table, int, opt_text, text};
+use crate::config::{HealthConfig, NodeRole, ObserveConfig, ProxyConfig};
 use crate::observe::conns::{ConnRow, ConnState, unix_ms};
 use crate::observe::stats::StatsSnapshot;
 use crate::protocol::values::{Value, console_time_text};
 
-/// The seed's pool-use thresholds (`seeds/003_…`): warning above 70 %, critical above 90 %.
-pub const POOL_USE_WARNING: f64 = 0.7;
-pub const POOL_USE_CRITICAL: f64 = 0.9;
-
-pub async fn show(view: &AdminView<'_>, what: &Show) -> Table {
-    match what {
-        Show::Pools => pools(view),
-        Show::Clients => connections(view, &view.clients.rows(), "C"),
-        Show::Servers => connections(view, &view.pools.servers.rows(), "S"),
-        Show::Stats => stats(view, StatsColumns::Both),
-        Show::StatsTotals => stats(view, StatsColumns::Totals),
-        Show::StatsAverages => stats(view, StatsColumns::Averages),
-        Show::Databases => databases(view),
-        Show::Config => config(view),
-        Show::Version => version(),
-        Show::Lists => lists(view),
-        Show::Users => users(view),
-        Show::Shards => shards(view),
-        Show::Nodes => nodes(view),
-        Show::Tenant(id) => tenant(view, id).await,
-        Show::Routing => routing(view),
-        Show::Lanes => lanes(view),
-        Show::Pauses => pauses(view),
-        // Answered by the console, which reads the catalog and may fail: the shape only.
-        Show::Moves => super::moves::table(),
-        Show::Help => help(),
-    }
-}
-
-fn pool_mode_name(mode: PoolMode) -> &'static str {
-    match mode {
-        PoolMode::Transaction => "transaction",
-        PoolMode::Session => "session",
-    }
-}
-
-/// The console's own "pool", as PgBouncer lists its admin database among the others.
-const CONSOLE_MODE: &str = "statement";
-
-fn pools(view: &AdminView<'_>) -> Table {
+pub(super) fn pools(view: &AdminView<'_>) -> Table {
     let mut t = Table::new(&[
         ("database", Kind::Text),
         ("user", Kind::Text),
@@ -109,7 +65,7 @@ fn pools(view: &AdminView<'_>) -> Table {
         p.size += pool.size as u64;
     }
     for ((database, user), p) in by_key {
-        let mode = if super::is_console(&database) {
+        let mode = if crate::admin::is_console(&database) {
             CONSOLE_MODE
         } else {
             let user_mode = view.config.user(&user).and_then(|u| u.pool_mode);
@@ -141,7 +97,7 @@ fn pools(view: &AdminView<'_>) -> Table {
 }
 
 /// SHOW CLIENTS (`kind` "C") and SHOW SERVERS ("S").
-fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
+pub(super) fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
     let mut t = Table::new(&[
         ("type", Kind::Text),
         ("user", Kind::Text),
@@ -202,7 +158,7 @@ fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) -> Table {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum StatsColumns {
+pub(super) enum StatsColumns {
     Both,
     Totals,
     Averages,
@@ -211,7 +167,7 @@ enum StatsColumns {
 /// Totals per database (the console's own included, as PgBouncer lists its own).
 pub fn totals_by_database(view: &AdminView<'_>) -> BTreeMap<String, StatsSnapshot> {
     let mut by_db: BTreeMap<String, StatsSnapshot> = BTreeMap::new();
-    by_db.insert(super::CONSOLE_DATABASE.to_string(), view.console.snapshot());
+    by_db.insert(crate::admin::CONSOLE_DATABASE.to_string(), view.console.snapshot());
     for pool in view.pools.snapshot() {
         let entry = by_db.entry(pool.database.clone()).or_default();
         *entry = *entry + pool.stats;
@@ -219,7 +175,7 @@ pub fn totals_by_database(view: &AdminView<'_>) -> BTreeMap<String, StatsSnapsho
     by_db
 }
 
-fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
+pub(super) fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
     const TOTALS: [&str; 8] = [
         "xact_count",
         "query_count",
@@ -295,7 +251,7 @@ fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
     t
 }
 
-fn databases(view: &AdminView<'_>) -> Table {
+pub(super) fn databases(view: &AdminView<'_>) -> Table {
     let mut t = Table::new(&[
         ("name", Kind::Text),
         ("host", Kind::Text),
@@ -316,10 +272,10 @@ fn databases(view: &AdminView<'_>) -> Table {
     ]);
     let console_port = view.local_addr.map_or(Value::Null, |a| int(a.port()));
     t.push(vec![
-        text(super::CONSOLE_DATABASE),
+        text(crate::admin::CONSOLE_DATABASE),
         Value::Null,
         console_port,
-        text(super::CONSOLE_DATABASE),
+        text(crate::admin::CONSOLE_DATABASE),
         Value::Null,
         int(0),
         int(0),
@@ -377,7 +333,7 @@ fn databases(view: &AdminView<'_>) -> Table {
 
 /// Every setting of `[proxy]`, `[health]` and `[observe]`, flattened to text, with
 /// PgBouncer's names for the ones its exporters read.
-fn config(view: &AdminView<'_>) -> Table {
+pub(super) fn config(view: &AdminView<'_>) -> Table {
     let mut t = Table::new(&[
         ("key", Kind::Text),
         ("value", Kind::Text),
@@ -412,7 +368,7 @@ fn config(view: &AdminView<'_>) -> Table {
     t
 }
 
-fn flatten(section: &impl serde::Serialize) -> BTreeMap<String, String> {
+pub(super) fn flatten(section: &impl serde::Serialize) -> BTreeMap<String, String> {
     let Ok(serde_json::Value::Object(map)) = serde_json::to_value(section) else { return BTreeMap::new() };
     map.into_iter()
         .map(|(k, v)| {
@@ -431,13 +387,13 @@ pub fn version_text() -> String {
     format!("pgtenant {} (PgBouncer 1.23.0 console compatible)", env!("CARGO_PKG_VERSION"))
 }
 
-fn version() -> Table {
+pub(super) fn version() -> Table {
     let mut t = Table::new(&[("version", Kind::Text)]);
     t.push(vec![text(version_text())]);
     t
 }
 
-fn lists(view: &AdminView<'_>) -> Table {
+pub(super) fn lists(view: &AdminView<'_>) -> Table {
     let mut t = Table::new(&[("list", Kind::Text), ("items", Kind::Int8)]);
     let pools = view.pools.snapshot();
     let clients = view.clients.rows();
@@ -465,7 +421,7 @@ fn lists(view: &AdminView<'_>) -> Table {
     t
 }
 
-fn users(view: &AdminView<'_>) -> Table {
+pub(super) fn users(view: &AdminView<'_>) -> Table {
     let mut t = Table::new(&[
         ("name", Kind::Text),
         ("pool_size", Kind::Int8),
@@ -494,298 +450,4 @@ fn users(view: &AdminView<'_>) -> Table {
         ]);
     }
     t
-}
-
-/// Pool use of a shard's primary pools: connections held over the pool sizes.
-fn use_level(ratio: f64) -> &'static str {
-    if ratio > POOL_USE_CRITICAL {
-        "critical"
-    } else if ratio > POOL_USE_WARNING {
-        "warning"
-    } else {
-        "ok"
-    }
-}
-
-fn shards(view: &AdminView<'_>) -> Table {
-    let mut t = Table::new(&[
-        ("shard", Kind::Int8),
-        ("status", Kind::Text),
-        ("nodes", Kind::Int8),
-        ("healthy_nodes", Kind::Int8),
-        ("primary", Kind::Text),
-        ("replicas", Kind::Int8),
-        ("pool_size", Kind::Int8),
-        ("sv_active", Kind::Int8),
-        ("sv_idle", Kind::Int8),
-        ("cl_waiting", Kind::Int8),
-        ("pool_use", Kind::Float8),
-        ("pool_use_level", Kind::Text),
-        ("clients", Kind::Int8),
-        ("active_tenants", Kind::Int8),
-        ("ranges", Kind::Text),
-    ]);
-    let topology = view.router.topology();
-    let pools = view.pools.snapshot();
-    let clients = view.clients.rows();
-    for id in topology.shard_ids() {
-        let Some(shard) = topology.shard(id) else { continue };
-        let healthy = shard
-            .nodes
-            .iter()
-            .filter(|n| matches!(view.health.state(&NodeKey::of(id, n)), NodeState::Up { failing: 0, .. }))
-            .count();
-        let primary = writes_to(view, shard);
-        let mine: Vec<&PoolView> = pools.iter().filter(|p| p.shard == id).collect();
-        let size: usize = mine.iter().map(|p| p.size).sum();
-        let active: usize = mine.iter().map(|p| p.active).sum();
-        let ratio = if size > 0 { active as f64 / size as f64 } else { 0.0 };
-        let on_shard: Vec<&ConnRow> = clients.iter().filter(|c| c.shard == Some(u32::from(id))).collect();
-        let tenants: BTreeSet<String> =
-            on_shard.iter().filter_map(|c| c.tenant.as_ref().map(ToString::to_string)).collect();
-        let ranges: Vec<String> = topology
-            .ranges()
-            .iter()
-            .filter(|r| r.2 == id)
-            .map(|(min, max, _)| format!("{min}..={max}"))
-            .collect();
-        t.push(vec![
-            int(id),
-            text(shard.status.describe()),
-            int(shard.nodes.len()),
-            int(healthy),
-            text(primary),
-            int(shard.nodes.iter().filter(|n| n.role == NodeRole::Replica).count()),
-            int(size),
-            int(active),
-            int(mine.iter().map(|p| p.idle).sum::<usize>()),
-            int(mine.iter().map(|p| p.waiting).sum::<usize>()),
-            Value::Float8(ratio),
-            text(use_level(ratio)),
-            int(on_shard.len()),
-            int(tenants.len()),
-            text(ranges.join(", ")),
-        ]);
-    }
-    t
-}
-
-/// The node `shard`'s writes go to now (`host:port`), or why none.
-fn writes_to(view: &AdminView<'_>, shard: &Shard) -> String {
-    match view.health.primary_of(shard) {
-        PrimaryChoice::Node(n) => format!("{}:{}", n.host, n.port),
-        PrimaryChoice::Holding(reason) => format!("none: {}", reason.describe()),
-    }
-}
-
-fn nodes(view: &AdminView<'_>) -> Table {
-    let mut t = Table::new(&[
-        ("shard", Kind::Int8),
-        ("host", Kind::Text),
-        ("port", Kind::Int8),
-        ("role", Kind::Text),
-        ("priority", Kind::Int8),
-        ("state", Kind::Text),
-        ("observed_role", Kind::Text),
-        ("timeline", Kind::Int8),
-        ("lsn", Kind::Text),
-        ("lag_bytes", Kind::Int8),
-        ("lag_ms", Kind::Int8),
-        ("serves", Kind::Text),
-    ]);
-    let topology = view.router.topology();
-    for id in topology.shard_ids() {
-        let Some(shard) = topology.shard(id) else { continue };
-        let writer = match view.health.primary_of(shard) {
-            PrimaryChoice::Node(n) => Some((n.host, n.port)),
-            PrimaryChoice::Holding(_) => None,
-        };
-        for node in &shard.nodes {
-            let state = view.health.state(&NodeKey::of(id, node));
-            let (state_name, observed, timeline, lsn) = match state {
-                NodeState::Unchecked => ("unchecked", Value::Null, Value::Null, Value::Null),
-                NodeState::Down => ("down", Value::Null, Value::Null, Value::Null),
-                NodeState::Up { role, timeline, lsn, failing } => (
-                    if failing > 0 { "failing" } else { "up" },
-                    text(if role == ObservedRole::Primary { "primary" } else { "replica" }),
-                    int(timeline),
-                    text(format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)),
-                ),
-            };
-            let lag = view.health.lag_of(shard, node);
-            let serves = if writer.as_ref().is_some_and(|(h, p)| *h == node.host && *p == node.port) {
-                "writes"
-            } else if matches!(state, NodeState::Up { role: ObservedRole::Replica, failing: 0, .. }) {
-                "reads"
-            } else {
-                "nothing"
-            };
-            t.push(vec![
-                int(id),
-                text(&node.host),
-                int(node.port),
-                text(if node.role == NodeRole::Primary { "primary" } else { "replica" }),
-                int(node.priority),
-                text(state_name),
-                observed,
-                timeline,
-                lsn,
-                lag.map_or(Value::Null, |(bytes, _)| int(bytes)),
-                lag.map_or(Value::Null, |(_, ms)| int(ms)),
-                text(serves),
-            ]);
-        }
-    }
-    t
-}
-
-async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
-    let mut t = Table::new(&[
-        ("tenant", Kind::Text),
-        ("placed", Kind::Bool),
-        ("source", Kind::Text),
-        ("shard", Kind::Int8),
-        ("state", Kind::Text),
-        ("node", Kind::Text),
-        ("routing_version", Kind::Int8),
-        ("cached", Kind::Bool),
-        ("clients", Kind::Int8),
-        ("error", Kind::Text),
-    ]);
-    let version = int(view.router.routing_version());
-    let Some(tenant) = TenantId::parse(id, view.config.proxy.tenant_key) else {
-        let error = format!("\"{id}\" is not a tenant id of this proxy's key type");
-        t.push(vec![
-            text(id),
-            Value::Bool(false),
-            Value::Null,
-            Value::Null,
-            Value::Null,
-            Value::Null,
-            version,
-            Value::Bool(false),
-            int(0),
-            text(error),
-        ]);
-        return t;
-    };
-    let cached = view.router.is_cached(&tenant);
-    let clients =
-        view.clients.rows().iter().filter(|c| c.tenant.as_ref().is_some_and(|t| t.to_string() == id)).count();
-    let topology = view.router.topology();
-    match view.router.placement(&tenant).await {
-        Ok(placement) => {
-            let source = match topology.rule_for(&tenant) {
-                Some((PlacementRule::Range { min, max }, shard)) if shard == placement.shard => {
-                    format!("range {min}..={max}")
-                }
-                Some((PlacementRule::HashGroup(group), shard)) if shard == placement.shard => {
-                    format!("hash group {group}")
-                }
-                _ => "map".to_string(),
-            };
-            let node = topology.shard(placement.shard).map(|s| writes_to(view, s));
-            t.push(vec![
-                text(id),
-                Value::Bool(true),
-                text(source),
-                int(placement.shard),
-                text(placement.state.describe()),
-                opt_text(node),
-                version,
-                Value::Bool(cached),
-                int(clients),
-                Value::Null,
-            ]);
-        }
-        Err(e) => t.push(vec![
-            text(id),
-            Value::Bool(false),
-            Value::Null,
-            Value::Null,
-            Value::Null,
-            Value::Null,
-            version,
-            Value::Bool(cached),
-            int(clients),
-            text(e.to_string()),
-        ]),
-    }
-    t
-}
-
-fn routing(view: &AdminView<'_>) -> Table {
-    let mut t = Table::new(&[
-        ("routing_version", Kind::Int8),
-        ("source", Kind::Text),
-        ("catalog_listening", Kind::Bool),
-        ("cached_tenants", Kind::Int8),
-        ("cache_hits", Kind::Int8),
-        ("cache_misses", Kind::Int8),
-        ("cache_hit_rate", Kind::Float8),
-        ("shards", Kind::Int8),
-    ]);
-    let status = view.router.directory_status();
-    let asked = status.cache_hits + status.cache_misses;
-    let rate = if asked > 0 { Value::Float8(status.cache_hits as f64 / asked as f64) } else { Value::Null };
-    t.push(vec![
-        int(view.router.routing_version()),
-        text(status.source),
-        status.listening.map_or(Value::Null, Value::Bool),
-        status.cached_tenants.map_or(Value::Null, int),
-        int(status.cache_hits),
-        int(status.cache_misses),
-        rate,
-        int(view.router.topology().shard_ids().count()),
-    ]);
-    t
-}
-
-fn lanes(view: &AdminView<'_>) -> Table {
-    let mut t = Table::new(&[
-        ("shard", Kind::Int8),
-        ("host", Kind::Text),
-        ("port", Kind::Int8),
-        ("user", Kind::Text),
-        ("database", Kind::Text),
-        ("lanes", Kind::Int8),
-        ("pipeline_depth", Kind::Int8),
-    ]);
-    for pool in view.pools.snapshot() {
-        t.push(vec![
-            int(pool.shard),
-            text(&pool.host),
-            int(pool.port),
-            text(&pool.user),
-            text(&pool.database),
-            int(pool.lanes),
-            int(view.config.proxy.pipeline_depth),
-        ]);
-    }
-    t
-}
-
-fn pauses(view: &AdminView<'_>) -> Table {
-    let mut t = Table::new(&[("scope", Kind::Text)]);
-    for scope in view.pauses.paused() {
-        t.push(vec![text(scope.describe())]);
-    }
-    t
-}
-
-fn help() -> Table {
-    let mut t = Table::new(&[("command", Kind::Text), ("shows", Kind::Text)]);
-    for (command, shows) in HELP {
-        t.push(vec![text(*command), text(*shows)]);
-    }
-    t
-}
-
-/// Client counts per state, for the metrics.
-pub fn clients_by_state(view: &AdminView<'_>) -> HashMap<&'static str, u64> {
-    let mut counts = HashMap::from([("active", 0), ("idle", 0), ("waiting", 0), ("paused", 0)]);
-    for c in view.clients.rows() {
-        *counts.entry(c.state.name()).or_default() += 1;
-    }
-    counts
 }
