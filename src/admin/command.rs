@@ -26,6 +26,10 @@ pub enum Show {
     Pauses,
     Moves,
     Help,
+    /// PgBouncer's `SHOW TOTALS`: SHOW STATS over every database, as name/value rows.
+    Totals,
+    /// PgBouncer's `SHOW STATE`: active, paused, suspended.
+    State,
 }
 
 /// What a PAUSE or RESUME names (a tenant as written: its key type is the proxy's).
@@ -34,6 +38,8 @@ pub enum Scope {
     All,
     Shard(u16),
     Tenant(String),
+    /// PgBouncer's `PAUSE db`: a database clients ask for (a bare number is a shard).
+    Database(String),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -78,6 +84,13 @@ pub enum Command {
         id: i64,
         step: MoveStep,
     },
+    /// `DISABLE db` / `ENABLE db` (PgBouncer's): refuse new clients of a database, or
+    /// take them again.
+    Disable(String),
+    Enable(String),
+    /// `WAIT_CLOSE [db]`: answers once the server connections a RECONNECT or RELOAD
+    /// retired (of `db`, or all) have closed.
+    WaitClose(Option<String>),
     /// An empty statement (only blanks or `;`).
     Empty,
 }
@@ -93,10 +106,15 @@ pub enum MoveStep {
 /// Why a statement is not a console command.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CommandError {
-    #[error("unknown command \"{0}\" (the admin console answers SHOW commands; SHOW HELP lists them)")]
+    #[error("\"{0}\" is not an admin console command (SHOW HELP lists them)")]
     Unknown(String),
     #[error("SHOW {0} is not a console view (SHOW HELP lists them)")]
     UnknownView(String),
+    #[error("SHOW needs a view name, as in SHOW POOLS (SHOW HELP lists them)")]
+    ViewMissing,
+    /// A PgBouncer command that has no meaning in pgtenant: why, and what to use.
+    #[error("{command} is PgBouncer's and has no counterpart in pgtenant: {why}")]
+    NotInPgtenant { command: &'static str, why: &'static str },
     #[error("SHOW TENANT needs a tenant id: SHOW TENANT 42")]
     TenantMissing,
     #[error("{0} is not available in the admin console yet")]
@@ -123,9 +141,11 @@ impl CommandError {
     pub fn sqlstate(&self) -> &'static str {
         use crate::protocol::sqlstate;
         match self {
-            CommandError::Unknown(_) | CommandError::TenantMissing | CommandError::BadScope(_) => {
-                sqlstate::SYNTAX_ERROR
-            }
+            CommandError::Unknown(_)
+            | CommandError::TenantMissing
+            | CommandError::ViewMissing
+            | CommandError::BadScope(_) => sqlstate::SYNTAX_ERROR,
+            CommandError::NotInPgtenant { .. } => sqlstate::FEATURE_NOT_SUPPORTED,
             CommandError::UnknownView(_) => sqlstate::UNDEFINED_OBJECT,
             CommandError::NotYet(_) => sqlstate::FEATURE_NOT_SUPPORTED,
             CommandError::UnknownShard(_) | CommandError::UnknownClient(_) => sqlstate::UNDEFINED_OBJECT,
@@ -188,6 +208,18 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("shutdown", []) => return Ok(Command::Shutdown { wait_for_clients: false }),
         ("shutdown", ["wait_for_clients"]) => return Ok(Command::Shutdown { wait_for_clients: true }),
         ("reload", []) => return Ok(Command::Reload),
+        ("disable", [_]) => return Ok(Command::Disable(unquote(words[1]))),
+        ("enable", [_]) => return Ok(Command::Enable(unquote(words[1]))),
+        ("wait_close", []) => return Ok(Command::WaitClose(None)),
+        ("wait_close", [_]) => return Ok(Command::WaitClose(Some(unquote(words[1])))),
+        ("disable", _) | ("enable", _) | ("wait_close", _) => return Err(bad()),
+        ("suspend", []) => {
+            return Err(CommandError::NotInPgtenant {
+                command: "SUSPEND",
+                why: "it readies PgBouncer's socket hand-over (-R); pgtenant restarts without one (with reuse_port a new \
+                      process binds beside the old, and SHUTDOWN WAIT_FOR_CLIENTS lets the old one drain)",
+            });
+        }
         ("place", ["tenant", id]) => return placement_of(id, PlacementStep::Place { lease_secs: 300 }),
         ("place", ["tenant", id, "lease", secs]) => {
             let lease_secs = secs.parse().ok().filter(|s: &i32| *s >= 1).ok_or_else(bad)?;
@@ -212,8 +244,33 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
     if first != "show" {
         return Err(CommandError::Unknown(text.chars().take(80).collect()));
     }
-    let what = words.get(1).map(|w| w.to_ascii_lowercase()).unwrap_or_default();
+    let Some(what) = words.get(1).map(|w| w.to_ascii_lowercase()) else {
+        return Err(CommandError::ViewMissing);
+    };
+    let socket_level = "pgtenant's sockets are tokio's: SHOW CLIENTS and SHOW SERVERS list every connection, \
+                        /metrics their traffic";
     let show = match (what.as_str(), words.len()) {
+        ("totals", 2) => Show::Totals,
+        ("state", 2) => Show::State,
+        ("mem", 2) => {
+            return Err(CommandError::NotInPgtenant {
+                command: "SHOW MEM",
+                why: "it lists PgBouncer's slab caches; pgtenant has none (its memory is bounded per client by \
+                      max_message_size and max_client_statement_bytes)",
+            });
+        }
+        ("fds", 2) => {
+            return Err(CommandError::NotInPgtenant {
+                command: "SHOW FDS",
+                why: "it serves PgBouncer's socket hand-over (-R); pgtenant restarts without one",
+            });
+        }
+        ("sockets", 2) => {
+            return Err(CommandError::NotInPgtenant { command: "SHOW SOCKETS", why: socket_level });
+        }
+        ("active_sockets", 2) => {
+            return Err(CommandError::NotInPgtenant { command: "SHOW ACTIVE_SOCKETS", why: socket_level });
+        }
         ("pools", 2) => Show::Pools,
         ("clients", 2) => Show::Clients,
         ("servers", 2) => Show::Servers,
@@ -246,7 +303,11 @@ fn pause_or_resume(verb: &str, words: &[&str]) -> Result<Command, CommandError> 
         [] | ["timeout", ..] => (Scope::All, 0),
         ["shard", n, ..] => (Scope::Shard(n.parse().map_err(|_| bad())?), 2),
         ["tenant", _, ..] => (Scope::Tenant(unquote(words[1])), 2),
-        [n, ..] => (Scope::Shard(n.parse().map_err(|_| bad())?), 1),
+        // A number is a shard; anything else a database (PgBouncer's PAUSE db).
+        [n, ..] => match n.parse() {
+            Ok(shard) => (Scope::Shard(shard), 1),
+            Err(_) => (Scope::Database(unquote(words[0])), 1),
+        },
     };
     let timeout_secs = match &lower[rest..] {
         [] => None,
@@ -291,11 +352,16 @@ pub const HELP: &[(&str, &str)] = &[
     ("SHOW ROUTING", "routing version served and the directory in use"),
     ("SHOW LANES", "pipelined lanes per pool"),
     ("SHOW PAUSES", "the pauses in force"),
+    ("SHOW TOTALS", "SHOW STATS over every database, as name and value"),
+    ("SHOW STATE", "whether the proxy is active, paused or suspended"),
     (
-        "PAUSE [[SHARD] n | TENANT id] [TIMEOUT s]",
+        "PAUSE [[SHARD] n | TENANT id | db] [TIMEOUT s]",
         "hold new transactions of the scope; answers once running ones end",
     ),
-    ("RESUME [[SHARD] n | TENANT id]", "lift a pause (RESUME alone lifts every pause)"),
+    ("RESUME [[SHARD] n | TENANT id | db]", "lift a pause (RESUME alone lifts every pause)"),
+    ("DISABLE db", "refuse new clients of a database (55000); connected ones go on"),
+    ("ENABLE db", "take new clients of a database again"),
+    ("WAIT_CLOSE [db]", "answer once the server connections a RECONNECT or RELOAD retired have closed"),
     ("KILL CLIENT id", "end a client's session (57P01), its transaction rolled back"),
     ("KILL db", "end every client of a database and close its server connections"),
     ("RECONNECT [[SHARD] n]", "replace server connections: idle ones now, busy ones when given back"),
@@ -344,7 +410,19 @@ mod tests {
             Ok(Command::Pause { scope: Scope::Tenant("42".into()), timeout_secs: None })
         );
         assert_eq!(parse("resume shard 1"), Ok(Command::Resume(Scope::Shard(1))));
-        assert!(matches!(parse("PAUSE x"), Err(CommandError::BadScope(_))));
+        // A name is a database (PgBouncer's PAUSE db), kept as written.
+        assert_eq!(
+            parse("PAUSE App"),
+            Ok(Command::Pause { scope: Scope::Database("App".into()), timeout_secs: None })
+        );
+        assert_eq!(parse("resume app"), Ok(Command::Resume(Scope::Database("app".into()))));
+        assert!(matches!(parse("PAUSE shard x"), Err(CommandError::BadScope(_))));
+        assert_eq!(parse("DISABLE app"), Ok(Command::Disable("app".into())));
+        assert_eq!(parse("enable app;"), Ok(Command::Enable("app".into())));
+        assert_eq!(parse("WAIT_CLOSE"), Ok(Command::WaitClose(None)));
+        assert_eq!(parse("show totals"), Ok(Command::Show(Show::Totals)));
+        assert!(matches!(parse("SHOW"), Err(CommandError::ViewMissing)));
+        assert!(matches!(parse("suspend"), Err(CommandError::NotInPgtenant { .. })));
         assert!(matches!(parse("RESUME 1 TIMEOUT 3"), Err(CommandError::BadScope(_))));
         assert_eq!(parse("kill client 12"), Ok(Command::KillClient(12)));
         assert_eq!(parse("KILL_CLIENT 3"), Ok(Command::KillClient(3)));

@@ -104,6 +104,26 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
         Command::Pause { scope, timeout_secs } => {
             pause(view, scope, timeout_secs).await.map(|()| Answer::Done("PAUSE"))
         }
+        Command::Disable(database) | Command::Enable(database) if super::is_console(&database) => {
+            Err(CommandError::BadScope("DISABLE or ENABLE of the admin console itself".into()))
+        }
+        Command::Disable(database) => {
+            view.pauses.set_disabled(&database, true);
+            tracing::warn!(database, "admin DISABLE: new clients of the database are refused");
+            Ok(Answer::Done("DISABLE"))
+        }
+        Command::Enable(database) => {
+            view.pauses.set_disabled(&database, false);
+            tracing::info!(database, "admin ENABLE");
+            Ok(Answer::Done("ENABLE"))
+        }
+        Command::WaitClose(database) => {
+            // Retired connections close as their clients give them back: look again soon.
+            while view.pools.servers.close_needed(database.as_deref()) > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(Answer::Done("WAIT_CLOSE"))
+        }
         Command::Resume(scope) => {
             view.pauses.resume(&pause_scope(view, scope)?);
             Ok(Answer::Done("RESUME"))
@@ -182,6 +202,10 @@ fn pause_scope(view: &AdminView<'_>, scope: Scope) -> Result<PauseScope, Command
             Some(t) => PauseScope::Tenant(t),
             None => return Err(CommandError::BadTenant(text)),
         },
+        Scope::Database(database) if super::is_console(&database) => {
+            return Err(CommandError::BadScope("a PAUSE of the admin console itself".into()));
+        }
+        Scope::Database(database) => PauseScope::Database(database),
     })
 }
 

@@ -114,6 +114,7 @@ impl ServerConn {
         }
         let (written, read) = (self.io.bytes_written, self.io.bytes_read);
         self.stats.bytes(written - self.counted_bytes.0, read - self.counted_bytes.1);
+        self.stats.statements(self.queue.take_counts());
         self.counted_bytes = (written, read);
     }
 

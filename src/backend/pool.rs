@@ -65,6 +65,10 @@ struct NodePool {
     /// Where its connections are listed (SHOW SERVERS), and the shard it serves.
     servers: Arc<ConnRegistry>,
     shard: ShardId,
+    /// The login and database its connections are listed under: the pool's (SHOW
+    /// POOLS'), not the role and database they log in to the server as, so that the
+    /// console's views join.
+    login: (String, String),
     /// An admin's RECONNECT moves it on: connections that began to open in an earlier
     /// epoch close as they come back (a count, not a time: a connection opened in the
     /// same millisecond as the RECONNECT is retired too). `RETIRED` retires them all.
@@ -80,14 +84,23 @@ const RETIRED: u64 = u64::MAX;
 /// ones is checked by a server each time (a cost, not an error).
 const MAX_ACCEPTED_SETTINGS: usize = 1024;
 
+/// Where a pool's connections are listed, and as whose.
+struct Listing {
+    servers: Arc<ConnRegistry>,
+    shard: ShardId,
+    /// (login, database) as the client gave them.
+    login: (String, String),
+}
+
 impl ServerPool {
     fn new(
         gate: Arc<ShareGate>,
         target: ConnectTarget,
         tls: Option<Arc<ServerTls>>,
         lifetime_ms: u64,
-        (servers, shard): (Arc<ConnRegistry>, ShardId),
+        listing: Listing,
     ) -> Self {
+        let Listing { servers, shard, login } = listing;
         Self(Arc::new(NodePool {
             shelf: Mutex::new(Vec::with_capacity(gate.size())),
             gate,
@@ -100,6 +113,7 @@ impl ServerPool {
             stats: Arc::default(),
             servers,
             shard,
+            login,
             epoch: std::sync::atomic::AtomicU64::new(0),
             being_canceled: AtomicUsize::new(0),
         }))
@@ -199,6 +213,7 @@ impl ServerPool {
     /// close now, busy ones when they come back.
     fn retire_all(&self) {
         self.0.epoch.store(RETIRED, std::sync::atomic::Ordering::Release);
+        self.0.mark_close_needed();
         self.close_idle();
     }
 
@@ -265,7 +280,20 @@ impl NodePool {
             std::sync::atomic::Ordering::Acquire,
             |epoch| Some(epoch.saturating_add(1)),
         );
+        self.mark_close_needed();
         self.close_idle();
+    }
+
+    /// Lists its open connections as to be closed (SHOW SERVERS' close_needed, what
+    /// WAIT_CLOSE waits for).
+    fn mark_close_needed(&self) {
+        let (host, port) = (&self.target.host, self.target.port);
+        self.servers.mark_close_needed(|info, shard| {
+            shard == Some(u32::from(self.shard))
+                && info.addr == *host
+                && info.port == port
+                && (&info.user, &info.database) == (&self.login.0, &self.login.1)
+        });
     }
 
     /// Whether a connection that began to open in `epoch` is to be closed, not reused.
@@ -299,8 +327,8 @@ impl NodePool {
                 conn.stats = self.stats.clone();
                 conn.listed = Some(self.servers.register(
                     ConnInfo {
-                        user: self.target.user.clone(),
-                        database: self.target.database.clone(),
+                        user: self.login.0.clone(),
+                        database: self.login.1.clone(),
                         addr: self.target.host.clone(),
                         port: self.target.port,
                         tls: conn.io.stream.is_tls(),
@@ -497,7 +525,11 @@ impl Pools {
             max_prepared: self.config.proxy.max_prepared_statements,
         };
         let gate = ShareGate::new(user.pool_size, self.config.proxy.fair_share, self.limits.clone());
-        let listed = (self.servers.clone(), shard);
+        let listed = Listing {
+            servers: self.servers.clone(),
+            shard,
+            login: (user.name.clone(), database.to_string()),
+        };
         let pool =
             ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms, listed);
         let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());

@@ -11,6 +11,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 
 use super::prepared::PreparedStatement;
+use crate::observe::stats::StatementCounts;
 use crate::protocol::{self, ErrorFields, TxStatus, sqlstate};
 
 /// The message whose responses an entry waits for.
@@ -126,6 +127,8 @@ pub struct ResponseQueue {
     /// transaction it is in began (for the pool's statistics).
     request_since: Option<Instant>,
     xact_since: Option<Instant>,
+    /// Parses and Binds answered since the connection last counted a request.
+    counts: StatementCounts,
 }
 
 /// A COPY FROM STDIN on the server, from its CopyInResponse (either protocol) until
@@ -213,10 +216,26 @@ impl ResponseQueue {
         if !completes(reply, tag) {
             return false;
         }
-        if let Some(s) = self.pending.pop_front().as_ref().and_then(Pending::prepares) {
+        let popped = self.pending.pop_front();
+        match (reply, &popped) {
+            (Reply::Parse, Some(Pending::Client { .. })) => {
+                self.counts.client_parses += 1;
+                self.counts.server_parses += 1;
+            }
+            (Reply::Parse, _) => self.counts.server_parses += 1,
+            (Reply::Bind, _) => self.counts.binds += 1,
+            _ => {}
+        }
+        if let Some(s) = popped.as_ref().and_then(Pending::prepares) {
             s.mark_validated();
         }
         true
+    }
+
+    /// The statement counts since the last call (`PoolStats::statements`).
+    #[inline]
+    pub fn take_counts(&mut self) -> StatementCounts {
+        std::mem::take(&mut self.counts)
     }
 
     /// The server connection died with this queue unanswered: writes to `out` what the
@@ -273,7 +292,13 @@ impl ResponseQueue {
     fn drain_synthetic_front(&mut self, out: &mut BytesMut) {
         loop {
             match self.pending.front() {
-                Some(Pending::Synthetic(bytes)) => out.extend_from_slice(bytes),
+                Some(Pending::Synthetic(bytes)) => {
+                    // A client's Parse of a statement the server already holds.
+                    if bytes.first() == Some(&b'1') {
+                        self.counts.client_parses += 1;
+                    }
+                    out.extend_from_slice(bytes);
+                }
                 Some(Pending::CopyEnd) => {}
                 _ => return,
             }

@@ -91,17 +91,17 @@ pub fn validate(config: &Config) -> Vec<String> {
     let mut ranges: Vec<_> = config.ranges.iter().collect();
     for r in &ranges {
         if r.min > r.max {
-            problems.push(format!("range {}..={} -> shard {}: min is above max", r.min, r.max, r.shard));
+            problems.push(format!("range [{},{}] -> shard {}: min is above max", r.min, r.max, r.shard));
         }
         if !shard_ids.contains(&r.shard) {
-            problems.push(format!("range {}..={} names unknown shard {}", r.min, r.max, r.shard));
+            problems.push(format!("range [{},{}] names unknown shard {}", r.min, r.max, r.shard));
         }
     }
     ranges.sort_by_key(|r| r.min);
     for pair in ranges.windows(2) {
         if pair[1].min <= pair[0].max {
             problems.push(format!(
-                "ranges {}..={} (shard {}) and {}..={} (shard {}) overlap",
+                "ranges [{},{}] (shard {}) and [{},{}] (shard {}) overlap",
                 pair[0].min, pair[0].max, pair[0].shard, pair[1].min, pair[1].max, pair[1].shard
             ));
         }

@@ -93,7 +93,7 @@ impl Topology {
         for pair in ranges.windows(2) {
             if pair[1].0 <= pair[0].1 {
                 return Err(format!(
-                    "tenant ranges {}..={} and {}..={} overlap",
+                    "tenant ranges [{},{}] and [{},{}] overlap",
                     pair[0].0, pair[0].1, pair[1].0, pair[1].1
                 ));
             }

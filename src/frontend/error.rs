@@ -18,6 +18,9 @@ pub enum FrontendError {
     AuthFailed { user: String },
     #[error("too many clients: pgtenant accepts at most {max}")]
     TooManyClients { max: usize },
+    /// An admin's DISABLE: as PostgreSQL answers a database with datallowconn off.
+    #[error("database \"{database}\" is not currently accepting connections (admin DISABLE)")]
+    DatabaseDisabled { database: String },
     #[error(
         "permission denied for database \"{database}\": the admin console is open to users with admin = true only, not to \"{user}\""
     )]
@@ -155,6 +158,7 @@ impl FrontendError {
                 | Self::Frame(_)
                 | Self::AuthFailed { .. }
                 | Self::TooManyClients { .. }
+                | Self::DatabaseDisabled { .. }
                 | Self::NotAdmin { .. }
                 | Self::StartupTimeout { .. }
                 | Self::Unsupported(_)

@@ -19,6 +19,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Protocol(_) | E::Frame(_) | E::StartupTimeout { .. } => sqlstate::PROTOCOL_VIOLATION,
         E::AuthFailed { .. } => sqlstate::INVALID_PASSWORD,
         E::TooManyClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
+        E::DatabaseDisabled { .. } => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
         E::NotAdmin { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Paused(_) | E::CanceledWaiting | E::CanceledQueued => sqlstate::QUERY_CANCELED,
         // As PostgreSQL words them, without pgtenant's prefix: they are its answers.

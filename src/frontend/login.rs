@@ -187,6 +187,9 @@ async fn login(
         protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
         return Ok((Login::Console { user, pid: cancel.pid, application_name }, permit));
     }
+    if shared.pauses.is_disabled(&params.database) {
+        return Err(FrontendError::DatabaseDisabled { database: params.database });
+    }
 
     // The tenant's shard reports the parameters; an unplaced tenant gets its error
     // with its first statement, as a session tenant set later would.

@@ -100,6 +100,9 @@ struct Live {
     /// Prepared statements it holds: a client's, as of its last transaction; a server's,
     /// as of its last checkout or return.
     prepared: AtomicU32,
+    /// A server an admin's RECONNECT (or a RELOAD that replaced its pool) retired: it
+    /// closes when it comes back.
+    close_needed: AtomicBool,
     /// An admin asked to end it (KILL): the flag, and the wake-up of its owner.
     killed: AtomicBool,
     kill: Notify,
@@ -125,6 +128,7 @@ impl Entry {
             tenant: self.live.tenant.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             link: Some(self.live.link.load(Ordering::Relaxed)).filter(|l| *l != 0),
             prepared: self.live.prepared.load(Ordering::Relaxed),
+            close_needed: self.live.close_needed.load(Ordering::Relaxed),
         }
     }
 }
@@ -156,6 +160,7 @@ pub struct ConnRow {
     /// The paired connection's id in the other registry.
     pub link: Option<u64>,
     pub prepared: u32,
+    pub close_needed: bool,
 }
 
 pub fn unix_ms() -> u64 {
@@ -175,6 +180,7 @@ impl ConnRegistry {
             tenant: Mutex::new(tenant),
             link: AtomicU64::new(0),
             prepared: AtomicU32::new(0),
+            close_needed: AtomicBool::new(false),
             killed: AtomicBool::new(false),
             kill: Notify::new(),
             terminated: AtomicBool::new(false),
@@ -201,9 +207,9 @@ impl ConnRegistry {
         self.lock().iter().find(|(_, e)| e.info.pid == pid).map(|(id, e)| e.row(*id))
     }
 
-    /// How many connections `pick(state, shard, tenant_tag)` says yes to, read without
-    /// copying any (a PAUSE asks this every few milliseconds while it waits).
-    pub fn count(&self, pick: impl Fn(ConnState, Option<u32>, u64) -> bool) -> usize {
+    /// How many connections `pick(state, shard, tenant_tag, database)` says yes to, read
+    /// without copying any (a PAUSE asks this every few milliseconds while it waits).
+    pub fn count(&self, pick: impl Fn(ConnState, Option<u32>, u64, &str) -> bool) -> usize {
         self.lock()
             .values()
             .filter(|e| {
@@ -212,8 +218,32 @@ impl ConnRegistry {
                     ConnState::from_u8(e.live.state.load(Ordering::SeqCst)),
                     (shard != u32::MAX).then_some(shard),
                     e.live.tenant_tag.load(Ordering::SeqCst),
+                    &e.info.database,
                 )
             })
+            .count()
+    }
+
+    /// Marks the connections `pick(info, shard)` says yes to as to be closed; how many.
+    pub fn mark_close_needed(&self, pick: impl Fn(&ConnInfo, Option<u32>) -> bool) -> usize {
+        let entries = self.lock();
+        let mut marked = 0;
+        for e in entries.values() {
+            let shard = e.live.shard.load(Ordering::Relaxed);
+            if pick(&e.info, (shard != u32::MAX).then_some(shard)) {
+                e.live.close_needed.store(true, Ordering::Relaxed);
+                marked += 1;
+            }
+        }
+        marked
+    }
+
+    /// How many connections (of `database`, or all) are marked to be closed and still open.
+    pub fn close_needed(&self, database: Option<&str>) -> usize {
+        self.lock()
+            .values()
+            .filter(|e| e.live.close_needed.load(Ordering::Relaxed))
+            .filter(|e| database.is_none_or(|d| d == e.info.database))
             .count()
     }
 

@@ -24,6 +24,21 @@ pub struct PoolStats {
     query_buckets: [AtomicU64; WAIT_BUCKETS_US.len() + 1],
     /// Requests answered with an ErrorResponse.
     errors: AtomicU64,
+    /// PgBouncer 1.23's prepared-statement counters: clients' Parses answered (by a
+    /// server or from a statement the server already held), Parses servers answered
+    /// (pgtenant's own included), and Binds servers answered.
+    client_parses: AtomicU64,
+    server_parses: AtomicU64,
+    binds: AtomicU64,
+}
+
+/// Prepared-statement messages a server connection saw answered, kept plainly on the
+/// connection and added to its pool's counters once per request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatementCounts {
+    pub client_parses: u64,
+    pub server_parses: u64,
+    pub binds: u64,
 }
 
 /// Upper bounds (µs) of the checkout-wait and request-time histograms' buckets.
@@ -46,9 +61,26 @@ pub struct StatsSnapshot {
     /// Requests per bucket, the same way.
     pub query_buckets: [u64; WAIT_BUCKETS_US.len() + 1],
     pub errors: u64,
+    pub client_parses: u64,
+    pub server_parses: u64,
+    pub binds: u64,
 }
 
 impl PoolStats {
+    /// Adds a connection's statement counts (`StatementCounts`).
+    #[inline]
+    pub fn statements(&self, c: StatementCounts) {
+        for (counter, n) in [
+            (&self.client_parses, c.client_parses),
+            (&self.server_parses, c.server_parses),
+            (&self.binds, c.binds),
+        ] {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// A client request answered (its ReadyForQuery relayed) after `query_us` of
     /// server time; `xact_us` when it ended a transaction that took that long.
     #[inline]
@@ -102,6 +134,9 @@ impl PoolStats {
             wait_buckets: std::array::from_fn(|i| get(&self.wait_buckets[i])),
             query_buckets: std::array::from_fn(|i| get(&self.query_buckets[i])),
             errors: get(&self.errors),
+            client_parses: get(&self.client_parses),
+            server_parses: get(&self.server_parses),
+            binds: get(&self.binds),
         }
     }
 }
@@ -125,6 +160,9 @@ impl std::ops::Add for StatsSnapshot {
             wait_buckets: std::array::from_fn(|i| self.wait_buckets[i] + o.wait_buckets[i]),
             query_buckets: std::array::from_fn(|i| self.query_buckets[i] + o.query_buckets[i]),
             errors: self.errors + o.errors,
+            client_parses: self.client_parses + o.client_parses,
+            server_parses: self.server_parses + o.server_parses,
+            binds: self.binds + o.binds,
         }
     }
 }
@@ -148,6 +186,9 @@ impl StatsSnapshot {
                 self.query_buckets[i].saturating_sub(earlier.query_buckets[i])
             }),
             errors: self.errors.saturating_sub(earlier.errors),
+            client_parses: self.client_parses.saturating_sub(earlier.client_parses),
+            server_parses: self.server_parses.saturating_sub(earlier.server_parses),
+            binds: self.binds.saturating_sub(earlier.binds),
         }
     }
 
@@ -164,6 +205,10 @@ impl StatsSnapshot {
             xact_time: mean(self.xact_us, self.xacts),
             query_time: mean(self.query_us, self.queries),
             wait_time: mean(self.wait_us, self.checkouts),
+            server_assignment_count: per_sec(self.checkouts),
+            client_parse_count: per_sec(self.client_parses),
+            server_parse_count: per_sec(self.server_parses),
+            bind_count: per_sec(self.binds),
         }
     }
 }
@@ -177,6 +222,10 @@ pub struct Averages {
     pub xact_time: i64,
     pub query_time: i64,
     pub wait_time: i64,
+    pub server_assignment_count: i64,
+    pub client_parse_count: i64,
+    pub server_parse_count: i64,
+    pub bind_count: i64,
 }
 
 #[cfg(test)]

@@ -25,26 +25,30 @@ pub enum PauseScope {
     All,
     Shard(ShardId),
     Tenant(TenantId),
+    /// The database clients asked for (PgBouncer's `PAUSE db`), on every shard.
+    Database(String),
 }
 
 impl PauseScope {
-    fn covers(&self, shard: ShardId, tenant: Option<&TenantId>) -> bool {
+    fn covers(&self, shard: ShardId, tenant: Option<&TenantId>, database: &str) -> bool {
         match self {
             PauseScope::All => true,
             PauseScope::Shard(s) => *s == shard,
             PauseScope::Tenant(t) => tenant == Some(t),
+            PauseScope::Database(d) => d == database,
         }
     }
 
     /// Whether a client listed with `shard` and `tenant_tag` may be running work of
     /// this scope (a tag shared by two tenants counts for both: a PAUSE waits longer,
     /// never less).
-    fn may_cover(&self, shard: Option<u32>, tenant_tag: u64) -> bool {
+    fn may_cover(&self, shard: Option<u32>, tenant_tag: u64, database: &str) -> bool {
         match self {
             // Work without a shard is the admin console's own.
             PauseScope::All => shard.is_some(),
             PauseScope::Shard(s) => shard == Some(u32::from(*s)),
             PauseScope::Tenant(t) => tenant_tag == tenant_tag_of(t),
+            PauseScope::Database(d) => shard.is_some() && d == database,
         }
     }
 
@@ -53,6 +57,7 @@ impl PauseScope {
             PauseScope::All => "every shard".into(),
             PauseScope::Shard(s) => format!("shard {s}"),
             PauseScope::Tenant(t) => format!("tenant {t}"),
+            PauseScope::Database(d) => format!("database \"{d}\""),
         }
     }
 }
@@ -88,13 +93,21 @@ pub struct PauseBoard {
     /// How many pauses are in force: 0 lets every client through without a lock.
     count: AtomicUsize,
     pauses: Mutex<Vec<PauseScope>>,
+    /// Databases new clients may not log in to (PgBouncer's DISABLE db); their
+    /// connected clients go on.
+    disabled: Mutex<std::collections::BTreeSet<String>>,
     /// Bumped at every change, to wake held clients and waiting PAUSEs.
     changes: watch::Sender<u64>,
 }
 
 impl Default for PauseBoard {
     fn default() -> Self {
-        Self { count: AtomicUsize::new(0), pauses: Mutex::new(Vec::new()), changes: watch::Sender::new(0) }
+        Self {
+            count: AtomicUsize::new(0),
+            pauses: Mutex::new(Vec::new()),
+            disabled: Mutex::new(Default::default()),
+            changes: watch::Sender::new(0),
+        }
     }
 }
 
@@ -151,8 +164,9 @@ impl PauseBoard {
             if !self.lock().contains(scope) {
                 return PauseOutcome::Resumed;
             }
-            let running = clients.count(|state, shard, tenant_tag| {
-                matches!(state, ConnState::Active | ConnState::Waiting) && scope.may_cover(shard, tenant_tag)
+            let running = clients.count(|state, shard, tenant_tag, database| {
+                matches!(state, ConnState::Active | ConnState::Waiting)
+                    && scope.may_cover(shard, tenant_tag, database)
             });
             if running == 0 {
                 return PauseOutcome::Drained;
@@ -174,6 +188,7 @@ impl PauseBoard {
         &self,
         shard: ShardId,
         tenant: Option<&TenantId>,
+        database: &str,
         within: Duration,
         on_hold: impl Fn(bool),
     ) -> Result<bool, StillPaused> {
@@ -181,7 +196,7 @@ impl PauseBoard {
         let mut changes = self.changes.subscribe();
         let mut held = false;
         loop {
-            let covering = self.lock().iter().find(|p| p.covers(shard, tenant)).cloned();
+            let covering = self.lock().iter().find(|p| p.covers(shard, tenant, database)).cloned();
             let Some(scope) = covering else {
                 if held {
                     on_hold(false);
@@ -198,6 +213,17 @@ impl PauseBoard {
                 return Err(StillPaused { scope: scope.describe(), waited_ms: within.as_millis() as u64 });
             }
         }
+    }
+
+    /// DISABLE (`true`) or ENABLE (`false`) logins to `database`; whether that changed it.
+    pub fn set_disabled(&self, database: &str, disabled: bool) -> bool {
+        let mut set = self.disabled.lock().unwrap_or_else(|p| p.into_inner());
+        if disabled { set.insert(database.to_string()) } else { set.remove(database) }
+    }
+
+    /// Whether new clients of `database` are refused (checked once per login).
+    pub fn is_disabled(&self, database: &str) -> bool {
+        self.disabled.lock().unwrap_or_else(|p| p.into_inner()).contains(database)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<PauseScope>> {
@@ -252,11 +278,16 @@ mod tests {
         running_7.set_state(ConnState::Idle, None);
         assert_eq!(board.drain(&scope, &clients, None).await, PauseOutcome::Drained);
         // A new transaction of tenant 7 is held; tenant 8's goes through.
-        assert!(board.wait_open(1, Some(&TenantId::Int(8)), Duration::from_millis(10), |_| {}).await.is_ok());
+        assert!(
+            board
+                .wait_open(1, Some(&TenantId::Int(8)), "app", Duration::from_millis(10), |_| {})
+                .await
+                .is_ok()
+        );
         let held = {
             let board = board.clone();
             tokio::spawn(async move {
-                board.wait_open(1, Some(&TenantId::Int(7)), Duration::from_secs(5), |_| {}).await
+                board.wait_open(1, Some(&TenantId::Int(7)), "app", Duration::from_secs(5), |_| {}).await
             })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -281,7 +312,7 @@ mod tests {
         board.resume(&PauseScope::All);
         assert_eq!(pausing.await.unwrap(), PauseOutcome::Resumed);
         board.pause(PauseScope::All);
-        let held = board.wait_open(1, None, Duration::from_millis(30), |_| {}).await;
+        let held = board.wait_open(1, None, "app", Duration::from_millis(30), |_| {}).await;
         assert!(held.is_err(), "held no longer than asked");
     }
 }

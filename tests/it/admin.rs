@@ -51,7 +51,7 @@ async fn show_commands_answer_typed_rows_that_match_the_traffic() {
 
     let tenant = admin.query_one("SHOW TENANT 1001", &[]).await.unwrap();
     assert_eq!(tenant.get::<_, i64>("shard"), 2);
-    assert_eq!(tenant.get::<_, String>("source"), "range 1001..=2000");
+    assert_eq!(tenant.get::<_, String>("source"), "range [1001,2000]");
     assert!(tenant.get::<_, bool>("placed"));
     assert_eq!(tenant.get::<_, i64>("clients"), 1);
     let mapped = admin.query_one("SHOW TENANT 42", &[]).await.unwrap();
@@ -487,6 +487,12 @@ async fn readiness_follows_the_catalog() {
     assert!(body.contains("pgtenant_catalog_change_lag_seconds "), "exported once a change came");
     let lag = metric(&body, "pgtenant_catalog_change_lag_seconds");
     assert!((0.0..5.0).contains(&lag), "lag {lag} s");
+    let routing = console.query_one("SHOW ROUTING", &[]).await.unwrap();
+    assert_eq!(
+        routing.get::<_, String>("source"),
+        format!("catalog 127.0.0.1:{}/catalog_ready", cluster.port),
+        "the catalog's database named once"
+    );
     let missing = harness::dashboard_series_missing("catalog", &body);
     assert!(missing.is_empty(), "catalog series the dashboard or rules use, not on /metrics: {missing:?}");
 

@@ -196,3 +196,192 @@ fn epoch_secs(text: &str) -> u64 {
         text.trim_end_matches(" UTC").split(['-', ' ', ':']).map(|p| p.parse().unwrap()).collect();
     (civil(n[0], n[1], n[2]) * 86_400 + n[3] * 3600 + n[4] * 60 + n[5]) as u64
 }
+
+/// Every row of a console view as column name -> text.
+async fn console_rows(
+    console: &tokio_postgres::Client,
+    view: &str,
+) -> Vec<std::collections::HashMap<String, String>> {
+    console
+        .simple_query(view)
+        .await
+        .unwrap_or_else(|e| panic!("{view}: {e:?}"))
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                row.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_string(), row.get(i).unwrap_or_default().to_string()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+fn admin_app_conninfo(proxy: &Proxy) -> String {
+    format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app sslmode=disable",
+        proxy.addr.port(),
+        demo::ADMIN_USER,
+        demo::ADMIN_PASSWORD
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn console_columns_mean_what_pgbouncer_s_mean() {
+    let proxy = start().await;
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    // Before any client: every node of every shard is a database row ("*": any database).
+    let databases = console_rows(&console, "SHOW DATABASES").await;
+    let nodes = databases.iter().filter(|r| r["name"].starts_with("*@")).count();
+    assert_eq!(nodes, 2, "both shards' primaries, though no pool exists yet: {databases:?}");
+    // The admin logs in to the server as postgres: its servers are listed under its login.
+    let admin = crate::harness::connect(&admin_app_conninfo(&proxy)).await.unwrap();
+    let statement = admin.prepare("SELECT $1::int").await.unwrap();
+    for i in 0..3 {
+        admin.query_one(&statement, &[&i]).await.unwrap();
+    }
+    let pools: Vec<String> =
+        console_rows(&console, "SHOW POOLS").await.iter().map(|r| r["user"].clone()).collect();
+    let servers = console_rows(&console, "SHOW SERVERS").await;
+    assert!(!servers.is_empty());
+    for s in &servers {
+        assert!(pools.contains(&s["user"]), "SHOW SERVERS' user {} joins SHOW POOLS' {pools:?}", s["user"]);
+        assert_eq!(s["database"], "app", "the database the client asked for");
+    }
+    // The database rows now name it on both shards.
+    let databases = console_rows(&console, "SHOW DATABASES").await;
+    assert_eq!(databases.iter().filter(|r| r["name"].starts_with("app@")).count(), 2, "{databases:?}");
+    // PgBouncer 1.23's prepared-statement counters move.
+    let stats = console_rows(&console, "SHOW STATS").await;
+    let app = stats.iter().find(|r| r["database"] == "app").expect("app's row");
+    let n = |column: &str| app[column].parse::<i64>().unwrap_or_else(|_| panic!("{column}: {app:?}"));
+    assert!(n("total_client_parse_count") >= 1 && n("total_server_parse_count") >= 1, "{app:?}");
+    assert!(n("total_bind_count") >= 3 && n("total_server_assignment_count") >= 3, "{app:?}");
+    assert!(app.contains_key("avg_server_assignment_count") && app.contains_key("avg_bind_count"));
+    let totals = console_rows(&console, "SHOW TOTALS").await;
+    let total =
+        |name: &str| totals.iter().find(|r| r["name"] == name).map(|r| r["value"].parse::<i64>().unwrap());
+    assert!(total("total_xact_count").unwrap() >= n("total_xact_count"), "{totals:?}");
+    assert!(total("total_bind_count").unwrap() >= 3);
+    // SHOW CONFIG: every key once, every section, no secret.
+    let config = console_rows(&console, "SHOW CONFIG").await;
+    let keys: Vec<&str> = config.iter().map(|r| r["key"].as_str()).collect();
+    let unique: std::collections::BTreeSet<&str> = keys.iter().copied().collect();
+    assert_eq!(unique.len(), keys.len(), "a key twice: {keys:?}");
+    for key in [
+        "pool_mode",
+        "snowflake.instance_bits",
+        "health.max_replica_lag_ms",
+        "moves.database",
+        "server_tls.mode",
+    ] {
+        assert!(unique.contains(key), "{key} in {keys:?}");
+    }
+    assert!(!keys.iter().any(|k| k.contains("password") || k.contains("context_key")), "{keys:?}");
+    // SHOW SHARDS writes ranges as PostgreSQL writes an inclusive range.
+    let shards = console_rows(&console, "SHOW SHARDS").await;
+    assert_eq!(shards[0]["ranges"], "[1,1000]");
+    assert_eq!((shards[0]["status"].as_str(), shards[0]["primary"].is_empty()), ("active", false));
+    // SHOW STATE follows a PAUSE of everything.
+    let state = |rows: Vec<std::collections::HashMap<String, String>>| {
+        rows.iter().map(|r| format!("{}={}", r["key"], r["value"])).collect::<Vec<_>>().join(",")
+    };
+    assert_eq!(state(console_rows(&console, "SHOW STATE").await), "active=yes,paused=no,suspended=no");
+    console.simple_query("PAUSE").await.unwrap();
+    assert_eq!(state(console_rows(&console, "SHOW STATE").await), "active=no,paused=yes,suspended=no");
+    console.simple_query("RESUME").await.unwrap();
+    // Clear errors for what is not a command, and PgBouncer's commands pgtenant has no use for.
+    let err = console.simple_query("SHOW").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "42601");
+    assert!(err.as_db_error().unwrap().message().contains("needs a view name"), "{err:?}");
+    let err = console.simple_query("FROB").await.unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("not an admin console command"), "{err:?}");
+    for command in ["SUSPEND", "SHOW MEM", "SHOW FDS", "SHOW SOCKETS", "SHOW ACTIVE_SOCKETS"] {
+        let err = console.simple_query(command).await.unwrap_err();
+        assert_eq!(sqlstate(&err), "0A000", "{command}");
+        assert!(
+            err.as_db_error().unwrap().message().contains("no counterpart in pgtenant"),
+            "{command}: {err:?}"
+        );
+    }
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_disable_and_wait_close_work_per_database() {
+    let proxy = start().await;
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let client = proxy.connect(Some(7)).await;
+    // PAUSE app waits for app's running transaction: with a timeout it gives up on it.
+    client.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let err = console.simple_query("PAUSE app TIMEOUT 0.2").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "57014", "{err:?}");
+    // RECONNECT retires the busy server: SHOW SERVERS says it must close, WAIT_CLOSE
+    // answers only once its client gave it back.
+    console.simple_query("RECONNECT").await.unwrap();
+    let marked =
+        console_rows(&console, "SHOW SERVERS").await.iter().filter(|r| r["close_needed"] == "1").count();
+    assert!(marked >= 1, "the busy server is to be closed");
+    let console_conninfo = proxy.admin_conninfo();
+    let wait_close = tokio::spawn(async move {
+        let c = crate::harness::connect(&console_conninfo).await.unwrap();
+        c.simple_query("WAIT_CLOSE app").await.map(|_| ())
+    });
+    client.batch_execute("COMMIT").await.unwrap();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(10), wait_close).await;
+    assert!(matches!(closed, Ok(Ok(Ok(())))), "WAIT_CLOSE answered once it closed: {closed:?}");
+    let left =
+        console_rows(&console, "SHOW SERVERS").await.iter().filter(|r| r["close_needed"] == "1").count();
+    assert_eq!(left, 0);
+    // With nothing running, PAUSE app answers; app's next transaction is held until RESUME app.
+    console.simple_query("PAUSE app").await.unwrap();
+    let held =
+        tokio::spawn(async move { client.query_one("SELECT 2", &[]).await.map(|r| r.get::<_, i32>(0)) });
+    let paused = crate::harness::eventually(std::time::Duration::from_secs(5), || async {
+        crate::harness::client_states(&console).await.contains(&"paused".to_string())
+    })
+    .await;
+    assert!(paused.is_some(), "the client of app is held");
+    console.simple_query("RESUME app").await.unwrap();
+    assert_eq!(held.await.unwrap().unwrap(), 2, "and runs once resumed");
+    // DISABLE app: a new client of app is refused as PostgreSQL refuses a database that
+    // does not allow connections; connected ones go on; ENABLE takes them again.
+    let connected = proxy.connect(Some(7)).await;
+    console.simple_query("DISABLE app").await.unwrap();
+    let err = proxy.try_connect(Some(7)).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert_eq!(connected.query_one("SELECT 3", &[]).await.unwrap().get::<_, i32>(0), 3);
+    console.simple_query("ENABLE app").await.unwrap();
+    assert!(proxy.try_connect(Some(7)).await.is_ok());
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn show_shards_says_when_a_shard_has_no_primary() {
+    let cluster = tokio::task::spawn_blocking(|| crate::harness::private_cluster("operators_no_primary", 2))
+        .await
+        .unwrap();
+    let port = cluster.port;
+    let proxy = start_proxy(move |c| c.shards[1].nodes[0].port = port).await;
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let shard_2 = |rows: Vec<std::collections::HashMap<String, String>>| {
+        let row = rows.into_iter().find(|r| r["shard"] == "2").expect("shard 2");
+        (row["status"].clone(), row["pool_use_level"].clone())
+    };
+    let up = crate::harness::eventually(std::time::Duration::from_secs(10), || async {
+        shard_2(console_rows(&console, "SHOW SHARDS").await).0 == "active"
+    })
+    .await;
+    assert!(up.is_some(), "active while its primary is up");
+    let stopped = cluster.clone();
+    tokio::task::spawn_blocking(move || stopped.stop()).await.unwrap().unwrap();
+    let down = crate::harness::eventually(std::time::Duration::from_secs(10), || async {
+        shard_2(console_rows(&console, "SHOW SHARDS").await) == ("no_primary".into(), "critical".into())
+    })
+    .await;
+    assert!(down.is_some(), "{:?}", shard_2(console_rows(&console, "SHOW SHARDS").await));
+    proxy.shutdown().await;
+}

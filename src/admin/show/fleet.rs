@@ -52,11 +52,27 @@ pub(super) fn shards(view: &AdminView<'_>) -> Table {
             .iter()
             .filter(|n| matches!(view.health.state(&NodeKey::of(id, n)), NodeState::Up { failing: 0, .. }))
             .count();
+        let primary_node = match view.health.primary_of(shard) {
+            PrimaryChoice::Node(n) => Some(n),
+            PrimaryChoice::Holding(_) => None,
+        };
         let primary = writes_to(view, shard);
-        let mine: Vec<&PoolView> = pools.iter().filter(|p| p.shard == id).collect();
+        // The primary's pools (every user's and database's): what the shard's writes and
+        // transactions draw on. Replica pools are in SHOW POOLS and SHOW DATABASES.
+        let mine: Vec<&PoolView> = pools
+            .iter()
+            .filter(|p| {
+                p.shard == id && primary_node.as_ref().is_some_and(|n| n.host == p.host && n.port == p.port)
+            })
+            .collect();
         let size: usize = mine.iter().map(|p| p.size).sum();
         let active: usize = mine.iter().map(|p| p.active).sum();
         let ratio = if size > 0 { active as f64 / size as f64 } else { 0.0 };
+        // A shard that cannot write is not "active" and its use not "ok", whatever its pools say.
+        let (status, level) = match (&primary_node, shard.status.describe()) {
+            (None, "active") => ("no_primary", "critical"),
+            (_, status) => (status, use_level(ratio)),
+        };
         let on_shard: Vec<&ConnRow> = clients.iter().filter(|c| c.shard == Some(u32::from(id))).collect();
         let tenants: BTreeSet<String> =
             on_shard.iter().filter_map(|c| c.tenant.as_ref().map(ToString::to_string)).collect();
@@ -64,11 +80,12 @@ pub(super) fn shards(view: &AdminView<'_>) -> Table {
             .ranges()
             .iter()
             .filter(|r| r.2 == id)
-            .map(|(min, max, _)| format!("{min}..={max}"))
+            // As PostgreSQL writes an inclusive range.
+            .map(|(min, max, _)| format!("[{min},{max}]"))
             .collect();
         t.push(vec![
             int(id),
-            text(shard.status.describe()),
+            text(status),
             int(shard.nodes.len()),
             int(healthy),
             text(primary),
@@ -78,7 +95,7 @@ pub(super) fn shards(view: &AdminView<'_>) -> Table {
             int(mine.iter().map(|p| p.idle).sum::<usize>()),
             int(mine.iter().map(|p| p.waiting).sum::<usize>()),
             Value::Float8(ratio),
-            text(use_level(ratio)),
+            text(level),
             int(on_shard.len()),
             int(tenants.len()),
             text(ranges.join(", ")),
@@ -194,7 +211,7 @@ pub(super) async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
         Ok(placement) => {
             let source = match topology.rule_for(&tenant) {
                 Some((PlacementRule::Range { min, max }, shard)) if shard == placement.shard => {
-                    format!("range {min}..={max}")
+                    format!("range [{min},{max}]")
                 }
                 Some((PlacementRule::HashGroup(group), shard)) if shard == placement.shard => {
                     format!("hash group {group}")

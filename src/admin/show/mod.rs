@@ -44,6 +44,8 @@ pub async fn show(view: &AdminView<'_>, what: &Show) -> Table {
         // Answered by the console, which reads the catalog and may fail: the shape only.
         Show::Moves => crate::admin::moves::table(),
         Show::Help => help(),
+        Show::Totals => totals(view),
+        Show::State => state(view),
     }
 }
 

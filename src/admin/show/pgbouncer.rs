@@ -6,10 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{CONSOLE_MODE, pool_mode_name};
 use crate::admin::AdminView;
 use crate::admin::table::{Kind, Table, int, opt_text, text};
-use crate::config::{HealthConfig, NodeRole, ObserveConfig, ProxyConfig};
+use crate::config::{
+    CatalogConfig, HealthConfig, MovesConfig, NodeRole, ObserveConfig, ProxyConfig, ServerTlsConfig,
+    SnowflakeConfig,
+};
 use crate::observe::conns::{ConnRow, ConnState, unix_ms};
-use crate::observe::stats::StatsSnapshot;
+use crate::observe::stats::{Averages, StatsSnapshot};
 use crate::protocol::values::{Value, console_time_text};
+use crate::tenancy::PauseScope;
 
 pub(super) fn pools(view: &AdminView<'_>) -> Table {
     let mut t = Table::new(&[
@@ -142,7 +146,7 @@ pub(super) fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) ->
             text(console_time_text(c.request_unix_ms as i64)),
             int(waited_ms / 1000),
             int((waited_ms % 1000) * 1000),
-            int(0),
+            int(u8::from(c.close_needed)),
             text(format!("{:x}", c.id)),
             text(c.link.map(|l| format!("{l:x}")).unwrap_or_default()),
             int(c.info.pid),
@@ -176,7 +180,10 @@ pub fn totals_by_database(view: &AdminView<'_>) -> BTreeMap<String, StatsSnapsho
 }
 
 pub(super) fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
-    const TOTALS: [&str; 8] = [
+    // PgBouncer 1.23's columns, in its order; SHOW STATS prefixes them with total_ and
+    // avg_ (avg_recv, not avg_received), STATS_TOTALS and STATS_AVERAGES with nothing.
+    const NAMES: [&str; 11] = [
+        "server_assignment_count",
         "xact_count",
         "query_count",
         "received",
@@ -184,30 +191,21 @@ pub(super) fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
         "xact_time",
         "query_time",
         "wait_time",
-        "server_assignment_count",
+        "client_parse_count",
+        "server_parse_count",
+        "bind_count",
     ];
-    const AVERAGES: [&str; 7] =
-        ["xact_count", "query_count", "recv", "sent", "xact_time", "query_time", "wait_time"];
     let mut names: Vec<String> = vec!["database".into()];
     match columns {
         StatsColumns::Both => {
-            names.extend(TOTALS.iter().map(|c| format!("total_{c}")));
-            names.extend(AVERAGES.iter().map(|c| format!("avg_{c}")));
+            names.extend(NAMES.iter().map(|c| format!("total_{c}")));
+            names.extend(NAMES.iter().map(|c| format!("avg_{}", if *c == "received" { "recv" } else { c })));
         }
-        // PgBouncer names these without a prefix, and bytes_received / bytes_sent.
         StatsColumns::Totals | StatsColumns::Averages => {
-            names.extend(
-                [
-                    "xact_count",
-                    "query_count",
-                    "bytes_received",
-                    "bytes_sent",
-                    "xact_time",
-                    "query_time",
-                    "wait_time",
-                ]
-                .map(String::from),
-            );
+            names.extend(NAMES.iter().map(|c| match *c {
+                "received" | "sent" => format!("bytes_{c}"),
+                c => c.to_string(),
+            }));
         }
     }
     let cols: Vec<(&str, Kind)> = names
@@ -218,29 +216,38 @@ pub(super) fn stats(view: &AdminView<'_>, columns: StatsColumns) -> Table {
     let mut t = Table::new(&cols);
     for (database, s) in totals_by_database(view) {
         let totals = [
-            int(s.xacts),
-            int(s.queries),
-            int(s.to_servers),
-            int(s.from_servers),
-            int(s.xact_us),
-            int(s.query_us),
-            int(s.wait_us),
-        ];
+            s.checkouts,
+            s.xacts,
+            s.queries,
+            s.to_servers,
+            s.from_servers,
+            s.xact_us,
+            s.query_us,
+            s.wait_us,
+            s.client_parses,
+            s.server_parses,
+            s.binds,
+        ]
+        .map(int);
         let a = view.history.averages(&database, &s);
         let averages = [
-            int(a.xact_count),
-            int(a.query_count),
-            int(a.recv),
-            int(a.sent),
-            int(a.xact_time),
-            int(a.query_time),
-            int(a.wait_time),
-        ];
+            a.server_assignment_count,
+            a.xact_count,
+            a.query_count,
+            a.recv,
+            a.sent,
+            a.xact_time,
+            a.query_time,
+            a.wait_time,
+            a.client_parse_count,
+            a.server_parse_count,
+            a.bind_count,
+        ]
+        .map(int);
         let mut row = vec![text(database)];
         match columns {
             StatsColumns::Both => {
                 row.extend(totals);
-                row.push(int(s.checkouts));
                 row.extend(averages);
             }
             StatsColumns::Totals => row.extend(totals),
@@ -289,40 +296,56 @@ pub(super) fn databases(view: &AdminView<'_>) -> Table {
         Value::Null,
         Value::Null,
     ]);
-    // One row per database and node: pgtenant's "databases" are the client's database
-    // on every node of every shard.
-    /// (database, shard, host, port) -> (server database, pool sizes, connections).
-    type NodeRows = BTreeMap<(String, u16, String, u16), (String, u64, u64)>;
+    // One row per database and node, for every node of every shard (replicas and shards
+    // no client used yet included): pgtenant's "databases" are the databases clients ask
+    // for, on every node. Before any client asked, "*" stands for any database.
+    /// (database, shard, host, port) -> (server database, connections).
+    type NodeRows = BTreeMap<(String, u16, String, u16), (String, u64)>;
     let mut rows = NodeRows::new();
-    let topology = view.router.topology();
-    for pool in view.pools.snapshot() {
-        let e = rows.entry((pool.database.clone(), pool.shard, pool.host.clone(), pool.port)).or_insert((
-            pool.server_database.clone(),
-            0,
-            0,
-        ));
-        e.1 += pool.size as u64;
-        e.2 += (pool.active + pool.idle) as u64;
+    let pools = view.pools.snapshot();
+    let mut asked: BTreeSet<String> = pools.iter().map(|p| p.database.clone()).collect();
+    if asked.is_empty() {
+        asked.insert("*".into());
     }
-    for ((database, shard, host, port), (server_database, size, current)) in rows {
+    let topology = view.router.topology();
+    for id in topology.shard_ids() {
+        let Some(shard) = topology.shard(id) else { continue };
+        for node in &shard.nodes {
+            for database in &asked {
+                let server_database = node.dbname.clone().unwrap_or_else(|| database.clone());
+                rows.insert((database.clone(), id, node.host.clone(), node.port), (server_database, 0));
+            }
+        }
+    }
+    for pool in &pools {
+        let e = rows
+            .entry((pool.database.clone(), pool.shard, pool.host.clone(), pool.port))
+            .or_insert((pool.server_database.clone(), 0));
+        e.1 += (pool.active + pool.idle) as u64;
+    }
+    // What one user's pool on a node may open (PgBouncer's per-database pool_size).
+    let pool_size = view.config.users.iter().map(|u| u.pool_size).max().unwrap_or(0);
+    let paused = view.pauses.paused();
+    for ((database, shard, host, port), (server_database, current)) in rows {
         let role = topology
             .shard(shard)
             .and_then(|s| s.nodes.iter().find(|n| n.host == host && n.port == port))
             .map_or("gone", |n| if n.role == NodeRole::Primary { "primary" } else { "replica" });
+        let is_paused = paused.iter().any(|p| matches!(p, PauseScope::All) || *p == PauseScope::Shard(shard));
         t.push(vec![
             text(format!("{database}@{host}:{port}")),
             text(host),
             int(port),
             text(server_database),
             Value::Null,
-            int(size),
+            int(pool_size),
             int(0),
             int(0),
             int(view.config.proxy.server_lifetime_ms / 1000),
             text(pool_mode_name(view.config.proxy.pool_mode)),
             int(0),
             int(current),
-            int(0),
+            int(u8::from(is_paused)),
             int(0),
             int(shard),
             text(role),
@@ -348,17 +371,30 @@ pub(super) fn config(view: &AdminView<'_>) -> Table {
         ("default_pool_size", pool_size.to_string(), "20".into()),
         ("pool_mode", pool_mode_name(c.proxy.pool_mode).into(), "transaction".into()),
     ];
-    for (key, value, default) in aliases {
-        t.push(vec![text(key), text(value), text(default), text("no")]);
+    for (key, value, default) in &aliases {
+        t.push(vec![text(*key), text(value), text(default), text("no")]);
     }
+    // A catalog's defaults are those of one that names only what it must.
+    let catalog_defaults = serde_json::from_value::<CatalogConfig>(
+        serde_json::json!({ "host": "", "user": "", "password": null, "dbname": "" }),
+    )
+    .map(|d| flatten(&d))
+    .unwrap_or_default();
     let sections = [
         ("", flatten(&c.proxy), flatten(&ProxyConfig::default())),
+        ("tls.", c.tls.as_ref().map(flatten).unwrap_or_default(), BTreeMap::new()),
+        ("server_tls.", flatten(&c.server_tls), flatten(&ServerTlsConfig::default())),
+        ("catalog.", c.catalog.as_ref().map(flatten).unwrap_or_default(), catalog_defaults),
+        ("snowflake.", flatten(&c.snowflake), flatten(&SnowflakeConfig::default())),
         ("health.", flatten(&c.health), flatten(&HealthConfig::default())),
         ("observe.", flatten(&c.observe), flatten(&ObserveConfig::default())),
+        ("moves.", flatten(&c.moves), flatten(&MovesConfig::default())),
     ];
     for (prefix, values, defaults) in sections {
         for (key, value) in values {
-            if key.contains("password") || key.contains("secret") || key.contains("key") {
+            // Secrets stay out; PgBouncer's names above already gave these.
+            let secret = key.contains("password") || key.contains("secret") || key == "tenant_context_key";
+            if secret || (prefix.is_empty() && aliases.iter().any(|(alias, ..)| *alias == key)) {
                 continue;
             }
             let default = defaults.get(&key).cloned().unwrap_or_default();
@@ -433,7 +469,7 @@ pub(super) fn users(view: &AdminView<'_>) -> Table {
     ]);
     let servers = view.pools.servers.rows();
     for u in &view.config.users {
-        let current = servers.iter().filter(|s| s.info.user == u.server_user()).count();
+        let current = servers.iter().filter(|s| s.info.user == u.name).count();
         let target = match u.target.unwrap_or_default() {
             crate::config::ReadTarget::Primary => "primary",
             crate::config::ReadTarget::PreferReplica => "prefer-replica",
@@ -448,6 +484,71 @@ pub(super) fn users(view: &AdminView<'_>) -> Table {
             Value::Bool(u.admin),
             text(target),
         ]);
+    }
+    t
+}
+
+/// SHOW TOTALS: SHOW STATS over every database, as name/value rows: totals summed,
+/// rates summed, mean times weighted by the counts they are means over.
+pub(super) fn totals(view: &AdminView<'_>) -> Table {
+    let by_database = totals_by_database(view);
+    let mut total = StatsSnapshot::default();
+    let mut avg = Averages::default();
+    let (mut xact_us, mut query_us, mut wait_us) = (0i64, 0i64, 0i64);
+    for (database, s) in &by_database {
+        total = total + *s;
+        let a = view.history.averages(database, s);
+        xact_us += a.xact_time * a.xact_count;
+        query_us += a.query_time * a.query_count;
+        wait_us += a.wait_time * a.server_assignment_count;
+        avg.server_assignment_count += a.server_assignment_count;
+        avg.xact_count += a.xact_count;
+        avg.query_count += a.query_count;
+        avg.recv += a.recv;
+        avg.sent += a.sent;
+        avg.client_parse_count += a.client_parse_count;
+        avg.server_parse_count += a.server_parse_count;
+        avg.bind_count += a.bind_count;
+    }
+    let mean = |sum: i64, n: i64| if n > 0 { sum / n } else { 0 };
+    let rows: [(&str, i64); 22] = [
+        ("total_server_assignment_count", total.checkouts as i64),
+        ("total_xact_count", total.xacts as i64),
+        ("total_query_count", total.queries as i64),
+        ("total_received", total.to_servers as i64),
+        ("total_sent", total.from_servers as i64),
+        ("total_xact_time", total.xact_us as i64),
+        ("total_query_time", total.query_us as i64),
+        ("total_wait_time", total.wait_us as i64),
+        ("total_client_parse_count", total.client_parses as i64),
+        ("total_server_parse_count", total.server_parses as i64),
+        ("total_bind_count", total.binds as i64),
+        ("avg_server_assignment_count", avg.server_assignment_count),
+        ("avg_xact_count", avg.xact_count),
+        ("avg_query_count", avg.query_count),
+        ("avg_recv", avg.recv),
+        ("avg_sent", avg.sent),
+        ("avg_xact_time", mean(xact_us, avg.xact_count)),
+        ("avg_query_time", mean(query_us, avg.query_count)),
+        ("avg_wait_time", mean(wait_us, avg.server_assignment_count)),
+        ("avg_client_parse_count", avg.client_parse_count),
+        ("avg_server_parse_count", avg.server_parse_count),
+        ("avg_bind_count", avg.bind_count),
+    ];
+    let mut t = Table::new(&[("name", Kind::Text), ("value", Kind::Int8)]);
+    for (name, value) in rows {
+        t.push(vec![text(name), int(value)]);
+    }
+    t
+}
+
+/// SHOW STATE: PgBouncer's three states. pgtenant pauses by scope: `paused` is yes
+/// while a PAUSE of everything is in force, and it never suspends.
+pub(super) fn state(view: &AdminView<'_>) -> Table {
+    let paused = view.pauses.paused().contains(&PauseScope::All);
+    let mut t = Table::new(&[("key", Kind::Text), ("value", Kind::Text)]);
+    for (key, yes) in [("active", !paused), ("paused", paused), ("suspended", false)] {
+        t.push(vec![text(key), text(if yes { "yes" } else { "no" })]);
     }
     t
 }

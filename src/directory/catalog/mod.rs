@@ -88,7 +88,8 @@ impl CatalogDirectory {
             listening: AtomicBool::new(false),
             lookups,
             kind,
-            source: format!("{addr}/{}", config.dbname),
+            // `addr` names the database already (host:port/dbname).
+            source: addr.clone(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             change_lag_ms: AtomicU64::new(u64::MAX),

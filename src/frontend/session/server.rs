@@ -313,7 +313,7 @@ impl Session {
         let shard = route.shard;
         let on_hold =
             |held| listed.set_state(if held { ConnState::Paused } else { ConnState::Waiting }, Some(shard));
-        let wait = self.shared.pauses.wait_open(shard, route.tenant.as_ref(), hold, on_hold);
+        let wait = self.shared.pauses.wait_open(shard, route.tenant.as_ref(), &self.database, hold, on_hold);
         let held = unless_client_leaves(&mut self.client, listed, &self.cancel, wait)
             .await?
             .map_err(FrontendError::Paused)?;
