@@ -8,6 +8,9 @@ use std::process::{Command, Stdio};
 use crate::harness::{Proxy, http_get, sqlstate, start_proxy};
 use pgtenant::dev::demo;
 
+/// A console row: column name -> value as text.
+type Row = std::collections::HashMap<String, String>;
+
 async fn start() -> Proxy {
     start_proxy(|c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await
 }
@@ -107,23 +110,8 @@ fn the_shipped_alert_rules_pass_promtool_and_every_series_used_has_a_live_check(
 }
 
 /// The console's row of `view` whose `column` is `value`, as text by column name.
-async fn console_row(
-    console: &tokio_postgres::Client,
-    view: &str,
-    column: &str,
-    value: &str,
-) -> Option<std::collections::HashMap<String, String>> {
-    let messages = console.simple_query(view).await.unwrap();
-    messages.iter().find_map(|m| match m {
-        tokio_postgres::SimpleQueryMessage::Row(row) if row.get(column) == Some(value) => Some(
-            row.columns()
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (c.name().to_string(), row.get(i).unwrap_or_default().to_string()))
-                .collect(),
-        ),
-        _ => None,
-    })
+async fn console_row(console: &tokio_postgres::Client, view: &str, column: &str, value: &str) -> Option<Row> {
+    console_rows(console, view).await.into_iter().find(|r| r.get(column).is_some_and(|v| v == value))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -166,17 +154,12 @@ async fn show_servers_and_clients_move_with_real_traffic() {
 
 /// SHOW SERVERS' rows on shard 1: tenant, connect time, request time, prepared statements.
 async fn shard_1_servers(console: &tokio_postgres::Client) -> Vec<(String, String, String, u32)> {
-    let messages = console.simple_query("SHOW SERVERS").await.unwrap();
-    messages
-        .iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) if r.get("shard") == Some("1") => Some((
-                r.get("tenant").unwrap_or_default().to_string(),
-                r.get("connect_time").unwrap_or_default().to_string(),
-                r.get("request_time").unwrap_or_default().to_string(),
-                r.get("prepared_statements").unwrap_or_default().parse::<u32>().unwrap(),
-            )),
-            _ => None,
+    let rows = console_rows(console, "SHOW SERVERS").await;
+    rows.into_iter()
+        .filter(|r| r["shard"] == "1")
+        .map(|r| {
+            let prepared = r["prepared_statements"].parse().unwrap();
+            (r["tenant"].clone(), r["connect_time"].clone(), r["request_time"].clone(), prepared)
         })
         .collect()
 }
@@ -198,10 +181,7 @@ fn epoch_secs(text: &str) -> u64 {
 }
 
 /// Every row of a console view as column name -> text.
-async fn console_rows(
-    console: &tokio_postgres::Client,
-    view: &str,
-) -> Vec<std::collections::HashMap<String, String>> {
+async fn console_rows(console: &tokio_postgres::Client, view: &str) -> Vec<Row> {
     console
         .simple_query(view)
         .await
@@ -286,7 +266,7 @@ async fn console_columns_mean_what_pgbouncer_s_mean() {
     assert_eq!(shards[0]["ranges"], "[1,1000]");
     assert_eq!((shards[0]["status"].as_str(), shards[0]["primary"].is_empty()), ("active", false));
     // SHOW STATE follows a PAUSE of everything.
-    let state = |rows: Vec<std::collections::HashMap<String, String>>| {
+    let state = |rows: Vec<Row>| {
         rows.iter().map(|r| format!("{}={}", r["key"], r["value"])).collect::<Vec<_>>().join(",")
     };
     assert_eq!(state(console_rows(&console, "SHOW STATE").await), "active=yes,paused=no,suspended=no");
@@ -367,7 +347,7 @@ async fn show_shards_says_when_a_shard_has_no_primary() {
     let port = cluster.port;
     let proxy = start_proxy(move |c| c.shards[1].nodes[0].port = port).await;
     let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
-    let shard_2 = |rows: Vec<std::collections::HashMap<String, String>>| {
+    let shard_2 = |rows: Vec<Row>| {
         let row = rows.into_iter().find(|r| r["shard"] == "2").expect("shard 2");
         (row["status"].clone(), row["pool_use_level"].clone())
     };
