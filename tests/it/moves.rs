@@ -208,10 +208,17 @@ async fn a_tenant_moves_while_it_writes_through_two_proxies_and_every_acknowledg
     let id: i64 = row.get("move_id");
     assert_eq!((row.get::<_, i64>("source"), row.get::<_, i64>("target")), (1, 2));
     let switched = wait_phase(&console, id, "switched", Duration::from_secs(60)).await;
-    // The driving proxy reports the move as the dashboard and the alert rules read it.
-    let metrics = crate::harness::http_get(a.http_addr().unwrap(), "/metrics").await.1;
+    // The driving proxy reports the move as the dashboard and the alert rules read it,
+    // once its driver has read the switched move back (its next step).
+    let http = a.http_addr().unwrap();
+    let reported = crate::harness::eventually(Duration::from_secs(10), || async {
+        let metrics = crate::harness::http_get(http, "/metrics").await.1;
+        crate::harness::dashboard_series_missing("moves", &metrics).is_empty()
+    })
+    .await;
+    let metrics = crate::harness::http_get(http, "/metrics").await.1;
     let missing = crate::harness::dashboard_series_missing("moves", &metrics);
-    assert!(missing.is_empty(), "move series the dashboard or rules use, not on /metrics: {missing:?}");
+    assert!(reported.is_some(), "move series the dashboard or rules use, not on /metrics: {missing:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     let mut acked = BTreeSet::new();
