@@ -5,7 +5,7 @@
 #   - the systemd unit: systemd-analyze verify (binary path pointed at that build);
 #   - the Kubernetes manifests: schema check with kubernetes-validate (PyPI);
 #   - the compose file: YAML, and every file it mounts or builds from exists.
-# What it cannot run: docker build itself, a pod, a systemd boot; see the README.
+# What it cannot run: docker build itself, a pod, a systemd boot; see docs/deploying.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -493,7 +493,7 @@ pub fn resolve_workers(configured: usize) -> usize {
 /// one that its clients, PostgreSQL or that network work, usually on the same host,
 /// cannot use; a second worker there brings little and costs hand-offs: on the 2-core
 /// benchmark machine one thread spent 17-19 µs of CPU per transaction where two spent
-/// 22-27, and served 8 pgbench clients 9-18 % more transactions (README, "Threads").
+/// 22-27, and served 8 pgbench clients 9-18 % more transactions (docs/benchmarks.md, "Threads").
 fn auto_workers(cores: usize) -> usize {
     (cores / 2).max(1)
 }

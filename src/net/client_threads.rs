@@ -4,7 +4,7 @@
 //! then goes from client to server and back without a wake-up across threads: on a
 //! multi-threaded runtime the workers hand tasks to each other (a futex wake-up, a
 //! sleeping thread woken) for most transactions, a sixth to a quarter of the proxy's
-//! CPU per transaction (README, `thread_per_core`). The control plane (health checks,
+//! CPU per transaction (docs/pooling.md, `thread_per_core`; figures in docs/benchmarks.md). The control plane (health checks,
 //! the catalog, the HTTP endpoint, the accept loop) stays on the runtime that started
 //! the server.
 //!

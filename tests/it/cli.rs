@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::clusters::{base_dir, free_port};
 use crate::harness::{self, stderr, stdout};
+use crate::harness::{DEV_CLUSTERS, free_port_run, stop_dev, wait_serving};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pgtenant");
 
@@ -33,43 +34,6 @@ fn check_config_accepts_the_example_and_lists_every_problem() {
     assert!(stderr(&serve).contains("overlap"));
 }
 
-/// The first of `n` consecutive free ports, all taken from `free_port`, so that no
-/// other test of this process is handed one of them later.
-fn free_port_run(n: u16) -> u16 {
-    loop {
-        let first = free_port();
-        if (1..n).all(|i| free_port() == first.wrapping_add(i)) {
-            return first;
-        }
-    }
-}
-
-/// The clusters `pgtenant dev` starts by default, on consecutive ports from
-/// `--shard-port`: 2 shards, the catalog, a replica of each shard.
-const DEV_CLUSTERS: u16 = 5;
-
-async fn wait_serving(port: u16, started: Instant) -> Duration {
-    let conninfo = format!(
-        "host=127.0.0.1 port={port} user=app password=app dbname=app options='-c pgtenant.tenant_id=42'"
-    );
-    loop {
-        if let Ok(c) = harness::connect(&conninfo).await
-            && let Ok(row) = c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await
-        {
-            assert_eq!(row.get::<_, i32>(0), 2, "tenant 42 is mapped to shard 2");
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "pgtenant dev did not start serving");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn stop(child: &mut std::process::Child) {
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    let status = child.wait().unwrap();
-    assert!(status.success(), "pgtenant dev exits cleanly on SIGTERM: {status}");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
     let dir = base_dir().join("dev-state");
@@ -96,7 +60,7 @@ async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
         "",
     );
     assert_eq!(stdout(&tls).trim(), "1", "{}", stderr(&tls));
-    stop(&mut first);
+    stop_dev(&mut first);
     let mut printed = String::new();
     std::io::Read::read_to_string(&mut first.stdout.take().unwrap(), &mut printed).unwrap();
     assert!(printed.contains("options='-c pgtenant.tenant_id=42'"), "prints how to connect: {printed}");
@@ -109,6 +73,6 @@ async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
 
     let mut second = spawn();
     let took = wait_serving(port, Instant::now()).await;
-    stop(&mut second);
+    stop_dev(&mut second);
     assert!(took < Duration::from_secs(10), "second start took {took:?}");
 }

@@ -255,3 +255,70 @@ fn anchor_of(heading: &str) -> String {
         })
         .collect()
 }
+
+/// The README's tour: its command lines (each followed, where it says, by `#=> text`,
+/// which its output must contain), between the `<!-- tour -->` markers.
+fn tour() -> Vec<(String, Option<String>)> {
+    let readme = read("README.md");
+    let start = readme.find("<!-- tour -->").expect("tour marker");
+    let end = readme.find("<!-- end tour -->").expect("end of the tour");
+    let mut steps: Vec<(String, Option<String>)> = Vec::new();
+    for line in readme[start..end].lines() {
+        if let Some(expected) = line.strip_prefix("#=> ") {
+            steps.last_mut().expect("an expectation follows a command").1 = Some(expected.to_string());
+        } else if !line.is_empty()
+            && !line.starts_with('#')
+            && !line.starts_with("```")
+            && !line.starts_with("<!--")
+        {
+            steps.push((line.to_string(), None));
+        }
+    }
+    steps
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_tour_runs_against_pgtenant_dev() {
+    use crate::harness::{DEV_CLUSTERS, free_port_run, stop_dev, wait_serving};
+    let steps = tour();
+    assert!(steps.len() >= 10, "{steps:?}");
+    let dir = crate::harness::clusters::base_dir().join("tour");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (port, shard_port, http_port) = (
+        crate::harness::clusters::free_port(),
+        free_port_run(DEV_CLUSTERS),
+        crate::harness::clusters::free_port(),
+    );
+    let mut dev = std::process::Command::new(env!("CARGO_BIN_EXE_pgtenant"))
+        .args(["dev", "--port", &port.to_string(), "--shard-port", &shard_port.to_string()])
+        .args(["--http-port", &http_port.to_string(), "--dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_serving(port, std::time::Instant::now()).await;
+    // The README's ports and directory are dev's defaults; this run's are its own.
+    let mut substitutions = vec![("port=6432".to_string(), format!("port={port}"))];
+    for i in 0..DEV_CLUSTERS {
+        substitutions.push((format!("port={}", 6442 + i), format!("port={}", shard_port + i)));
+    }
+    substitutions.push((".pgtenant-dev/".into(), format!("{}/", dir.display())));
+    for (command, expected) in steps {
+        let mut line = command.clone();
+        for (from, to) in &substitutions {
+            line = line.replace(from, to);
+        }
+        let out = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("timeout").args(["120", "bash", "-c", &line]).output().unwrap()
+        })
+        .await
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{command}\n{}{stdout}", String::from_utf8_lossy(&out.stderr));
+        if let Some(expected) = expected {
+            assert!(stdout.contains(&expected), "{command}: expected {expected:?} in\n{stdout}");
+        }
+    }
+    stop_dev(&mut dev);
+}

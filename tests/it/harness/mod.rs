@@ -395,3 +395,45 @@ pub fn dashboard_series_missing(area: &str, metrics: &str) -> Vec<String> {
         })
         .collect()
 }
+
+// `pgtenant dev` as a user runs it (tests/it/cli.rs, the README's tour in docs.rs).
+
+/// The first of `n` consecutive free ports, all taken from `free_port`, so that no
+/// other test of this process is handed one of them later.
+pub fn free_port_run(n: u16) -> u16 {
+    loop {
+        let first = clusters::free_port();
+        if (1..n).all(|i| clusters::free_port() == first.wrapping_add(i)) {
+            return first;
+        }
+    }
+}
+
+/// The clusters `pgtenant dev` starts by default, on consecutive ports from
+/// `--shard-port`: 2 shards, the catalog, a replica of each shard.
+pub const DEV_CLUSTERS: u16 = 5;
+
+pub async fn wait_serving(port: u16, started: std::time::Instant) -> std::time::Duration {
+    let conninfo = format!(
+        "host=127.0.0.1 port={port} user=app password=app dbname=app options='-c pgtenant.tenant_id=42'"
+    );
+    loop {
+        if let Ok(c) = connect(&conninfo).await
+            && let Ok(row) = c.query_one("SELECT shard_id FROM pgtenant_shard", &[]).await
+        {
+            assert_eq!(row.get::<_, i32>(0), 2, "tenant 42 is mapped to shard 2");
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "pgtenant dev did not start serving"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+pub fn stop_dev(child: &mut std::process::Child) {
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "pgtenant dev exits cleanly on SIGTERM: {status}");
+}
