@@ -93,6 +93,10 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     ("pgtenant_routing_version", "The catalog's routing version this proxy has applied."),
     (
+        "pgtenant_held_requests",
+        "Requests waiting now for a shard without primary to get one (failover_hold_ms).",
+    ),
+    (
         "pgtenant_catalog_change_lag_seconds",
         "Time from a catalog change to this proxy applying it, last seen.",
     ),
@@ -194,6 +198,7 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
             }
         }
     }
+    gauge!("pgtenant_held_requests").set(view.health.held_requests() as f64);
     gauge!("pgtenant_routing_version").set(view.router.routing_version() as f64);
     let status = view.router.directory_status();
     counter!("pgtenant_directory_cache_hits_total").absolute(status.cache_hits);

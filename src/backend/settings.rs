@@ -35,6 +35,37 @@ static INTERNED: LazyLock<Mutex<Interned>> = LazyLock::new(|| Mutex::new(HashMap
 static EMPTY: LazyLock<Arc<Settings>> = LazyLock::new(|| Arc::new(Settings { version: 0, list: Vec::new() }));
 
 impl Settings {
+    /// The text of setting `name` (case-insensitive) as the client gave it, quotes of a
+    /// SQL literal taken off; `None` when the session did not set it.
+    pub fn value_of(&self, name: &str) -> Option<&str> {
+        let (_, value) = self.list.iter().rev().find(|(n, _)| n.eq_ignore_ascii_case(name))?;
+        Some(match value {
+            SettingValue::Sql(text) => text.trim().trim_matches('\''),
+            SettingValue::Config(text) => text.trim(),
+        })
+    }
+
+    /// The session's `statement_timeout` in milliseconds, when it set one above 0, read
+    /// as PostgreSQL reads it (a number is milliseconds; `us`, `ms`, `s`, `min`, `h`
+    /// and `d` units).
+    pub fn statement_timeout_ms(&self) -> Option<u64> {
+        let text = self.value_of("statement_timeout")?;
+        let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+        let (number, unit) = text.split_at(split);
+        let number: f64 = number.parse().ok()?;
+        let ms = number
+            * match unit.trim() {
+                "" | "ms" => 1.0,
+                "us" => 0.001,
+                "s" => 1000.0,
+                "min" => 60_000.0,
+                "h" => 3_600_000.0,
+                "d" => 86_400_000.0,
+                _ => return None,
+            };
+        (ms >= 1.0).then_some(ms as u64)
+    }
+
     /// The settings of a fresh server connection.
     pub fn empty() -> Arc<Settings> {
         EMPTY.clone()
@@ -277,5 +308,23 @@ mod tests {
             &Settings::intern(vec![("application_name".into(), cfg("it's"))]),
         );
         assert_eq!(quoted.unwrap(), "SELECT pg_catalog.set_config('application_name', 'it''s', false);");
+    }
+}
+
+#[cfg(test)]
+mod statement_timeout_tests {
+    use super::*;
+
+    #[test]
+    fn statement_timeout_is_read_as_postgres_reads_it() {
+        let of = |value: SettingValue| {
+            Settings::intern(vec![("Statement_Timeout".into(), value)]).statement_timeout_ms()
+        };
+        assert_eq!(of(SettingValue::Config("1500".into())), Some(1500));
+        assert_eq!(of(SettingValue::Sql("'2s'".into())), Some(2000));
+        assert_eq!(of(SettingValue::Sql("'1min'".into())), Some(60_000));
+        assert_eq!(of(SettingValue::Sql("0".into())), None, "0 turns it off");
+        assert_eq!(of(SettingValue::Sql("'soon'".into())), None);
+        assert_eq!(Settings::empty().statement_timeout_ms(), None);
     }
 }

@@ -128,7 +128,12 @@ pub struct HealthConfig {
     /// is down at once).
     pub fail_after: u32,
     /// While a shard has no primary it can use, a request that needs one waits this
-    /// long for one to appear (a promotion) before it fails; 0 = fail at once.
+    /// long for one to appear (a promotion) before it fails with 57P03; 0 = fail at
+    /// once. A session's own `statement_timeout`, when shorter, bounds it. The default
+    /// outlasts a crash under Patroni's defaults (the leader key's `ttl`, 30 s, runs out;
+    /// the next `loop_wait`, up to 10 s, promotes) and CloudNativePG's (about 30 s);
+    /// set it to your orchestrator's `ttl` + `loop_wait` + a few seconds (RDS Multi-AZ
+    /// takes 60-120 s).
     pub failover_hold_ms: u64,
     /// Requests that may wait so at once, over all shards; more fail at once.
     pub max_held_requests: usize,
@@ -158,7 +163,7 @@ impl Default for HealthConfig {
             interval_ms: 1000,
             timeout_ms: 1000,
             fail_after: 3,
-            failover_hold_ms: 10_000,
+            failover_hold_ms: 45_000,
             max_held_requests: 1000,
             max_replica_lag_ms: 1000,
             max_replica_lag_bytes: 16 << 20,

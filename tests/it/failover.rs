@@ -279,3 +279,63 @@ async fn auto_promote_waits_for_the_catalog_promotion_lock() {
     assert_eq!(port, i32::from(replica.port), "writes go to the promoted replica");
     proxy.shutdown().await;
 }
+
+/// A held request ends at the session's `statement_timeout` when that is shorter than
+/// `failover_hold_ms`; once the hold ran out, the shard's nodes are still checked at the
+/// short interval, so a later promotion is served within about 100 ms (a checker that
+/// went back to its own pace, here 5 s, took up to that long).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hold_ends_at_statement_timeout_and_a_later_promotion_is_seen_at_once() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("hold_bounds", 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE hold_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON hold_writes TO app;",
+        )
+        .await
+        .unwrap();
+    let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
+        c.health.fail_after = 1;
+        c.health.failover_hold_ms = 60_000;
+        // A long pace between checks, so that one that would sleep through a
+        // promotion shows it: the short one must take over whenever it matters.
+        c.health.interval_ms = 5_000;
+    })
+    .await;
+    let client = proxy.connect(Some(7)).await;
+    client.batch_execute("INSERT INTO hold_writes VALUES (1, 7)").await.unwrap();
+    client.batch_execute("SET statement_timeout = '400ms'").await.unwrap();
+    let killed = primary.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
+    // Held, and let go at the session's 400 ms, not at failover_hold_ms (60 s). The
+    // first attempt may meet the dying connection (08006); the next is held.
+    let started = std::time::Instant::now();
+    let err = loop {
+        let err = client.batch_execute("INSERT INTO hold_writes VALUES (2, 7)").await.unwrap_err();
+        if crate::harness::sqlstate(&err) == "57P03" || started.elapsed() > Duration::from_secs(20) {
+            break err;
+        }
+    };
+    assert_eq!(crate::harness::sqlstate(&err), "57P03", "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "bounded by statement_timeout: {:?}",
+        started.elapsed()
+    );
+    // No request waits now; the replica is promoted: writes are served within a few
+    // short checks of it answering as primary.
+    let promoted = replica.clone();
+    tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    let promoted_at = std::time::Instant::now();
+    client.batch_execute("SET statement_timeout = 0").await.unwrap();
+    let served = crate::harness::eventually(Duration::from_secs(5), || async {
+        client.batch_execute("INSERT INTO hold_writes VALUES (3, 7)").await.is_ok()
+    })
+    .await;
+    let took = promoted_at.elapsed();
+    assert!(served.is_some(), "writes resume on the promoted replica");
+    assert!(took < Duration::from_millis(700), "promotion noticed at the short interval: {took:?}");
+    proxy.shutdown().await;
+}

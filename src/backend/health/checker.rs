@@ -133,11 +133,17 @@ async fn watch_node(
     let mut first = true;
     loop {
         if !std::mem::take(&mut first) {
-            // While requests wait for a primary, every node is asked ten times as
-            // often, so that a promotion is seen within about 100 ms.
-            let holding = view.upgrade().is_some_and(|v| v.holding());
-            let pause = if holding { settings.interval.min(HOLDING_INTERVAL) } else { settings.interval };
-            tokio::time::sleep(pause).await;
+            // While requests wait for a primary, or the shard has none, every node is
+            // asked ten times as often, so that a promotion is seen within about 100 ms.
+            // The first request to wait cuts a longer pause short.
+            let Some(v) = view.upgrade() else { return };
+            let hold_began = v.hold_began();
+            let hurry = v.holding() || !v.shard_has_primary_up(key.shard);
+            let pause = if hurry { settings.interval.min(HOLDING_INTERVAL) } else { settings.interval };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = hold_began => {}
+            }
         }
         let outcome = match tokio::time::timeout(settings.timeout, check(&mut client, &node, &settings)).await
         {

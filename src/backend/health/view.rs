@@ -191,6 +191,9 @@ pub struct HealthView {
     fail_after: u32,
     held: AtomicUsize,
     max_held: usize,
+    /// Wakes the checkers when the first request starts to wait for a primary, so that
+    /// they poll at the short interval from then on, not after their current pause.
+    hold_began: tokio::sync::Notify,
     /// Spreads reads over a shard's healthy replicas in turn.
     next_replica: AtomicUsize,
     /// When two primaries were last logged (ms), so that every held request does not.
@@ -215,6 +218,7 @@ impl HealthView {
             fail_after: fail_after.max(1),
             held: AtomicUsize::new(0),
             max_held,
+            hold_began: tokio::sync::Notify::new(),
             next_replica: AtomicUsize::new(0),
             split_logged_ms: AtomicU64::new(0),
         }
@@ -423,8 +427,32 @@ impl HealthView {
     /// A place among the requests waiting for a primary, if one is left.
     pub fn hold(&self) -> Option<HeldRequest<'_>> {
         let held = self.held.fetch_add(1, Ordering::Relaxed);
+        if held == 0 {
+            self.hold_began.notify_waiters();
+        }
         let request = HeldRequest(self);
         (held < self.max_held).then_some(request)
+    }
+
+    /// Requests waiting for a primary now (the metrics).
+    pub fn held_requests(&self) -> usize {
+        self.held.load(Ordering::Relaxed).min(self.max_held)
+    }
+
+    /// Completes when a request starts to wait for a primary where none waited; armed
+    /// when called, so that a hold between this call and the await is not missed.
+    pub fn hold_began(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut notified = Box::pin(self.hold_began.notified());
+        notified.as_mut().enable();
+        notified
+    }
+
+    /// Whether some node of `shard` is up and says it is a primary (a cheap look for
+    /// the checkers' pace, not a routing decision: that is `primary_of`'s).
+    pub fn shard_has_primary_up(&self, shard: ShardId) -> bool {
+        self.read().states.iter().any(|(key, state)| {
+            key.shard == shard && matches!(state, NodeState::Up { role: ObservedRole::Primary, .. })
+        })
     }
 
     /// Waits until the view changes or `within` passes; false when it passed.

@@ -14,7 +14,7 @@ use super::Session;
 use super::client_watch::unless_client_leaves;
 use crate::admin::scatter::{self, Link, Policy, Prepared, Request, ScatterError};
 use crate::backend::health::{LagBound, PrimaryChoice};
-use crate::backend::{PooledConn, ServerPool, SettingValue, Wanted};
+use crate::backend::{PooledConn, ServerPool, Wanted};
 use crate::config::NodeConfig;
 use crate::directory::{ShardId, ShardStatus};
 use crate::frontend::error::FrontendError;
@@ -88,11 +88,7 @@ impl Session {
 
     /// `pgtenant.scatter` as the session's settings have it.
     fn scatter_policy(&self) -> Policy {
-        let set = self.settings.list.iter().find(|(name, _)| name.eq_ignore_ascii_case(SCATTER_PARAMETER));
-        set.and_then(|(_, value)| match value {
-            SettingValue::Sql(text) | SettingValue::Config(text) => Policy::parse(text),
-        })
-        .unwrap_or_default()
+        self.settings.value_of(SCATTER_PARAMETER).and_then(Policy::parse).unwrap_or_default()
     }
 
     /// The shards a scatter-gather covers: all but the disabled ones, in id order.

@@ -353,10 +353,14 @@ impl Session {
     }
 
     /// `shard`'s primary now; while it has none (a failover), waits up to
-    /// `failover_hold_ms` for one, as one of at most `max_held_requests`.
+    /// `failover_hold_ms` for one (or the session's `statement_timeout`, when shorter:
+    /// the client asked to wait no longer for any statement), as one of at most
+    /// `max_held_requests`.
     async fn primary_or_wait(&mut self, shard: ShardId) -> Result<NodeConfig, FrontendError> {
         let shared = self.shared.clone();
-        let hold = Duration::from_millis(shared.config.health.failover_hold_ms);
+        let configured = shared.config.health.failover_hold_ms;
+        let hold_ms = self.settings.statement_timeout_ms().map_or(configured, |t| t.min(configured));
+        let hold = Duration::from_millis(hold_ms);
         let started = Instant::now();
         let mut held = None;
         loop {
