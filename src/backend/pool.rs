@@ -698,6 +698,7 @@ mod tests {
             target: None,
             admin: false,
             scatter_gather: false,
+            max_client_connections: None,
         };
         let node = |port| NodeConfig {
             host: "127.0.0.1".into(),

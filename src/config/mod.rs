@@ -423,6 +423,14 @@ pub struct ProxyConfig {
     /// A client idle inside a transaction this long is disconnected (25P03) and its
     /// transaction rolled back, so it cannot hold a server connection forever; 0 = never.
     pub idle_transaction_timeout_ms: u64,
+    /// A client idle between transactions this long is disconnected (57P05, as
+    /// PostgreSQL's `idle_session_timeout`; PgBouncer's `client_idle_timeout`). A
+    /// request pgtenant answers itself counts as activity; 0 = never.
+    pub client_idle_timeout_ms: u64,
+    /// Clients one login may have connected at once (PgBouncer's
+    /// `max_user_client_connections`); one more gets FATAL 53300. A user's
+    /// `max_client_connections` overrides it; 0 = no limit but `max_clients`.
+    pub max_user_client_connections: usize,
     /// Statements each server connection keeps prepared; past that, the least recently
     /// used is closed. 0 = no limit.
     pub max_prepared_statements: usize,
@@ -474,6 +482,8 @@ impl Default for ProxyConfig {
             workers: 0,
             thread_per_core: false,
             idle_transaction_timeout_ms: 0,
+            client_idle_timeout_ms: 0,
+            max_user_client_connections: 0,
             max_prepared_statements: 1000,
             server_lifetime_ms: 3_600_000,
             server_idle_timeout_ms: 600_000,
@@ -595,6 +605,17 @@ pub struct UserConfig {
     /// May run scatter-gather queries (`all_shards.`) without being an admin.
     #[serde(default)]
     pub scatter_gather: bool,
+    /// Clients of this login connected at once at most; overrides `[proxy]
+    /// max_user_client_connections` (0 = no limit).
+    #[serde(default)]
+    pub max_client_connections: Option<usize>,
+}
+
+impl UserConfig {
+    /// Clients of this login that may be connected at once (`None`: no limit of its own).
+    pub fn client_limit(&self, proxy: &ProxyConfig) -> Option<usize> {
+        Some(self.max_client_connections.unwrap_or(proxy.max_user_client_connections)).filter(|n| *n > 0)
+    }
 }
 
 /// Where a session's reads may go, as libpq's `target_session_attrs`: all to the

@@ -18,6 +18,8 @@ pub enum FrontendError {
     AuthFailed { user: String },
     #[error("too many clients: pgtenant accepts at most {max}")]
     TooManyClients { max: usize },
+    #[error("too many clients for user \"{user}\": at most {max} at once (max_user_client_connections)")]
+    TooManyUserClients { user: String, max: usize },
     /// An admin's DISABLE: as PostgreSQL answers a database with datallowconn off.
     #[error("database \"{database}\" is not currently accepting connections (admin DISABLE)")]
     DatabaseDisabled { database: String },
@@ -43,6 +45,9 @@ pub enum FrontendError {
     Terminated,
     #[error("terminating connection: idle in transaction for more than {ms} ms")]
     IdleInTransaction { ms: u64 },
+    /// `client_idle_timeout_ms`: as PostgreSQL's `idle_session_timeout` words it.
+    #[error("terminating connection due to idle-session timeout ({ms} ms)")]
+    IdleSession { ms: u64 },
     /// The server refused the login made for this client; its fields go to the client.
     #[error("{}", .0.message)]
     ServerRefused(ErrorFields),
@@ -158,6 +163,7 @@ impl FrontendError {
                 | Self::Frame(_)
                 | Self::AuthFailed { .. }
                 | Self::TooManyClients { .. }
+                | Self::TooManyUserClients { .. }
                 | Self::DatabaseDisabled { .. }
                 | Self::NotAdmin { .. }
                 | Self::StartupTimeout { .. }
@@ -167,6 +173,7 @@ impl FrontendError {
                 | Self::Killed
                 | Self::Terminated
                 | Self::IdleInTransaction { .. }
+                | Self::IdleSession { .. }
                 | Self::ServerRefused(_)
                 | Self::ServerGone { .. }
                 | Self::Io(_)

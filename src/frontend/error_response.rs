@@ -18,7 +18,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
     let code = match err {
         E::Protocol(_) | E::Frame(_) | E::StartupTimeout { .. } => sqlstate::PROTOCOL_VIOLATION,
         E::AuthFailed { .. } => sqlstate::INVALID_PASSWORD,
-        E::TooManyClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
+        E::TooManyClients { .. } | E::TooManyUserClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
         E::DatabaseDisabled { .. } => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
         E::NotAdmin { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Paused(_) | E::CanceledWaiting | E::CanceledQueued => sqlstate::QUERY_CANCELED,
@@ -33,6 +33,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::BadStartupParameter(_) | E::BadSettingValue { .. } => sqlstate::INVALID_PARAMETER_VALUE,
         E::ShuttingDown | E::Killed => sqlstate::ADMIN_SHUTDOWN,
         E::IdleInTransaction { .. } => sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
+        E::IdleSession { .. } => sqlstate::IDLE_SESSION_TIMEOUT,
         E::ServerRefused(fields) | E::ServerGone { fatal: Some(fields), .. } => {
             return (fields.code.clone(), fields.message.clone());
         }

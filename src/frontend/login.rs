@@ -187,6 +187,11 @@ async fn login(
         protocol::ready_for_query(&mut client.wbuf, TxStatus::Idle);
         return Ok((Login::Console { user, pid: cancel.pid, application_name }, permit));
     }
+    if let Some(max) = user.client_limit(&config.proxy)
+        && shared.clients.count_user(&user.name) >= max
+    {
+        return Err(FrontendError::TooManyUserClients { user: user.name.clone(), max });
+    }
     if shared.pauses.is_disabled(&params.database) {
         return Err(FrontendError::DatabaseDisabled { database: params.database });
     }

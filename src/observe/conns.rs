@@ -197,6 +197,11 @@ impl ConnRegistry {
         self.len() == 0
     }
 
+    /// How many connections `user` has open.
+    pub fn count_user(&self, user: &str) -> usize {
+        self.lock().values().filter(|e| e.info.user == user).count()
+    }
+
     /// Every client, by id.
     pub fn rows(&self) -> Vec<ConnRow> {
         self.lock().iter().map(|(id, e)| e.row(*id)).collect()

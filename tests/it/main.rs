@@ -15,6 +15,7 @@ mod failover;
 mod failures;
 mod fair_share;
 mod lifecycle;
+mod logins;
 mod memory_limits;
 mod moves;
 mod operators;

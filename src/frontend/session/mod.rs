@@ -182,7 +182,7 @@ pub struct Session {
     cancel: CancelKey,
     max_message: usize,
     /// Armed while the client sits idle inside a transaction (idle_transaction_timeout).
-    idle_deadline: Option<Pin<Box<Sleep>>>,
+    idle_deadline: Option<IdleDeadline>,
     /// Complete client messages wait in the read buffer until the client has read
     /// enough of its answers.
     client_backlog: bool,
@@ -230,11 +230,28 @@ pub struct SessionStart {
     pub peer: Option<std::net::SocketAddr>,
 }
 
+/// What a quiet client is timed for: idle inside a transaction that holds a server
+/// (`idle_transaction_timeout_ms`), or idle between transactions
+/// (`client_idle_timeout_ms`, as PgBouncer's and PostgreSQL's `idle_session_timeout`).
+enum IdleDeadline {
+    InTransaction(Pin<Box<Sleep>>),
+    Session(Pin<Box<Sleep>>),
+}
+
+impl IdleDeadline {
+    fn sleep(&mut self) -> &mut Pin<Box<Sleep>> {
+        match self {
+            IdleDeadline::InTransaction(s) | IdleDeadline::Session(s) => s,
+        }
+    }
+}
+
 enum Event {
     Client(std::io::Result<IoEvent>),
     Server(std::io::Result<IoEvent>),
     Shutdown,
     IdleInTransaction,
+    IdleSession,
     Killed,
     /// A just-logged-in client's wait for its first request ran out during a drain.
     GraceOver,
@@ -397,9 +414,12 @@ impl Session {
                     }
                 }
                 if let Some(deadline) = idle_deadline.as_mut()
-                    && deadline.as_mut().poll(cx).is_ready()
+                    && deadline.sleep().as_mut().poll(cx).is_ready()
                 {
-                    return Poll::Ready(Event::IdleInTransaction);
+                    return Poll::Ready(match deadline {
+                        IdleDeadline::InTransaction(_) => Event::IdleInTransaction,
+                        IdleDeadline::Session(_) => Event::IdleSession,
+                    });
                 }
                 if let Some(grace) = first_request_grace.as_mut()
                     && grace.as_mut().poll(cx).is_ready()
@@ -411,6 +431,11 @@ impl Session {
             .await;
             match event {
                 Event::Client(Ok(IoEvent::Read)) => {
+                    // Whatever the client sent (even a request pgtenant answers itself)
+                    // restarts its idle-session clock.
+                    if matches!(self.idle_deadline, Some(IdleDeadline::Session(_))) {
+                        self.idle_deadline = None;
+                    }
                     if !self.on_client_bytes().await? {
                         return Ok(());
                     }
@@ -433,6 +458,10 @@ impl Session {
                     let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
                     return Err(FrontendError::IdleInTransaction { ms });
                 }
+                Event::IdleSession => {
+                    let ms = self.shared.config.proxy.client_idle_timeout_ms;
+                    return Err(FrontendError::IdleSession { ms });
+                }
             }
         }
     }
@@ -440,18 +469,21 @@ impl Session {
     /// Starts the idle-in-transaction clock when the client went quiet inside a
     /// transaction that holds a server, and stops it as soon as anything moves.
     fn arm_idle_deadline(&mut self) {
-        let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
-        let idle_in_tx = ms > 0
+        let proxy = &self.shared.config.proxy;
+        let (tx_ms, session_ms) = (proxy.idle_transaction_timeout_ms, proxy.client_idle_timeout_ms);
+        let idle_in_tx = tx_ms > 0
             && self.batch.is_empty()
             && self.server.as_ref().is_some_and(|a| {
                 a.conn.status != TxStatus::Idle && a.conn.queue.is_empty() && !a.open_request
             });
-        match (idle_in_tx, self.idle_deadline.is_some()) {
-            (true, false) => {
-                self.idle_deadline = Some(Box::pin(tokio::time::sleep(Duration::from_millis(ms))))
-            }
-            (false, true) => self.idle_deadline = None,
-            _ => {}
+        let idle_session = session_ms > 0 && self.is_idle();
+        let sleep = |ms| Box::pin(tokio::time::sleep(Duration::from_millis(ms)));
+        match (&self.idle_deadline, idle_in_tx, idle_session) {
+            (Some(IdleDeadline::InTransaction(_)), true, _)
+            | (Some(IdleDeadline::Session(_)), false, true) => {}
+            (_, true, _) => self.idle_deadline = Some(IdleDeadline::InTransaction(sleep(tx_ms))),
+            (_, false, true) => self.idle_deadline = Some(IdleDeadline::Session(sleep(session_ms))),
+            (_, false, false) => self.idle_deadline = None,
         }
     }
 
