@@ -427,6 +427,11 @@ pub struct ProxyConfig {
     /// PostgreSQL's `idle_session_timeout`; PgBouncer's `client_idle_timeout`). A
     /// request pgtenant answers itself counts as activity; 0 = never.
     pub client_idle_timeout_ms: u64,
+    /// Read-your-writes for sessions whose reads go to replicas: `"session"` (after a
+    /// session's transaction that may have written ends on the primary, its reads go
+    /// only to replicas that replayed what the primary had committed by then, else to
+    /// the primary; other sessions keep reading replicas) or `"off"`.
+    pub read_your_writes: ReadYourWrites,
     /// Clients one login may have connected at once (PgBouncer's
     /// `max_user_client_connections`); one more gets FATAL 53300. A user's
     /// `max_client_connections` overrides it; 0 = no limit but `max_clients`.
@@ -483,6 +488,7 @@ impl Default for ProxyConfig {
             thread_per_core: false,
             idle_transaction_timeout_ms: 0,
             client_idle_timeout_ms: 0,
+            read_your_writes: ReadYourWrites::Session,
             max_user_client_connections: 0,
             max_prepared_statements: 1000,
             server_lifetime_ms: 3_600_000,
@@ -616,6 +622,15 @@ impl UserConfig {
     pub fn client_limit(&self, proxy: &ProxyConfig) -> Option<usize> {
         Some(self.max_client_connections.unwrap_or(proxy.max_user_client_connections)).filter(|n| *n > 0)
     }
+}
+
+/// Whether a session reads its own writes when its reads go to replicas.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadYourWrites {
+    Off,
+    #[default]
+    Session,
 }
 
 /// Where a session's reads may go, as libpq's `target_session_attrs`: all to the

@@ -125,3 +125,60 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
     }
     proxy.shutdown().await;
 }
+
+/// Read-your-writes: a prefer-replica session that wrote reads its own row while the
+/// replica has not replayed it (its reads go to the primary), in both protocols, while
+/// another session is still served by that replica; once the replica replays the
+/// write, the writing session's reads go back to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_reads_its_own_writes_while_its_replica_lags() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("read_own_writes", 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE own_writes (id bigint, tenant_id bigint); GRANT ALL ON own_writes TO app;",
+        )
+        .await
+        .unwrap();
+    let replica_port = replica.port;
+    let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
+        // Lag bounds that never exclude the replica: read-your-writes alone decides.
+        c.health.max_replica_lag_ms = 600_000;
+        c.health.max_replica_lag_bytes = 1 << 40;
+    })
+    .await;
+    let writer = session(&proxy, "prefer-replica").await;
+    let other = session(&proxy, "prefer-replica").await;
+    let on_replica =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&other).await == Ok(true) }).await;
+    assert!(on_replica.is_some(), "reads reach the replica once it is checked");
+    let replica_admin =
+        connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
+    replica_admin.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
+
+    writer.execute("INSERT INTO own_writes VALUES (1, 7)", &[]).await.unwrap();
+    let count = "SELECT count(*) FROM own_writes WHERE id = 1";
+    let extended: i64 = writer.query_one(count, &[]).await.unwrap().get(0);
+    assert_eq!(extended, 1, "the writer reads its row (extended protocol)");
+    let simple = writer.simple_query(count).await.unwrap();
+    let simple = simple.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    });
+    assert_eq!(simple.as_deref(), Some("1"), "and in the simple protocol");
+    assert_eq!(read_on_replica(&writer).await, Ok(false), "served by the primary meanwhile");
+    // Another session still reads the replica, which has not replayed the row.
+    assert_eq!(read_on_replica(&other).await, Ok(true));
+    let seen: i64 = other.query_one(count, &[]).await.unwrap().get(0);
+    assert_eq!(seen, 0, "the replica is behind: another session is not promised the write");
+
+    replica_admin.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    let back =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&writer).await == Ok(true) }).await;
+    assert!(back.is_some(), "once the replica replayed the write, the writer reads it again");
+    let replayed: i64 = writer.query_one(count, &[]).await.unwrap().get(0);
+    assert_eq!(replayed, 1);
+    proxy.shutdown().await;
+}

@@ -145,6 +145,9 @@ async fn watch_node(
                 () = hold_began => {}
             }
         }
+        // Positions are stamped with when the check began: what it read is at least what
+        // had committed by then (read-your-writes relies on it).
+        let began_ms = crate::backend::coarse_clock::now_ms();
         let outcome = match tokio::time::timeout(settings.timeout, check(&mut client, &node, &settings)).await
         {
             Ok(outcome) => outcome,
@@ -154,7 +157,7 @@ async fn watch_node(
             client = None;
         }
         let Some(view) = view.upgrade() else { return };
-        let (before, after) = view.record(&key, outcome);
+        let (before, after) = view.record_checked(&key, outcome, began_ms);
         if before == NodeState::Unchecked && matches!(after, NodeState::Up { .. }) {
             tracing::info!(shard = key.shard, node = %format!("{}:{}", key.host, key.port), ?after, "shard node checked");
         } else if is_notable(before, after) {

@@ -134,6 +134,8 @@ struct ShardWal {
     /// (oldest first): a replica's lag in time is how long ago the primary first went
     /// past what the replica has replayed, so an idle primary leaves its replicas at 0.
     advances: VecDeque<(u64, u64)>,
+    /// The primary's last check, advanced or not: (when it began, its position).
+    last_seen: (u64, u64),
     /// The newest position a synchronous standby confirmed on that timeline.
     sync_confirmed: u64,
 }
@@ -156,7 +158,18 @@ impl ShardWal {
             }
             self.advances.push_back((at_ms, o.lsn));
         }
+        self.last_seen = (at_ms, o.lsn);
         self.sync_confirmed = self.sync_confirmed.max(o.sync_confirmed.unwrap_or(0));
+    }
+
+    /// Whether a replica that has replayed `replayed` holds everything the primary had
+    /// committed by `since_ms`: the primary's position as a check that began at or
+    /// after `since_ms` read it (the first such), which that commit cannot be past.
+    /// `false` until the primary was checked after `since_ms`.
+    fn replayed_since(&self, replayed: u64, since_ms: u64) -> bool {
+        let first_after = self.advances.iter().find(|&&(at, _)| at >= since_ms).copied();
+        let position = first_after.or((self.last_seen.0 >= since_ms).then_some(self.last_seen));
+        position.is_some_and(|(_, lsn)| replayed >= lsn)
     }
 
     /// How far behind a replica that had replayed `replayed` when it was checked at
@@ -233,9 +246,25 @@ impl HealthView {
         self.read().states.get(key).copied().unwrap_or(NodeState::Unchecked)
     }
 
+    /// Now, on the clock the checks stamp positions with: a session's write mark for
+    /// `replica_of`'s read-your-writes.
+    pub fn clock_ms() -> u64 {
+        crate::backend::coarse_clock::now_ms()
+    }
+
     /// Notes how a node's check went; returns its state before and after.
     pub fn record(&self, key: &NodeKey, outcome: CheckOutcome) -> (NodeState, NodeState) {
         self.record_at(key, outcome, crate::backend::coarse_clock::now_ms())
+    }
+
+    /// The same for a check that began at `began_ms` (`coarse_clock::now_ms`).
+    pub fn record_checked(
+        &self,
+        key: &NodeKey,
+        outcome: CheckOutcome,
+        began_ms: u64,
+    ) -> (NodeState, NodeState) {
+        self.record_at(key, outcome, began_ms)
     }
 
     fn record_at(&self, key: &NodeKey, outcome: CheckOutcome, now_ms: u64) -> (NodeState, NodeState) {
@@ -335,8 +364,10 @@ impl HealthView {
     /// of WAL behind the most advanced node of the shard (its primary while that is
     /// up) and at most `bound.ms` behind its primary in time, taken in turn. The time
     /// is how long ago the primary first went past what the replica had replayed when
-    /// last checked, so an idle primary leaves its replicas caught up.
-    pub fn replica_of(&self, shard: &Shard, bound: LagBound) -> Option<NodeConfig> {
+    /// last checked, so an idle primary leaves its replicas caught up. With `wrote_ms`
+    /// (read-your-writes: the session's last write committed then), only a replica that
+    /// has replayed everything the primary had committed by then.
+    pub fn replica_of(&self, shard: &Shard, bound: LagBound, wrote_ms: Option<u64>) -> Option<NodeConfig> {
         let nodes = self.read();
         let up: Vec<(&NodeConfig, ObservedRole, u64, Option<u64>)> = shard
             .nodes
@@ -363,6 +394,7 @@ impl HealthView {
                 *role == ObservedRole::Replica
                     && newest.saturating_sub(*lsn) <= bound.bytes
                     && lag_ms <= bound.ms
+                    && wrote_ms.is_none_or(|since| wal.is_some_and(|w| w.replayed_since(*lsn, since)))
             })
             .map(|(node, ..)| *node)
             .collect();
@@ -530,23 +562,45 @@ mod tests {
         let shard = shard();
         let at = |role, lsn| CheckOutcome::Answered(Observation::new(role, 1, lsn));
         let bound = LagBound { bytes: 100, ms: u64::MAX };
-        assert_eq!(view.replica_of(&shard, bound), None, "nothing checked yet");
+        assert_eq!(view.replica_of(&shard, bound, None), None, "nothing checked yet");
         view.record(&key(1), at(ObservedRole::Primary, 1000));
         view.record(&key(2), at(ObservedRole::Replica, 950));
         view.record(&key(3), at(ObservedRole::Replica, 500));
         assert_eq!(
-            view.replica_of(&shard, bound),
+            view.replica_of(&shard, bound, None),
             Some(node(2, NodeRole::Replica)),
             "replica 3 is 500 bytes behind"
         );
-        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)));
+        assert_eq!(view.replica_of(&shard, bound, None), Some(node(2, NodeRole::Replica)));
         view.record(&key(3), at(ObservedRole::Replica, 1000));
         let both: std::collections::HashSet<u16> =
-            (0..4).filter_map(|_| view.replica_of(&shard, bound)).map(|n| n.port).collect();
+            (0..4).filter_map(|_| view.replica_of(&shard, bound, None)).map(|n| n.port).collect();
         assert_eq!(both, [2, 3].into_iter().collect(), "taken in turn");
         view.record(&key(2), CheckOutcome::Refused);
         view.record(&key(3), CheckOutcome::Refused);
-        assert_eq!(view.replica_of(&shard, bound), None, "no replica up");
+        assert_eq!(view.replica_of(&shard, bound, None), None, "no replica up");
+    }
+
+    #[test]
+    fn a_session_reads_its_writes_only_from_replicas_that_replayed_them() {
+        let view = HealthView::new(3, 10);
+        let shard = shard();
+        let bound = LagBound { bytes: u64::MAX, ms: u64::MAX };
+        let at = |role, lsn| CheckOutcome::Answered(Observation::new(role, 1, lsn));
+        view.record_at(&key(1), at(ObservedRole::Primary, 100), 1_000);
+        view.record_at(&key(2), at(ObservedRole::Replica, 100), 1_010);
+        // The session's write ended at 1_500: no check of the primary began since.
+        assert_eq!(view.replica_of(&shard, bound, Some(1_500)), None, "not known to hold it yet");
+        assert_eq!(view.replica_of(&shard, bound, None), Some(node(2, NodeRole::Replica)), "others read it");
+        // The primary, checked after the write, is at 180; the replica at 150, then 180.
+        view.record_at(&key(1), at(ObservedRole::Primary, 180), 2_000);
+        view.record_at(&key(2), at(ObservedRole::Replica, 150), 2_010);
+        assert_eq!(view.replica_of(&shard, bound, Some(1_500)), None, "behind the write");
+        view.record_at(&key(2), at(ObservedRole::Replica, 180), 3_010);
+        assert_eq!(view.replica_of(&shard, bound, Some(1_500)), Some(node(2, NodeRole::Replica)));
+        // An idle primary (no advance) checked after a later write still vouches for it.
+        view.record_at(&key(1), at(ObservedRole::Primary, 180), 4_000);
+        assert_eq!(view.replica_of(&shard, bound, Some(3_500)), Some(node(2, NodeRole::Replica)));
     }
 
     #[test]
@@ -560,20 +614,20 @@ mod tests {
         // The primary stays idle for a minute: its replica is not behind.
         view.record_at(&key(1), at(ObservedRole::Primary, 100), 60_000);
         view.record_at(&key(2), at(ObservedRole::Replica, 100), 60_010);
-        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)));
+        assert_eq!(view.replica_of(&shard, bound, None), Some(node(2, NodeRole::Replica)));
         // Writes go on; the replica stops replaying at 150.
         view.record_at(&key(1), at(ObservedRole::Primary, 200), 61_000);
         view.record_at(&key(2), at(ObservedRole::Replica, 150), 61_010);
-        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)), "10 ms behind");
+        assert_eq!(view.replica_of(&shard, bound, None), Some(node(2, NodeRole::Replica)), "10 ms behind");
         view.record_at(&key(1), at(ObservedRole::Primary, 300), 62_000);
         view.record_at(&key(2), at(ObservedRole::Replica, 150), 62_010);
         assert_eq!(
-            view.replica_of(&shard, bound),
+            view.replica_of(&shard, bound, None),
             None,
             "still at 150, which the primary passed 1010 ms ago"
         );
         view.record_at(&key(2), at(ObservedRole::Replica, 300), 63_010);
-        assert_eq!(view.replica_of(&shard, bound), Some(node(2, NodeRole::Replica)), "caught up");
+        assert_eq!(view.replica_of(&shard, bound, None), Some(node(2, NodeRole::Replica)), "caught up");
     }
 
     #[test]

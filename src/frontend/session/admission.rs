@@ -125,13 +125,17 @@ impl Session {
     /// the wall off for the next transactions (`default_transaction_read_only` in a
     /// function): no transaction boundary may follow it before pgtenant sets it again,
     /// as it does before the next request's transaction.
+    ///
+    /// A statement admitted here that may write marks its transaction as one that may
+    /// have written (read-your-writes: `Session::note_write_end`).
     pub(super) fn check_writable(
-        &self,
+        &mut self,
         analysis: &Analysis,
         bound: Option<&[u8]>,
     ) -> Result<(), FrontendError> {
-        let Some(a) = self.server.as_ref() else { return Ok(()) };
+        let Some(a) = self.server.as_mut() else { return Ok(()) };
         check_writable_on(&a.route, analysis, bound)?;
+        a.may_have_written |= analysis.may_write();
         match (&a.route.tenant, a.route.state.allows_writes()) {
             (Some(tenant), false) if a.unknown_code_in_request && analysis.controls_transaction => {
                 let what = "a transaction boundary after SQL pgtenant cannot follow, in one request";

@@ -94,6 +94,9 @@ struct Attached {
     request_failed: bool,
     /// A COMMIT completed in the current transaction.
     saw_commit: bool,
+    /// A statement that may write was admitted since the transaction began
+    /// (`Session::check_writable`).
+    may_have_written: bool,
     /// Extended-protocol messages were sent without their Sync yet.
     open_request: bool,
     /// The tenant GUC was set inside the client's request (see `begin_on`): it holds
@@ -127,6 +130,10 @@ pub struct Session {
     /// Where provably read-only requests may go (`pgtenant.target`): as set in the
     /// session, else as at login.
     target: TargetMode,
+    /// Read-your-writes: when this session's last transaction that may have written
+    /// ended on a primary (`coarse_clock::now_ms`); its reads then go only to replicas
+    /// that replayed what the primary had committed by then.
+    wrote_ms: Option<u64>,
     login_target: TargetMode,
     /// This client's line in the admin console's `SHOW CLIENTS`.
     listed: ConnHandle,
@@ -282,6 +289,7 @@ impl Session {
             startup_tenant: start.tenant.clone(),
             tenant: start.tenant,
             target: start.target,
+            wrote_ms: None,
             login_target: start.target,
             listed,
             tenant_before_tx: None,

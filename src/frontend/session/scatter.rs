@@ -105,8 +105,9 @@ impl Session {
     fn scatter_node(&self, shard: ShardId, replica: bool) -> Result<(NodeConfig, bool), String> {
         let topology = self.shared.router.topology();
         let s = topology.shard(shard).ok_or_else(|| format!("shard {shard} is not in the topology"))?;
-        let on_replica =
-            replica.then(|| self.shared.health.replica_of(s, LagBound::of(&self.shared.config.health)));
+        let on_replica = replica.then(|| {
+            self.shared.health.replica_of(s, LagBound::of(&self.shared.config.health), self.write_to_read())
+        });
         match on_replica.flatten() {
             Some(node) => Ok((node, false)),
             None if replica && self.target == TargetMode::Replica => {

@@ -9,14 +9,14 @@ use bytes::BytesMut;
 use super::admission::check_writable_on;
 use super::client_watch::unless_client_leaves;
 use super::{Attached, ClientTx, Session};
-use crate::backend::health::{CheckOutcome, LagBound, NodeKey, PrimaryChoice};
+use crate::backend::health::{CheckOutcome, HealthView, LagBound, NodeKey, PrimaryChoice};
 use crate::backend::{BackendError, CheckoutError};
 use crate::backend::{
     OnError, Pending, PooledConn, ReadOnlyGuc, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID,
     ServerConn, ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted,
     settings_sql, tenant_sql,
 };
-use crate::config::{NodeConfig, PoolMode};
+use crate::config::{NodeConfig, PoolMode, ReadYourWrites};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
@@ -210,6 +210,7 @@ impl Session {
             pin: None,
             request_failed: false,
             saw_commit: false,
+            may_have_written: false,
             open_request: false,
             tenant_in_request: false,
             settings_before: None,
@@ -263,8 +264,28 @@ impl Session {
         Reach { mode: self.target, autocommit }
     }
 
+    /// A transaction (or autocommit request) just ended on the attached server: when a
+    /// statement that may write ran in it (the admission step marked it), its end is
+    /// when the session last wrote (whatever its target now: a later SET may send its
+    /// reads to replicas).
+    fn note_write_end(&mut self) {
+        let Some(a) = self.server.as_mut() else { return };
+        if std::mem::take(&mut a.may_have_written)
+            && self.shared.config.proxy.read_your_writes == ReadYourWrites::Session
+        {
+            self.wrote_ms = Some(HealthView::clock_ms());
+        }
+    }
+
+    /// The write a `prefer-replica` read must find on its replica (read-your-writes); a
+    /// `replica` session asked for replicas only, and never reads the primary for it.
+    pub(super) fn write_to_read(&self) -> Option<u64> {
+        self.wrote_ms.filter(|_| self.target == TargetMode::PreferReplica)
+    }
+
     /// A connection to a healthy replica of `route`'s shard, when one is within the lag
-    /// bound; `None` when none is (the caller falls back to the primary or refuses).
+    /// bound and (read-your-writes) has replayed the session's last write; `None` when
+    /// none is (the caller falls back to the primary or refuses).
     async fn checkout_replica(
         &mut self,
         route: &Route,
@@ -273,8 +294,11 @@ impl Session {
         self.refresh_pool_handles();
         let topology = self.shared.router.topology();
         let Some(shard) = topology.shard(route.shard) else { return Ok(None) };
-        let Some(node) = self.shared.health.replica_of(shard, LagBound::of(&self.shared.config.health))
-        else {
+        let Some(node) = self.shared.health.replica_of(
+            shard,
+            LagBound::of(&self.shared.config.health),
+            self.write_to_read(),
+        ) else {
             return Ok(None);
         };
         let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
@@ -463,6 +487,7 @@ impl Session {
             }
         }
         if status == TxStatus::Idle {
+            self.note_write_end();
             let committed = self.server.as_mut().map(|a| std::mem::take(&mut a.saw_commit)).unwrap_or(false);
             let changes = std::mem::take(&mut self.tx_setting_changes);
             if committed {
