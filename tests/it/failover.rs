@@ -339,3 +339,105 @@ async fn a_hold_ends_at_statement_timeout_and_a_later_promotion_is_seen_at_once(
     assert!(took < Duration::from_millis(700), "promotion noticed at the short interval: {took:?}");
     proxy.shutdown().await;
 }
+
+/// Requests that never reached a server are not failed by a crash: with one server
+/// connection per pool, one client's statement runs on the primary while two others
+/// queue behind it in pgtenant; the primary is killed and its replica promoted. The
+/// running statement gets 08006 (its outcome is unknown, as on PostgreSQL); the queued
+/// ones wait for the new primary and run there.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_queued_behind_a_full_pool_run_on_the_new_primary() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("queued_crash", 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE TABLE queued_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON queued_writes TO app;",
+        )
+        .await
+        .unwrap();
+    let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
+        c.health.fail_after = 1;
+        c.users.iter_mut().for_each(|u| u.pool_size = 1);
+        c.proxy.checkout_timeout_ms = 30_000;
+    })
+    .await;
+    let running = proxy.connect(Some(7)).await;
+    let queued: Vec<_> = [proxy.connect(Some(7)).await, proxy.connect(Some(7)).await].into_iter().collect();
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let slow = tokio::spawn(async move { running.batch_execute("SELECT pg_sleep(30)").await });
+    // The slow statement holds the pool's one connection; the two writes queue.
+    let held = crate::harness::eventually(Duration::from_secs(10), || async {
+        crate::harness::client_states(&console).await.contains(&"active".to_string())
+    })
+    .await;
+    assert!(held.is_some());
+    let writes: Vec<_> = queued
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            tokio::spawn(async move {
+                c.batch_execute(&format!("INSERT INTO queued_writes VALUES ({i}, 7)")).await.map(|_| c)
+            })
+        })
+        .collect();
+    let waiting = crate::harness::eventually(Duration::from_secs(10), || async {
+        crate::harness::client_states(&console).await.iter().filter(|s| *s == "waiting").count() == 2
+    })
+    .await;
+    assert!(waiting.is_some(), "both writes queue behind the full pool");
+    let killed = primary.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
+    let promoted = replica.clone();
+    tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    let err = slow.await.unwrap().expect_err("the running statement's connection died");
+    assert!(
+        matches!(crate::harness::sqlstate(&err).as_str(), "08006" | "57P01" | "57P02"),
+        "the statement in flight fails as on PostgreSQL: {err:?}"
+    );
+    for write in writes {
+        let client = write.await.unwrap().expect("a queued write runs on the new primary");
+        let port: i32 = client.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+        assert_eq!(port, i32::from(replica.port));
+    }
+    let on_new: i64 = connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", replica.port))
+        .await
+        .unwrap()
+        .query_one("SELECT count(*) FROM queued_writes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(on_new, 2, "both queued writes are on the new primary");
+    proxy.shutdown().await;
+}
+
+/// A request handed a pooled connection whose server died while it sat idle never ran:
+/// it is not failed with 08006 but waits for the new primary and runs there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_on_a_connection_that_died_idle_runs_on_the_new_primary() {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(|| private_cluster_with_replica("idle_died", 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin
+        .batch_execute("CREATE TABLE idle_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON idle_writes TO app;")
+        .await
+        .unwrap();
+    let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
+        // Slow checks: the request meets the dead connection before the checks see the crash.
+        c.health.interval_ms = 5_000;
+    })
+    .await;
+    let client = proxy.connect(Some(7)).await;
+    client.batch_execute("INSERT INTO idle_writes VALUES (1, 7)").await.unwrap();
+    let killed = primary.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
+    let promoted = replica.clone();
+    tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    // The pooled connection to the old primary is dead; this write never reached it.
+    client.batch_execute("INSERT INTO idle_writes VALUES (2, 7)").await.expect("runs on the new primary");
+    let port: i32 = client.query_one("SELECT inet_server_port()", &[]).await.unwrap().get(0);
+    assert_eq!(port, i32::from(replica.port));
+    proxy.shutdown().await;
+}
