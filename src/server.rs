@@ -169,7 +169,9 @@ pub async fn start_with_file(
         });
     }
     let expiries = config.proxy.server_idle_timeout().into_iter().chain(config.proxy.server_lifetime());
-    if let Some(shortest) = expiries.min() {
+    // min_pool_size is kept on the same rounds, every second.
+    let warm = (config.proxy.min_pool_size > 0).then_some(Duration::from_secs(4));
+    if let Some(shortest) = expiries.chain(warm).min() {
         tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     }
     let shared_weak = Arc::downgrade(&shared);
@@ -304,8 +306,9 @@ async fn sample_stats(shared: std::sync::Weak<Shared>) {
 }
 
 /// Closes idle server connections past `server_idle_timeout_ms` or `server_lifetime_ms`
-/// (the `shortest` of the two), looking a few times per that, for as long as the
-/// proxy's sessions and listener hold `shared`.
+/// (the `shortest` of the two), looking a few times per that, and opens those
+/// `min_pool_size` asks for, for as long as the proxy's sessions and listener hold
+/// `shared`.
 async fn close_expired_server_connections(shared: std::sync::Weak<Shared>, shortest: Duration) {
     let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     let mut every = tokio::time::interval(period);
@@ -314,6 +317,7 @@ async fn close_expired_server_connections(shared: std::sync::Weak<Shared>, short
         every.tick().await;
         let Some(shared) = shared.upgrade() else { return };
         shared.pools.close_expired();
+        shared.pools.keep_warm();
     }
 }
 

@@ -75,6 +75,8 @@ struct NodePool {
     epoch: std::sync::atomic::AtomicU64,
     /// Connections given back and held until a cancel sent to them is confirmed.
     being_canceled: AtomicUsize,
+    /// A `min_pool_size` warm-up is opening connections.
+    warming: std::sync::atomic::AtomicBool,
 }
 
 /// A pool's epoch once it was replaced or dropped: none of its connections is reused.
@@ -116,6 +118,7 @@ impl ServerPool {
             login,
             epoch: std::sync::atomic::AtomicU64::new(0),
             being_canceled: AtomicUsize::new(0),
+            warming: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -307,6 +310,54 @@ impl NodePool {
         self.shelf.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A new connection, logged in and listed (SHOW SERVERS), begun in `epoch`.
+    async fn open(&self, epoch: u64) -> Result<Box<ServerConn>, BackendError> {
+        // Boxed: the login future is large, and every checkout future would carry its size.
+        let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
+        conn.pool_epoch = epoch;
+        let _ = self.startup_params.set(Arc::new(conn.params.clone()));
+        conn.stats = self.stats.clone();
+        conn.listed = Some(self.servers.register(
+            ConnInfo {
+                user: self.login.0.clone(),
+                database: self.login.1.clone(),
+                addr: self.target.host.clone(),
+                port: self.target.port,
+                tls: conn.io.stream.is_tls(),
+                application_name: String::new(),
+                connect_unix_ms: unix_ms(),
+                pid: conn.cancel.pid,
+            },
+            None,
+        ));
+        Ok(Box::new(conn))
+    }
+
+    /// `min_pool_size`: opens connections until the pool holds `min` (busy or idle; at
+    /// most its size), so that a burst after a quiet spell does not pay the logins. One
+    /// warm-up at a time per pool; a failed connect ends it until the next round.
+    async fn keep_warm(self: Arc<Self>, min: usize) {
+        if self.warming.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wanted = min.min(self.gate.size());
+        loop {
+            let held = self.gate.size().saturating_sub(self.gate.free());
+            if self.gate.is_closed() || held + self.lock_shelf().len() >= wanted {
+                break;
+            }
+            let epoch = self.epoch.load(Ordering::Acquire);
+            match self.open(epoch).await {
+                Ok(conn) => Home::shelve(&*self, conn),
+                Err(e) => {
+                    tracing::debug!(addr = %self.target.addr(), error = %e, "min_pool_size: a connection could not be opened");
+                    break;
+                }
+            }
+        }
+        self.warming.store(false, Ordering::Release);
+    }
+
     /// With a permit held: the idle connection that holds the most of `wanted`, or a
     /// new one.
     async fn take(
@@ -319,27 +370,7 @@ impl NodePool {
         let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
         let mut conn = match idle {
             Some(conn) => conn,
-            None => {
-                // Boxed: the login future is large, and every checkout future would carry its size.
-                let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
-                conn.pool_epoch = epoch;
-                let _ = self.startup_params.set(Arc::new(conn.params.clone()));
-                conn.stats = self.stats.clone();
-                conn.listed = Some(self.servers.register(
-                    ConnInfo {
-                        user: self.login.0.clone(),
-                        database: self.login.1.clone(),
-                        addr: self.target.host.clone(),
-                        port: self.target.port,
-                        tls: conn.io.stream.is_tls(),
-                        application_name: String::new(),
-                        connect_unix_ms: unix_ms(),
-                        pid: conn.cancel.pid,
-                    },
-                    None,
-                ));
-                Box::new(conn)
-            }
+            None => self.open(epoch).await?,
         };
         let home = crate::net::client_threads::current();
         if conn.home != home && conn.io.stream.rehome().is_ok() {
@@ -451,6 +482,19 @@ impl Pools {
             if !expired.is_empty() {
                 tracing::debug!(closed = expired.len(), addr = %pool.0.target.addr(), "closed expired idle server connections");
             }
+        }
+    }
+
+    /// `min_pool_size`: every pool below it opens connections up to it, in a task each.
+    pub fn keep_warm(&self) {
+        let min = self.config.proxy.min_pool_size;
+        if min == 0 {
+            return;
+        }
+        let pools: Vec<ServerPool> =
+            self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for pool in pools {
+            tokio::spawn(pool.0.clone().keep_warm(min));
         }
     }
 

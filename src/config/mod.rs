@@ -427,6 +427,10 @@ pub struct ProxyConfig {
     /// PostgreSQL's `idle_session_timeout`; PgBouncer's `client_idle_timeout`). A
     /// request pgtenant answers itself counts as activity; 0 = never.
     pub client_idle_timeout_ms: u64,
+    /// Server connections each pool keeps open, busy or idle, once it exists
+    /// (PgBouncer's `min_pool_size`; at most the pool's size): a burst after a quiet
+    /// spell then does not wait for logins. Checked every second; 0 = none.
+    pub min_pool_size: usize,
     /// Read-your-writes for sessions whose reads go to replicas: `"session"` (after a
     /// session's transaction that may have written ends on the primary, its reads go
     /// only to replicas that replayed what the primary had committed by then, else to
@@ -488,6 +492,7 @@ impl Default for ProxyConfig {
             thread_per_core: false,
             idle_transaction_timeout_ms: 0,
             client_idle_timeout_ms: 0,
+            min_pool_size: 0,
             read_your_writes: ReadYourWrites::Session,
             max_user_client_connections: 0,
             max_prepared_statements: 1000,

@@ -58,3 +58,24 @@ async fn a_login_s_clients_are_capped() {
     second.simple_query("SELECT 1").await.unwrap();
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_keeps_min_pool_size_connections_open() {
+    let proxy = start_proxy(|c| c.proxy.min_pool_size = 3).await;
+    let client = proxy.connect(Some(7)).await;
+    client.simple_query("SELECT 1").await.unwrap();
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let servers_of_app = || async {
+        let rows = console.simple_query("SHOW SERVERS").await.unwrap();
+        rows.iter()
+            .filter(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get("user") == Some("app") && r.get("shard") == Some("1")))
+            .count()
+    };
+    let warm = eventually(Duration::from_secs(10), || async { servers_of_app().await == 3 }).await;
+    assert!(warm.is_some(), "the pool opened up to min_pool_size: {}", servers_of_app().await);
+    // Closed by RECONNECT, they are opened again.
+    console.simple_query("RECONNECT").await.unwrap();
+    let again = eventually(Duration::from_secs(10), || async { servers_of_app().await == 3 }).await;
+    assert!(again.is_some(), "opened again after a RECONNECT");
+    proxy.shutdown().await;
+}
