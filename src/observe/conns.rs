@@ -23,6 +23,9 @@ pub enum ConnState {
     Active = 2,
     /// A client held back by a PAUSE of its shard or tenant.
     Paused = 3,
+    /// A client whose request waits for its shard to get a primary (a failover,
+    /// `failover_hold_ms`).
+    Held = 4,
 }
 
 impl ConnState {
@@ -31,6 +34,7 @@ impl ConnState {
             1 => ConnState::Waiting,
             2 => ConnState::Active,
             3 => ConnState::Paused,
+            4 => ConnState::Held,
             _ => ConnState::Idle,
         }
     }
@@ -42,6 +46,7 @@ impl ConnState {
             ConnState::Waiting => "waiting",
             ConnState::Active => "active",
             ConnState::Paused => "paused",
+            ConnState::Held => "held",
         }
     }
 }
@@ -300,7 +305,8 @@ impl ConnHandle {
         // wait's start is shown (SHOW POOLS' maxwait, SHOW CLIENTS' wait): the clock is
         // read for those alone.
         let before = self.live.state.swap(state as u8, Ordering::SeqCst);
-        if before != state as u8 && matches!(state, ConnState::Waiting | ConnState::Paused) {
+        if before != state as u8 && matches!(state, ConnState::Waiting | ConnState::Paused | ConnState::Held)
+        {
             self.live.since_unix_ms.store(unix_ms(), Ordering::Relaxed);
         }
     }

@@ -165,7 +165,8 @@ impl PauseBoard {
                 return PauseOutcome::Resumed;
             }
             let running = clients.count(|state, shard, tenant_tag, database| {
-                matches!(state, ConnState::Active | ConnState::Waiting)
+                // A request held for a failover runs once the shard has a primary.
+                matches!(state, ConnState::Active | ConnState::Waiting | ConnState::Held)
                     && scope.may_cover(shard, tenant_tag, database)
             });
             if running == 0 {

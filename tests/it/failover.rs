@@ -324,8 +324,22 @@ async fn a_hold_ends_at_statement_timeout_and_a_later_promotion_is_seen_at_once(
         "bounded by statement_timeout: {:?}",
         started.elapsed()
     );
-    // No request waits now; the replica is promoted: writes are served within a few
-    // short checks of it answering as primary.
+    // A session without a statement_timeout is held, and SHOW CLIENTS says so.
+    let patient = proxy.connect(Some(7)).await;
+    let console = connect(&proxy.admin_conninfo()).await.unwrap();
+    let waiting =
+        tokio::spawn(async move { patient.batch_execute("INSERT INTO hold_writes VALUES (4, 7)").await });
+    let shown = crate::harness::eventually(Duration::from_secs(5), || async {
+        crate::harness::client_states(&console).await.contains(&"held".to_string())
+    })
+    .await;
+    assert!(
+        shown.is_some(),
+        "SHOW CLIENTS lists the held client: {:?}",
+        crate::harness::client_states(&console).await
+    );
+    // The replica is promoted: writes are served within a few short checks of it
+    // answering as primary, the held one among them.
     let promoted = replica.clone();
     tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
     let promoted_at = std::time::Instant::now();
@@ -337,6 +351,7 @@ async fn a_hold_ends_at_statement_timeout_and_a_later_promotion_is_seen_at_once(
     let took = promoted_at.elapsed();
     assert!(served.is_some(), "writes resume on the promoted replica");
     assert!(took < Duration::from_millis(700), "promotion noticed at the short interval: {took:?}");
+    waiting.await.unwrap().expect("the held write ran on the new primary");
     proxy.shutdown().await;
 }
 

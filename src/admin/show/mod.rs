@@ -61,7 +61,7 @@ pub(super) const CONSOLE_MODE: &str = "statement";
 
 /// Client counts per state, for the metrics.
 pub fn clients_by_state(view: &AdminView<'_>) -> HashMap<&'static str, u64> {
-    let mut counts = HashMap::from([("active", 0), ("idle", 0), ("waiting", 0), ("paused", 0)]);
+    let mut counts = HashMap::from([("active", 0), ("idle", 0), ("waiting", 0), ("paused", 0), ("held", 0)]);
     for c in view.clients.rows() {
         *counts.entry(c.state.name()).or_default() += 1;
     }

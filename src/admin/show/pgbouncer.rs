@@ -54,7 +54,7 @@ pub(super) fn pools(view: &AdminView<'_>) -> Table {
         match c.state {
             ConnState::Active => p.cl_active += 1,
             ConnState::Idle => p.cl_idle += 1,
-            ConnState::Waiting | ConnState::Paused => {
+            ConnState::Waiting | ConnState::Paused | ConnState::Held => {
                 p.cl_waiting += 1;
                 let waited = now.saturating_sub(c.since_unix_ms);
                 p.oldest_wait_ms = Some(p.oldest_wait_ms.map_or(waited, |w| w.max(waited)));
@@ -131,7 +131,7 @@ pub(super) fn connections(view: &AdminView<'_>, rows: &[ConnRow], kind: &str) ->
     let (local_addr, local_port) =
         view.local_addr.map_or((Value::Null, Value::Null), |a| (text(a.ip().to_string()), int(a.port())));
     for c in rows {
-        let waiting = matches!(c.state, ConnState::Waiting | ConnState::Paused);
+        let waiting = matches!(c.state, ConnState::Waiting | ConnState::Paused | ConnState::Held);
         let waited_ms = if waiting { now.saturating_sub(c.since_unix_ms) } else { 0 };
         t.push(vec![
             text(kind),

@@ -391,13 +391,20 @@ impl Session {
             let topology = shared.router.topology();
             let s = topology.shard(shard).ok_or(CheckoutError::UnknownShard { shard })?;
             let reason = match shared.health.primary_of(s) {
-                PrimaryChoice::Node(node) => return Ok(node),
+                PrimaryChoice::Node(node) => {
+                    if held.is_some() {
+                        self.listed.set_state(ConnState::Waiting, Some(shard));
+                    }
+                    return Ok(node);
+                }
                 PrimaryChoice::Holding(reason) => reason,
             };
             let left = hold.saturating_sub(started.elapsed());
             if held.is_none() {
                 held = shared.health.hold();
                 if held.is_some() {
+                    // SHOW CLIENTS says so while it lasts.
+                    self.listed.set_state(ConnState::Held, Some(shard));
                     tracing::debug!(shard, reason = %reason.describe(), "request held until the shard has a primary");
                 }
             }
