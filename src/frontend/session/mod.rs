@@ -45,8 +45,7 @@ use crate::backend::{Pending, PooledConn, PreparedStatement, ReadOnlyGuc, Server
 use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
 use crate::net::{Duplex, IoEvent};
-use crate::observe::conns::ShownTenant;
-use crate::observe::conns::{ConnHandle, ConnState};
+use crate::observe::conns::{ConnHandle, ConnState, ShownTenant};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
 use named::NamedStatements;

@@ -20,8 +20,7 @@ use crate::config::{NodeConfig, PoolMode, ReadYourWrites};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
-use crate::observe::conns::ConnState;
-use crate::observe::conns::ShownTenant;
+use crate::observe::conns::{ConnState, ShownTenant};
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
     Analysis, NodeTarget, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
