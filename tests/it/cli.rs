@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::clusters::{base_dir, free_port};
 use crate::harness::{self, stderr, stdout};
-use crate::harness::{DEV_CLUSTERS, free_port_run, stop_dev, wait_serving};
+use crate::harness::{DEV_CLUSTERS, DevProcess, free_port_run, stop_dev, wait_serving};
 
 const BIN: &str = env!("CARGO_BIN_EXE_pgtenant");
 
@@ -45,6 +45,7 @@ async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
+            .map(DevProcess)
             .unwrap()
     };
     let mut first = spawn();
@@ -60,9 +61,9 @@ async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
         "",
     );
     assert_eq!(stdout(&tls).trim(), "1", "{}", stderr(&tls));
-    stop_dev(&mut first);
+    stop_dev(&mut first.0);
     let mut printed = String::new();
-    std::io::Read::read_to_string(&mut first.stdout.take().unwrap(), &mut printed).unwrap();
+    std::io::Read::read_to_string(&mut first.0.stdout.take().unwrap(), &mut printed).unwrap();
     assert!(printed.contains("options='-c pgtenant.tenant_id=42'"), "prints how to connect: {printed}");
     for shard in [shard_port, shard_port + 1] {
         assert!(
@@ -73,6 +74,6 @@ async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
 
     let mut second = spawn();
     let took = wait_serving(port, Instant::now()).await;
-    stop_dev(&mut second);
+    stop_dev(&mut second.0);
     assert!(took < Duration::from_secs(10), "second start took {took:?}");
 }

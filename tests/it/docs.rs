@@ -279,7 +279,7 @@ fn tour() -> Vec<(String, Option<String>)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_readme_tour_runs_against_pgtenant_dev() {
-    use crate::harness::{DEV_CLUSTERS, free_port_run, stop_dev, wait_serving};
+    use crate::harness::{DEV_CLUSTERS, DevProcess, free_port_run, stop_dev, wait_serving};
     let steps = tour();
     assert!(steps.len() >= 10, "{steps:?}");
     let dir = crate::harness::clusters::base_dir().join("tour");
@@ -289,14 +289,16 @@ async fn the_readme_tour_runs_against_pgtenant_dev() {
         free_port_run(DEV_CLUSTERS),
         crate::harness::clusters::free_port(),
     );
-    let mut dev = std::process::Command::new(env!("CARGO_BIN_EXE_pgtenant"))
-        .args(["dev", "--port", &port.to_string(), "--shard-port", &shard_port.to_string()])
-        .args(["--http-port", &http_port.to_string(), "--dir"])
-        .arg(&dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut dev = DevProcess(
+        std::process::Command::new(env!("CARGO_BIN_EXE_pgtenant"))
+            .args(["dev", "--port", &port.to_string(), "--shard-port", &shard_port.to_string()])
+            .args(["--http-port", &http_port.to_string(), "--dir"])
+            .arg(&dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     wait_serving(port, std::time::Instant::now()).await;
     // The README's ports and directory are dev's defaults; this run's are its own.
     let mut substitutions = vec![("port=6432".to_string(), format!("port={port}"))];
@@ -320,5 +322,5 @@ async fn the_readme_tour_runs_against_pgtenant_dev() {
             assert!(stdout.contains(&expected), "{command}: expected {expected:?} in\n{stdout}");
         }
     }
-    stop_dev(&mut dev);
+    stop_dev(&mut dev.0);
 }

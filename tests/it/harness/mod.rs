@@ -432,6 +432,19 @@ pub async fn wait_serving(port: u16, started: std::time::Instant) -> std::time::
     }
 }
 
+/// A `pgtenant dev` child process, stopped (SIGTERM) when dropped, so that a test
+/// that fails midway leaves no proxy and clusters running.
+pub struct DevProcess(pub std::process::Child);
+
+impl Drop for DevProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 pub fn stop_dev(child: &mut std::process::Child) {
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let status = child.wait().unwrap();
