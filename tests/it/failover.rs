@@ -76,17 +76,12 @@ async fn writes_survive_a_killed_primary_that_pgtenant_replaces_itself() {
 }
 
 async fn writes_survive_a_killed_primary(name: &'static str, promoter: Promoter) {
-    let (primary, replica) =
-        tokio::task::spawn_blocking(move || private_cluster_with_replica(name, 1)).await.unwrap();
-    let admin =
-        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE failover_writes (id bigint PRIMARY KEY, tenant_id bigint NOT NULL);
+    let (primary, replica, _admin) = crate::harness::pair_with(
+        name,
+        "CREATE TABLE failover_writes (id bigint PRIMARY KEY, tenant_id bigint NOT NULL);
              GRANT SELECT, INSERT ON failover_writes TO app;",
-        )
-        .await
-        .unwrap();
+    )
+    .await;
     let (primary_port, replica_port) = (primary.port, replica.port);
     let proxy = start_proxy_on_pair(primary_port, replica_port, |c| {
         c.health.fail_after = 2;
@@ -286,16 +281,7 @@ async fn auto_promote_waits_for_the_catalog_promotion_lock() {
 /// went back to its own pace, here 5 s, took up to that long).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hold_ends_at_statement_timeout_and_a_later_promotion_is_seen_at_once() {
-    let (primary, replica) =
-        tokio::task::spawn_blocking(|| private_cluster_with_replica("hold_bounds", 1)).await.unwrap();
-    let admin =
-        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE hold_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON hold_writes TO app;",
-        )
-        .await
-        .unwrap();
+    let (primary, replica, _admin) = crate::harness::pair_with("hold_bounds", "CREATE TABLE hold_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON hold_writes TO app;").await;
     let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
         c.health.fail_after = 1;
         c.health.failover_hold_ms = 60_000;
@@ -362,16 +348,7 @@ async fn a_hold_ends_at_statement_timeout_and_a_later_promotion_is_seen_at_once(
 /// ones wait for the new primary and run there.
 #[tokio::test(flavor = "multi_thread")]
 async fn requests_queued_behind_a_full_pool_run_on_the_new_primary() {
-    let (primary, replica) =
-        tokio::task::spawn_blocking(|| private_cluster_with_replica("queued_crash", 1)).await.unwrap();
-    let admin =
-        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE queued_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON queued_writes TO app;",
-        )
-        .await
-        .unwrap();
+    let (primary, replica, _admin) = crate::harness::pair_with("queued_crash", "CREATE TABLE queued_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON queued_writes TO app;").await;
     let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
         c.health.fail_after = 1;
         c.users.iter_mut().for_each(|u| u.pool_size = 1);
@@ -431,14 +408,7 @@ async fn requests_queued_behind_a_full_pool_run_on_the_new_primary() {
 /// it is not failed with 08006 but waits for the new primary and runs there.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_request_on_a_connection_that_died_idle_runs_on_the_new_primary() {
-    let (primary, replica) =
-        tokio::task::spawn_blocking(|| private_cluster_with_replica("idle_died", 1)).await.unwrap();
-    let admin =
-        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
-    admin
-        .batch_execute("CREATE TABLE idle_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON idle_writes TO app;")
-        .await
-        .unwrap();
+    let (primary, replica, _admin) = crate::harness::pair_with("idle_died", "CREATE TABLE idle_writes (id bigint, tenant_id bigint NOT NULL); GRANT SELECT, INSERT ON idle_writes TO app;").await;
     let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
         // Slow checks: the request meets the dead connection before the checks see the crash.
         c.health.interval_ms = 5_000;

@@ -101,7 +101,7 @@ async fn a_client_that_leaves_during_a_failover_hold_gives_its_place_back() {
     frontend::query("SELECT shard_id FROM pgtenant_shard", &mut request).unwrap();
     first.send(&request).await;
     let held =
-        harness::eventually(Duration::from_secs(5), || async { listed().await == ["idle", "waiting"] }).await;
+        harness::eventually(Duration::from_secs(5), || async { listed().await == ["held", "idle"] }).await;
     assert!(held.is_some(), "the first request is held: {:?}", listed().await);
     drop(first);
     let gone = harness::eventually(Duration::from_secs(3), || async { listed().await == ["idle"] }).await;

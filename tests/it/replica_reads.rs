@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use pgtenant::config::ReadTarget;
 
-use crate::harness::{
-    self, connect, eventually, private_cluster_with_replica, sqlstate, start_proxy_on_pair,
-};
+use crate::harness::{self, connect, eventually, sqlstate, start_proxy_on_pair};
 
 async fn session(proxy: &harness::Proxy, target: &str) -> tokio_postgres::Client {
     let options = format!("options='-c pgtenant.tenant_id=7 -c pgtenant.target={target}'");
@@ -23,16 +21,11 @@ async fn read_on_replica(client: &tokio_postgres::Client) -> Result<bool, String
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
-    let (primary, replica) =
-        tokio::task::spawn_blocking(|| private_cluster_with_replica("reads", 1)).await.unwrap();
-    let admin =
-        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE replica_reads (id bigint, tenant_id bigint); GRANT ALL ON replica_reads TO app;",
-        )
-        .await
-        .unwrap();
+    let (primary, replica, admin) = crate::harness::pair_with(
+        "reads",
+        "CREATE TABLE replica_reads (id bigint, tenant_id bigint); GRANT ALL ON replica_reads TO app;",
+    )
+    .await;
     let replica_port = replica.port;
     let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
         c.health.max_replica_lag_bytes = 1 << 20;
@@ -132,16 +125,11 @@ async fn reads_go_to_a_fresh_replica_and_everything_else_to_the_primary() {
 /// write, the writing session's reads go back to it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_reads_its_own_writes_while_its_replica_lags() {
-    let (primary, replica) =
-        tokio::task::spawn_blocking(|| private_cluster_with_replica("read_own_writes", 1)).await.unwrap();
-    let admin =
-        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
-    admin
-        .batch_execute(
-            "CREATE TABLE own_writes (id bigint, tenant_id bigint); GRANT ALL ON own_writes TO app;",
-        )
-        .await
-        .unwrap();
+    let (primary, replica, _admin) = crate::harness::pair_with(
+        "read_own_writes",
+        "CREATE TABLE own_writes (id bigint, tenant_id bigint); GRANT ALL ON own_writes TO app;",
+    )
+    .await;
     let replica_port = replica.port;
     let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
         // Lag bounds that never exclude the replica: read-your-writes alone decides.

@@ -450,3 +450,18 @@ pub fn stop_dev(child: &mut std::process::Child) {
     let status = child.wait().unwrap();
     assert!(status.success(), "pgtenant dev exits cleanly on SIGTERM: {status}");
 }
+
+/// A private primary with a streaming replica (shard 1), `sql` run on the primary's
+/// `app` database as its superuser first (a table the test writes, its grants); that
+/// superuser connection is handed back too.
+pub async fn pair_with(
+    name: &'static str,
+    sql: &str,
+) -> (pgtenant::dev::cluster::Cluster, pgtenant::dev::cluster::Cluster, tokio_postgres::Client) {
+    let (primary, replica) =
+        tokio::task::spawn_blocking(move || private_cluster_with_replica(name, 1)).await.unwrap();
+    let admin =
+        connect(&format!("host=127.0.0.1 port={} user=postgres dbname=app", primary.port)).await.unwrap();
+    admin.batch_execute(sql).await.unwrap();
+    (primary, replica, admin)
+}
