@@ -434,7 +434,8 @@ pub struct ProxyConfig {
     /// Read-your-writes for sessions whose reads go to replicas: `"session"` (after a
     /// session's transaction that may have written ends on the primary, its reads go
     /// only to replicas that replayed what the primary had committed by then, else to
-    /// the primary; other sessions keep reading replicas) or `"off"`.
+    /// the primary; other sessions keep reading replicas), `"user"` (the same for every
+    /// session of the login that wrote) or `"off"`.
     pub read_your_writes: ReadYourWrites,
     /// Clients one login may have connected at once (PgBouncer's
     /// `max_user_client_connections`); one more gets FATAL 53300. A user's
@@ -629,13 +630,15 @@ impl UserConfig {
     }
 }
 
-/// Whether a session reads its own writes when its reads go to replicas.
+/// Whether a session reads its own writes when its reads go to replicas: its own
+/// (`session`), every session of its login's (`user`), or none.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum ReadYourWrites {
     Off,
     #[default]
     Session,
+    User,
 }
 
 /// Where a session's reads may go, as libpq's `target_session_attrs`: all to the

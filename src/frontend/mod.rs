@@ -114,6 +114,9 @@ pub struct Shared {
     pub exposition: crate::admin::exposition::Exposition,
     /// Admin pauses of shards and tenants, checked as transactions start.
     pub pauses: Arc<crate::tenancy::PauseBoard>,
+    /// Read-your-writes widened to a login (`read_your_writes = "user"`): when each
+    /// login's sessions last wrote (the health view's clock). Written only in that mode.
+    pub user_writes: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// Online tenant moves (with a catalog; set once the proxy listens).
     pub moves: std::sync::OnceLock<Arc<crate::tenancy::moves::MoveService>>,
     /// Stops the proxy as SIGTERM does (the admin console's SHUTDOWN).
@@ -183,6 +186,7 @@ impl Shared {
             exposition: Default::default(),
             local_addr: Default::default(),
             pauses: Default::default(),
+            user_writes: Default::default(),
             moves: std::sync::OnceLock::new(),
             stop: Default::default(),
             wait_for_clients: tokio::sync::watch::Sender::new(false),

@@ -170,3 +170,38 @@ async fn a_session_reads_its_own_writes_while_its_replica_lags() {
     assert_eq!(replayed, 1);
     proxy.shutdown().await;
 }
+
+/// `read_your_writes = "user"`: a write by one session of a login is read by every
+/// session of that login, while the replica has not replayed it.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_user_read_your_writes_a_login_s_sessions_read_each_other_s_writes() {
+    let (primary, replica, _admin) = crate::harness::pair_with(
+        "read_login_writes",
+        "CREATE TABLE login_writes (id bigint, tenant_id bigint); GRANT ALL ON login_writes TO app;",
+    )
+    .await;
+    let replica_port = replica.port;
+    let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
+        c.health.max_replica_lag_ms = 600_000;
+        c.health.max_replica_lag_bytes = 1 << 40;
+        c.proxy.read_your_writes = pgtenant::config::ReadYourWrites::User;
+    })
+    .await;
+    let writer = session(&proxy, "prefer-replica").await;
+    let sibling = session(&proxy, "prefer-replica").await;
+    let on_replica =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&sibling).await == Ok(true) }).await;
+    assert!(on_replica.is_some(), "reads reach the replica once it is checked");
+    let replica_admin =
+        connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
+    replica_admin.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
+    writer.execute("INSERT INTO login_writes VALUES (1, 7)", &[]).await.unwrap();
+    let seen: i64 = sibling.query_one("SELECT count(*) FROM login_writes", &[]).await.unwrap().get(0);
+    assert_eq!(seen, 1, "another session of the login reads the write");
+    assert_eq!(read_on_replica(&sibling).await, Ok(false), "from the primary, while the replica lags");
+    replica_admin.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    let back =
+        eventually(Duration::from_secs(10), || async { read_on_replica(&sibling).await == Ok(true) }).await;
+    assert!(back.is_some(), "back on the replica once it replayed the write");
+    proxy.shutdown().await;
+}

@@ -269,17 +269,40 @@ impl Session {
     /// reads to replicas).
     fn note_write_end(&mut self) {
         let Some(a) = self.server.as_mut() else { return };
-        if std::mem::take(&mut a.may_have_written)
-            && self.shared.config.proxy.read_your_writes == ReadYourWrites::Session
-        {
-            self.wrote_ms = Some(HealthView::clock_ms());
+        if !std::mem::take(&mut a.may_have_written) {
+            return;
+        }
+        let mode = self.shared.config.proxy.read_your_writes;
+        if mode == ReadYourWrites::Off {
+            return;
+        }
+        let now = HealthView::clock_ms();
+        self.wrote_ms = Some(now);
+        if mode == ReadYourWrites::User {
+            let mut writes = self.shared.user_writes.lock().unwrap_or_else(|e| e.into_inner());
+            match writes.get_mut(&self.user.name) {
+                Some(at) => *at = (*at).max(now),
+                None => {
+                    writes.insert(self.user.name.clone(), now);
+                }
+            }
         }
     }
 
-    /// The write a `prefer-replica` read must find on its replica (read-your-writes); a
-    /// `replica` session asked for replicas only, and never reads the primary for it.
+    /// The write a `prefer-replica` read must find on its replica (read-your-writes):
+    /// the session's last, or under `read_your_writes = "user"` its login's. A `replica`
+    /// session asked for replicas only, and never reads the primary for it.
     pub(super) fn write_to_read(&self) -> Option<u64> {
-        self.wrote_ms.filter(|_| self.target == TargetMode::PreferReplica)
+        if self.target != TargetMode::PreferReplica {
+            return None;
+        }
+        match self.shared.config.proxy.read_your_writes {
+            ReadYourWrites::User => {
+                let writes = self.shared.user_writes.lock().unwrap_or_else(|e| e.into_inner());
+                writes.get(&self.user.name).copied().max(self.wrote_ms)
+            }
+            _ => self.wrote_ms,
+        }
     }
 
     /// A connection to a healthy replica of `route`'s shard, when one is within the lag
