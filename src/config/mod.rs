@@ -6,6 +6,8 @@
 
 mod env;
 mod reload;
+mod shards;
+mod users;
 mod validate;
 
 use std::net::SocketAddr;
@@ -17,6 +19,10 @@ use serde::{Deserialize, Serialize};
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use env::expand as expand_env;
 pub use reload::needs_restart;
+pub use shards::{
+    MappedKey, NodeConfig, NodeRole, RangeConfig, ShardConfig, TenantLimitConfig, TenantMapping,
+};
+pub use users::{AuthMethod, ReadTarget, UserConfig};
 pub use validate::validate;
 
 /// The whole configuration file.
@@ -575,61 +581,6 @@ pub struct ServerTlsConfig {
     pub ca: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
-pub enum AuthMethod {
-    #[default]
-    #[serde(rename = "scram-sha-256")]
-    ScramSha256,
-    #[serde(rename = "md5")]
-    Md5,
-    #[serde(rename = "password")]
-    Cleartext,
-    #[serde(rename = "trust")]
-    Trust,
-}
-
-/// A login clients may use, and the credentials pgtenant uses on the servers for it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct UserConfig {
-    pub name: String,
-    /// Password clients present; also the server password unless `server_password` is set.
-    pub password: Option<String>,
-    /// A SCRAM verifier (`SCRAM-SHA-256$iter:salt$stored:server`) instead of a password.
-    pub scram_secret: Option<String>,
-    #[serde(default)]
-    pub auth: AuthMethod,
-    pub server_user: Option<String>,
-    pub server_password: Option<String>,
-    #[serde(default = "default_pool_size")]
-    pub pool_size: usize,
-    pub pool_mode: Option<PoolMode>,
-    /// Overrides `[proxy].allow_tenant_switch` for this user (a service that serves
-    /// many tenants on one connection, say).
-    pub allow_tenant_switch: Option<bool>,
-    /// Where this user's provably read-only requests go when its sessions do not say
-    /// (`pgtenant.target` at login): `primary` (the default), `prefer-replica` or `replica`.
-    #[serde(default)]
-    pub target: Option<ReadTarget>,
-    /// May use the admin console (the virtual database `pgtenant`).
-    #[serde(default)]
-    pub admin: bool,
-    /// May run scatter-gather queries (`all_shards.`) without being an admin.
-    #[serde(default)]
-    pub scatter_gather: bool,
-    /// Clients of this login connected at once at most; overrides `[proxy]
-    /// max_user_client_connections` (0 = no limit).
-    #[serde(default)]
-    pub max_client_connections: Option<usize>,
-}
-
-impl UserConfig {
-    /// Clients of this login that may be connected at once (`None`: no limit of its own).
-    pub fn client_limit(&self, proxy: &ProxyConfig) -> Option<usize> {
-        Some(self.max_client_connections.unwrap_or(proxy.max_user_client_connections)).filter(|n| *n > 0)
-    }
-}
-
 /// Whether a session reads its own writes when its reads go to replicas: its own
 /// (`session`), every session of its login's (`user`), or none.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
@@ -639,117 +590,6 @@ pub enum ReadYourWrites {
     #[default]
     Session,
     User,
-}
-
-/// Where a session's reads may go, as libpq's `target_session_attrs`: all to the
-/// primary, to a healthy replica when there is one, or only to replicas.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum ReadTarget {
-    #[default]
-    Primary,
-    PreferReplica,
-    Replica,
-}
-
-fn default_pool_size() -> usize {
-    20
-}
-
-impl UserConfig {
-    pub fn server_user(&self) -> &str {
-        self.server_user.as_deref().unwrap_or(&self.name)
-    }
-    pub fn server_password(&self) -> Option<&str> {
-        self.server_password.as_deref().or(self.password.as_deref())
-    }
-}
-
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum NodeRole {
-    Primary,
-    Replica,
-}
-
-/// One PostgreSQL server of a shard.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct NodeConfig {
-    pub host: String,
-    pub port: u16,
-    pub role: NodeRole,
-    /// Failover priority among replicas: lower goes first.
-    #[serde(default)]
-    pub priority: u32,
-    /// Database name on this server, when it differs from the client's.
-    pub dbname: Option<String>,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShardConfig {
-    pub id: u16,
-    #[serde(default)]
-    pub nodes: Vec<NodeConfig>,
-}
-
-impl ShardConfig {
-    pub fn primary(&self) -> Option<&NodeConfig> {
-        self.nodes.iter().find(|n| n.role == NodeRole::Primary)
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RangeConfig {
-    pub min: i64,
-    pub max: i64,
-    pub shard: u16,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantMapping {
-    pub tenant: MappedKey,
-    pub shard: u16,
-}
-
-/// One tenant's share of each pool it uses (see `proxy.fair_share`).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantLimitConfig {
-    pub tenant: MappedKey,
-    /// Its weight against the other tenants waiting for the same pool (default 1).
-    #[serde(default = "default_weight")]
-    pub weight: u32,
-    /// At most this many of a pool's connections at once; unset: no cap of its own.
-    #[serde(default)]
-    pub max_connections: Option<u32>,
-    /// While it has work, at least this many of a pool's connections are kept for it.
-    #[serde(default)]
-    pub min_connections: u32,
-}
-
-fn default_weight() -> u32 {
-    1
-}
-
-/// A tenant key in the file: a number, or a string for text keys.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
-#[serde(untagged)]
-pub enum MappedKey {
-    Int(i64),
-    Text(String),
-}
-
-impl std::fmt::Display for MappedKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MappedKey::Int(n) => n.fmt(f),
-            MappedKey::Text(s) => s.fmt(f),
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

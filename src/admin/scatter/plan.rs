@@ -26,6 +26,7 @@ use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
 use super::ScatterError;
+pub use super::aggregates::FinalAgg;
 pub use super::aggregates::column_name;
 use super::aggregates::{
     AggCollector, AggKind, contains_aggregate, function_name, leftover_column, normalized, unmergeable,
@@ -87,16 +88,6 @@ pub enum Merge {
     Coordinated { final_template: String, aggs: Vec<FinalAgg>, columns: usize },
 }
 
-/// The final expression of an aggregate over its partial column(s).
-#[derive(Clone, Debug)]
-pub struct FinalAgg {
-    kind: AggKind,
-    /// Over the distinct values, which were shipped as a group key (`column`).
-    distinct: bool,
-    /// First partial column (`avg` has a second, its count, right after).
-    column: usize,
-}
-
 /// What runs where.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -130,61 +121,6 @@ impl Plan {
             Merge::Stream => None,
         }
     }
-}
-
-impl FinalAgg {
-    fn final_text(&self, types: &[u32]) -> Result<String, ScatterError> {
-        let c = column_name(self.column);
-        let ty = types.get(self.column).copied().unwrap_or(0);
-        if self.distinct {
-            return Ok(format!("{}(DISTINCT {c})", self.kind.name()));
-        }
-        Ok(match self.kind {
-            AggKind::Count => format!("CAST(COALESCE(sum({c}), 0) AS bigint)"),
-            AggKind::Sum => match type_name(ty) {
-                // The partial sum already has the type of the whole sum (sum(int4) is int8):
-                // summing int8 partials gives numeric, which the cast brings back, failing
-                // as the one database would when the total does not fit.
-                Some(name) => format!("CAST(sum({c}) AS {name})"),
-                None => format!("sum({c})"),
-            },
-            AggKind::Avg => {
-                let n = column_name(self.column + 1);
-                match ty {
-                    INT8 | NUMERIC => format!("(CAST(sum({c}) AS numeric) / sum({n}))"),
-                    FLOAT4 | FLOAT8 | INTERVAL => format!("(sum({c}) / CAST(sum({n}) AS double precision))"),
-                    _ => return Err(ScatterError::Unmergeable(format!("avg over type oid {ty}"))),
-                }
-            }
-            // min, max, bool_and, bool_or of the partials are those of the whole.
-            AggKind::Min | AggKind::Max | AggKind::BoolAnd | AggKind::BoolOr => {
-                format!("{}({c})", self.kind.name())
-            }
-        })
-    }
-}
-
-const INT2: u32 = 21;
-const INT4: u32 = 23;
-const INT8: u32 = 20;
-const FLOAT4: u32 = 700;
-const FLOAT8: u32 = 701;
-const NUMERIC: u32 = 1700;
-const INTERVAL: u32 = 1186;
-const MONEY: u32 = 790;
-
-fn type_name(oid: u32) -> Option<&'static str> {
-    Some(match oid {
-        INT2 => "smallint",
-        INT4 => "integer",
-        INT8 => "bigint",
-        FLOAT4 => "real",
-        FLOAT8 => "double precision",
-        NUMERIC => "numeric",
-        INTERVAL => "interval",
-        MONEY => "money",
-        _ => return None,
-    })
 }
 
 /// Reads `sql`: `Ok(None)` when it names no `all_shards.` table after all.
