@@ -340,12 +340,7 @@ impl NodePool {
         if self.warming.swap(true, Ordering::AcqRel) {
             return;
         }
-        let wanted = min.min(self.gate.size());
-        loop {
-            let held = self.gate.size().saturating_sub(self.gate.free());
-            if self.gate.is_closed() || held + self.lock_shelf().len() >= wanted {
-                break;
-            }
+        while self.below(min) {
             let epoch = self.epoch.load(Ordering::Acquire);
             match self.open(epoch).await {
                 Ok(conn) => Home::shelve(&*self, conn),
@@ -356,6 +351,13 @@ impl NodePool {
             }
         }
         self.warming.store(false, Ordering::Release);
+    }
+
+    /// Whether the pool holds fewer than `min` connections (busy or idle; at most its
+    /// size) and is open.
+    fn below(&self, min: usize) -> bool {
+        let held = self.gate.size().saturating_sub(self.gate.free());
+        !self.gate.is_closed() && held + self.lock_shelf().len() < min.min(self.gate.size())
     }
 
     /// With a permit held: the idle connection that holds the most of `wanted`, or a
@@ -493,7 +495,8 @@ impl Pools {
         }
         let pools: Vec<ServerPool> =
             self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        for pool in pools {
+        // A task only for a pool that needs one: most rounds find every pool warm.
+        for pool in pools.into_iter().filter(|p| p.0.below(min) && !p.0.warming.load(Ordering::Acquire)) {
             tokio::spawn(pool.0.clone().keep_warm(min));
         }
     }

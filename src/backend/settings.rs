@@ -38,8 +38,7 @@ impl Settings {
     /// The text of setting `name` (case-insensitive) as the client gave it, quotes of a
     /// SQL literal taken off; `None` when the session did not set it.
     pub fn value_of(&self, name: &str) -> Option<&str> {
-        let (_, value) = self.list.iter().rev().find(|(n, _)| n.eq_ignore_ascii_case(name))?;
-        Some(match value {
+        Some(match self.get(name)? {
             SettingValue::Sql(text) => text.trim().trim_matches('\''),
             SettingValue::Config(text) => text.trim(),
         })

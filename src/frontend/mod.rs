@@ -115,8 +115,9 @@ pub struct Shared {
     /// Admin pauses of shards and tenants, checked as transactions start.
     pub pauses: Arc<crate::tenancy::PauseBoard>,
     /// Read-your-writes widened to a login (`read_your_writes = "user"`): when each
-    /// login's sessions last wrote (the health view's clock). Written only in that mode.
-    pub user_writes: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    /// login's sessions last wrote (the health view's clock), one mark per login, which
+    /// each session looks up once (`login_writes`). Filled only in that mode.
+    user_writes: std::sync::Mutex<std::collections::HashMap<String, Arc<std::sync::atomic::AtomicU64>>>,
     /// Online tenant moves (with a catalog; set once the proxy listens).
     pub moves: std::sync::OnceLock<Arc<crate::tenancy::moves::MoveService>>,
     /// Stops the proxy as SIGTERM does (the admin console's SHUTDOWN).
@@ -191,6 +192,12 @@ impl Shared {
             stop: Default::default(),
             wait_for_clients: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// The write mark all sessions of login `user` share (`read_your_writes = "user"`).
+    pub fn login_writes(&self, user: &str) -> Arc<std::sync::atomic::AtomicU64> {
+        let mut marks = self.user_writes.lock().unwrap_or_else(|e| e.into_inner());
+        marks.entry(user.to_string()).or_default().clone()
     }
 
     /// What the admin console, `/metrics` and `/readyz` read.

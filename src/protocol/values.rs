@@ -12,6 +12,13 @@ pub const INT8_OID: i32 = 20;
 pub const TIMESTAMPTZ_OID: i32 = 1184;
 pub const BOOL_OID: i32 = 16;
 pub const FLOAT8_OID: i32 = 701;
+pub const FLOAT4_OID: i32 = 700;
+pub const NUMERIC_OID: i32 = 1700;
+pub const INTERVAL_OID: i32 = 1186;
+pub const MONEY_OID: i32 = 790;
+/// `record` and `record[]`: the pseudo-types of a row value (`(a, b)`, `ROW(...)`).
+pub const RECORD_OID: i32 = 2249;
+pub const RECORD_ARRAY_OID: i32 = 2287;
 
 /// A result value.
 #[derive(Clone, Debug, PartialEq)]

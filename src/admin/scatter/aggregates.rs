@@ -12,6 +12,9 @@ use sqlparser::ast::{
 
 use super::ScatterError;
 use crate::protocol::RESERVED_PREFIX;
+use crate::protocol::values::{
+    FLOAT4_OID, FLOAT8_OID, INT2_OID, INT4_OID, INT8_OID, INTERVAL_OID, MONEY_OID, NUMERIC_OID,
+};
 
 /// The aggregates pgtenant merges, by how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -373,7 +376,7 @@ pub struct FinalAgg {
 impl FinalAgg {
     pub(super) fn final_text(&self, types: &[u32]) -> Result<String, ScatterError> {
         let c = column_name(self.column);
-        let ty = types.get(self.column).copied().unwrap_or(0);
+        let ty = types.get(self.column).and_then(|t| i32::try_from(*t).ok()).unwrap_or(0);
         if self.distinct {
             return Ok(format!("{}(DISTINCT {c})", self.kind.name()));
         }
@@ -389,8 +392,10 @@ impl FinalAgg {
             AggKind::Avg => {
                 let n = column_name(self.column + 1);
                 match ty {
-                    INT8 | NUMERIC => format!("(CAST(sum({c}) AS numeric) / sum({n}))"),
-                    FLOAT4 | FLOAT8 | INTERVAL => format!("(sum({c}) / CAST(sum({n}) AS double precision))"),
+                    INT8_OID | NUMERIC_OID => format!("(CAST(sum({c}) AS numeric) / sum({n}))"),
+                    FLOAT4_OID | FLOAT8_OID | INTERVAL_OID => {
+                        format!("(sum({c}) / CAST(sum({n}) AS double precision))")
+                    }
                     _ => return Err(ScatterError::Unmergeable(format!("avg over type oid {ty}"))),
                 }
             }
@@ -402,25 +407,17 @@ impl FinalAgg {
     }
 }
 
-const INT2: u32 = 21;
-const INT4: u32 = 23;
-const INT8: u32 = 20;
-const FLOAT4: u32 = 700;
-const FLOAT8: u32 = 701;
-const NUMERIC: u32 = 1700;
-const INTERVAL: u32 = 1186;
-const MONEY: u32 = 790;
-
-fn type_name(oid: u32) -> Option<&'static str> {
+/// The SQL name of a numeric type a sum keeps (`protocol::values`' OIDs).
+fn type_name(oid: i32) -> Option<&'static str> {
     Some(match oid {
-        INT2 => "smallint",
-        INT4 => "integer",
-        INT8 => "bigint",
-        FLOAT4 => "real",
-        FLOAT8 => "double precision",
-        NUMERIC => "numeric",
-        INTERVAL => "interval",
-        MONEY => "money",
+        INT2_OID => "smallint",
+        INT4_OID => "integer",
+        INT8_OID => "bigint",
+        FLOAT4_OID => "real",
+        FLOAT8_OID => "double precision",
+        NUMERIC_OID => "numeric",
+        INTERVAL_OID => "interval",
+        MONEY_OID => "money",
         _ => return None,
     })
 }

@@ -26,6 +26,7 @@ use crate::backend::{
 };
 use crate::directory::ShardId;
 use crate::net::Duplex;
+use crate::protocol::values::{RECORD_ARRAY_OID, RECORD_OID};
 use crate::protocol::{self, ErrorFields, TxStatus};
 
 /// Gives `conn` the client's settings and no tenant (a scatter reads every tenant's rows).
@@ -158,7 +159,9 @@ pub async fn prepare(
                 return Err(ScatterError::Unmergeable(format!("this statement ({})", fields.message)));
             }
             let types: Vec<u32> = partial.unwrap_or_default().iter().map(|c| c.type_oid).collect();
-            if types.iter().any(|t| PSEUDO_TYPES.contains(t)) {
+            let row_value =
+                |t: &u32| i32::try_from(*t).is_ok_and(|t| t == RECORD_OID || t == RECORD_ARRAY_OID);
+            if types.iter().any(row_value) {
                 // No table column can have such a type, so the coordinator could not hold it.
                 return Err(ScatterError::Unmergeable(
                     "a row value such as (a, b) or ROW(...) as a key, DISTINCT value or ordered column"
@@ -170,9 +173,6 @@ pub async fn prepare(
     };
     Ok(Prepared { sql: scatter.text().to_string(), plan, param_types, row_description, final_sql })
 }
-
-/// `record` and `record[]`: what a row value in a select list or aggregate has.
-const PSEUDO_TYPES: [u32; 2] = [2249, 2287];
 
 fn first_text_value(body: &[u8]) -> Option<String> {
     let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);

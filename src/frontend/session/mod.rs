@@ -133,6 +133,8 @@ pub struct Session {
     /// ended on a primary (`coarse_clock::now_ms`); its reads then go only to replicas
     /// that replayed what the primary had committed by then.
     wrote_ms: Option<u64>,
+    /// Under `read_your_writes = "user"`: the mark every session of this login shares.
+    login_writes: Option<Arc<std::sync::atomic::AtomicU64>>,
     login_target: TargetMode,
     /// This client's line in the admin console's `SHOW CLIENTS`.
     listed: ConnHandle,
@@ -279,6 +281,8 @@ impl Session {
             start.cancel.pid,
         );
         let listed = shared.clients.register(info, start.tenant.as_ref().map(ShownTenant::from));
+        let login_writes = (shared.config.proxy.read_your_writes == crate::config::ReadYourWrites::User)
+            .then(|| shared.login_writes(&start.user.name));
         Self {
             client,
             shared,
@@ -289,6 +293,7 @@ impl Session {
             tenant: start.tenant,
             target: start.target,
             wrote_ms: None,
+            login_writes,
             login_target: start.target,
             listed,
             tenant_before_tx: None,

@@ -272,20 +272,13 @@ impl Session {
         if !std::mem::take(&mut a.may_have_written) {
             return;
         }
-        let mode = self.shared.config.proxy.read_your_writes;
-        if mode == ReadYourWrites::Off {
+        if self.shared.config.proxy.read_your_writes == ReadYourWrites::Off {
             return;
         }
         let now = HealthView::clock_ms();
         self.wrote_ms = Some(now);
-        if mode == ReadYourWrites::User {
-            let mut writes = self.shared.user_writes.lock().unwrap_or_else(|e| e.into_inner());
-            match writes.get_mut(&self.user.name) {
-                Some(at) => *at = (*at).max(now),
-                None => {
-                    writes.insert(self.user.name.clone(), now);
-                }
-            }
+        if let Some(login) = &self.login_writes {
+            login.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -296,13 +289,8 @@ impl Session {
         if self.target != TargetMode::PreferReplica {
             return None;
         }
-        match self.shared.config.proxy.read_your_writes {
-            ReadYourWrites::User => {
-                let writes = self.shared.user_writes.lock().unwrap_or_else(|e| e.into_inner());
-                writes.get(&self.user.name).copied().max(self.wrote_ms)
-            }
-            _ => self.wrote_ms,
-        }
+        let login = self.login_writes.as_ref().map(|m| m.load(std::sync::atomic::Ordering::Relaxed));
+        login.filter(|ms| *ms > 0).max(self.wrote_ms)
     }
 
     /// A connection to a healthy replica of `route`'s shard, when one is within the lag
