@@ -10,16 +10,17 @@ use std::sync::{Arc, OnceLock};
 use smallvec::SmallVec;
 
 use super::classify::{
-    alters_tenant_default, classify, controls_transaction_block, hint_in_comment, lifts_read_only, may_write,
-    pin_reason, reserved_statement, sets_or_resets, setting_name,
+    alters_tenant_default, classify, hint_in_comment, lifts_read_only, pin_reason, reserved_statement,
+    sets_or_resets, setting_name,
 };
-use super::effects::SessionRisk;
+use super::effects::Effects;
 use super::facts::{SqlFacts, literal_ranges};
 use super::kinds::{ALL_SHARDS, BadSetting, PinReason, SessionChange, StatementKind};
 use super::lexer::{Token, TokenKind, tokenize};
-use super::plain::{DML_STARTS, is_plain_dml};
+use super::plain::is_plain_dml;
 use super::quick::ShapeTiming;
 use super::set_config::{calls_set_config_on, parameter_at, session_config_calls, set_config_calls};
+use super::verbs::{Verb, controls_transaction_block};
 use super::words::{Words, contains_ignore_case};
 use crate::directory::{TenantId, TenantKey};
 
@@ -90,8 +91,6 @@ pub struct Analysis {
     /// A statement takes down the read-only wall a tenant that may not write has (see
     /// `lifts_read_only`): refused for such a tenant.
     pub lifts_read_only: bool,
-    /// A statement controls the transaction block (BEGIN, COMMIT, SAVEPOINT, ...).
-    pub controls_transaction: bool,
     /// The `$n` parameters that name the setting of a `set_config` call: whether it is
     /// the tenant parameter shows only at Bind (see `Session::refusal_of_bound`).
     pub set_config_name_params: Box<[u16]>,
@@ -105,10 +104,6 @@ pub struct Analysis {
     /// the server (`protocol::RESERVED_PREFIX`): it would reach (or collide with) a
     /// statement pgtenant prepared there for itself or another client. Refused.
     pub reserved_statement: Option<Box<str>>,
-    /// One SELECT/INSERT/UPDATE/DELETE/MERGE/WITH/VALUES/TABLE statement: it may share
-    /// an implicit transaction with a message sent before it. (PostgreSQL refuses
-    /// VACUUM, CREATE INDEX CONCURRENTLY and the like after an unsynced message.)
-    pub(super) single_dml: bool,
     /// Recognised by the plain-DML fast path: nothing in it depends on the values of its
     /// literals, so a text that differs only there may share it (see `template`).
     pub(super) plain: bool,
@@ -117,12 +112,9 @@ pub struct Analysis {
     pub(super) facts: OnceLock<Arc<SqlFacts>>,
     /// Byte ranges of the literals of `sql` (see `facts::literal_ranges`).
     pub(super) literals: OnceLock<Literals>,
-    pub(super) may_write: LazyFlag,
     pub(super) mentions_column: LazyFlag,
-    /// See `effects::cannot_wait`.
-    pub(super) cannot_wait: LazyFlag,
-    /// See `effects::session_risk`.
-    pub(super) session_risk: OnceLock<SessionRisk>,
+    /// What the text may do (see `effects`), worked out on first need, once.
+    pub(super) effects: OnceLock<Effects>,
     /// How long the shape took lately, shared with the texts that differ only in literals.
     pub(super) shape: Arc<ShapeTiming>,
 }
@@ -148,15 +140,6 @@ impl Analysis {
         &self.sql
     }
 
-    /// Whether the text starts with CREATE, ALTER or DROP: it may change tables, their
-    /// policies, triggers or defaults, and what pgtenant read of the shard's catalog.
-    pub fn is_ddl(&self) -> bool {
-        let first = self.sql.trim_start();
-        ["create", "alter", "drop"]
-            .iter()
-            .any(|w| first.get(..w.len()).is_some_and(|s| s.eq_ignore_ascii_case(w)))
-    }
-
     /// Whether the text contains the tenant column's name at all: when not, it names
     /// no tenant and needs no parse for that. `column` is lowercase and the same for
     /// every call (the router's).
@@ -164,29 +147,10 @@ impl Analysis {
         self.mentions_column.get_or_init(|| contains_ignore_case(self.sql.as_bytes(), column.as_bytes()))
     }
 
-    /// Whether the statement may change data or schema (refused for read-only tenants).
-    pub fn may_write(&self) -> bool {
-        self.may_write.get_or_init(|| may_write(&self.sql))
-    }
-
-    /// Whether the statement only reads and can wait on no other session (see
-    /// `effects::cannot_wait`).
-    pub fn cannot_wait(&self) -> bool {
-        self.cannot_wait.get_or_init(|| super::effects::cannot_wait(&self.sql))
-    }
-
-    /// Whether the statement may run after a message of pgtenant's own in one implicit
-    /// transaction (no Sync between): one DML statement calling no code pgtenant cannot
-    /// follow. A function may run VACUUM or the like, which PostgreSQL would then refuse
-    /// as "within a pipeline" instead of with the error it gives the statement alone.
-    pub fn shares_implicit_transaction(&self) -> bool {
-        self.single_dml && self.session_risk() != SessionRisk::Anything
-    }
-
-    /// What the statement may do to the server session's state behind pgtenant's back
-    /// (see `effects::session_risk`).
-    pub fn session_risk(&self) -> SessionRisk {
-        *self.session_risk.get_or_init(|| super::effects::session_risk(&self.sql))
+    /// What the statement may do: write, wait on another session, change the session,
+    /// control the transaction (see `effects`). Every consumer reads this one value.
+    pub fn effects(&self) -> &Effects {
+        self.effects.get_or_init(|| Effects::of(&self.sql))
     }
 
     /// The recent timing of the statement's shape.
@@ -217,20 +181,16 @@ impl Analysis {
             tampers_tenant_guc: false,
             tampers_signature: false,
             lifts_read_only: false,
-            controls_transaction: false,
             set_config_name_params: Box::default(),
             other_sessions: None,
             prepared_view: Box::default(),
             reserved_statement: None,
-            single_dml: true,
             plain: true,
             sql,
             facts: OnceLock::new(),
             literals: OnceLock::new(),
-            may_write: LazyFlag::default(),
             mentions_column: LazyFlag::default(),
-            cannot_wait: LazyFlag::default(),
-            session_risk: OnceLock::new(),
+            effects: OnceLock::new(),
             shape,
         }
     }
@@ -311,7 +271,6 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
             set_config_calls(&w).filter_map(|i| parameter_at(&w, i + 2)).collect::<Vec<_>>()
         })
         .collect();
-    let single_dml = statements.len() == 1 && DML_STARTS.iter().any(|k| words.is(0, k));
     let answered_here = statements.len() == 1 && matches!(kind, StatementKind::ProxyCall(_));
     let other_sessions = match answered_here {
         true => None,
@@ -324,14 +283,12 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         hint,
         pin,
         is_multi: statements.len() > 1,
-        single_dml,
         sets_tenant_among_many,
         session_changes: session_changes.into(),
         bad_setting,
         tampers_tenant_guc,
         tampers_signature,
         lifts_read_only: statements.iter().any(|stmt| lifts_read_only(&Words { sql: &text, tokens: stmt })),
-        controls_transaction,
         set_config_name_params,
         other_sessions,
         prepared_view: super::prepared_view::references(&text, &code).into(),
@@ -343,10 +300,8 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         sql: text.into(),
         facts: OnceLock::new(),
         literals: OnceLock::new(),
-        may_write: LazyFlag::default(),
         mentions_column: LazyFlag::default(),
-        cannot_wait: LazyFlag::default(),
-        session_risk: OnceLock::new(),
+        effects: OnceLock::new(),
         shape: Arc::default(),
     }
 }
@@ -363,16 +318,13 @@ fn is_tenant_set(kind: &StatementKind) -> bool {
     matches!(kind, StatementKind::SetTenant(_) | StatementKind::ResetTenant)
 }
 
-/// Statements of these kinds never need a tenant, whatever sqlparser says.
+/// Statements of these kinds and verbs never need a tenant, whatever sqlparser says.
 pub(super) fn needs_no_tenant(analysis: &Analysis) -> bool {
     if analysis.kind != StatementKind::Other {
         return true;
     }
-    let first_word = analysis.sql.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
-    matches!(
-        first_word.as_str(),
-        "show" | "listen" | "unlisten" | "notify" | "discard" | "deallocate" | "savepoint" | "release"
-    )
+    let first_word = analysis.sql.split_whitespace().next().unwrap_or("");
+    Verb::of_word(first_word.as_bytes()).needs_no_tenant()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use super::kinds::{
     ALL_SHARDS, BadSetting, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, StatementKind, TARGET_PARAMETER,
 };
-use super::lexer::{TokenKind, code_tokens};
+use super::lexer::TokenKind;
 use super::set_config::{set_config_calls, set_config_name};
 use super::words::{Words, contains_ignore_case, is_plain_setting};
 use crate::directory::{TenantId, TenantKey};
@@ -29,59 +29,6 @@ fn set_or_reset_name(w: &Words) -> Option<String> {
 /// Whether a SET or RESET (of any scope) names `setting`.
 pub(super) fn sets_or_resets(w: &Words, setting: &str) -> bool {
     set_or_reset_name(w).is_some_and(|name| name.eq_ignore_ascii_case(setting))
-}
-
-/// Statements that only read (or only manage the session): what a read-only tenant may run.
-const READ_ONLY_STARTS: [&str; 23] = [
-    "select",
-    "show",
-    "values",
-    "table",
-    "explain",
-    "begin",
-    "start",
-    "commit",
-    "end",
-    "rollback",
-    "abort",
-    "set",
-    "reset",
-    "declare",
-    "fetch",
-    "move",
-    "close",
-    "discard",
-    "deallocate",
-    "listen",
-    "unlisten",
-    "savepoint",
-    "release",
-];
-
-/// Whether any statement of `sql` may change data or schema. Conservative: what it
-/// does not recognise as reading counts as writing.
-pub(super) fn may_write(sql: &str) -> bool {
-    let tokens = code_tokens(sql);
-    tokens.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty()).any(|stmt| {
-        let w = Words { sql, tokens: stmt };
-        if w.is(0, "with") {
-            return ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
-        }
-        if w.is(0, "copy") {
-            // COPY ... TO writes no table: unless its query writes, or it writes a file.
-            let copies_out = w.contains_word("to") && !w.contains_word("from") && !w.contains_word("program");
-            return !copies_out || ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
-        }
-        let reads = READ_ONLY_STARTS.iter().any(|k| w.is(0, k));
-        let select_into = w.is(0, "select") && w.contains_word("into");
-        let explain_analyze = w.is(0, "explain") && w.contains_word("analyze");
-        // FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE: PostgreSQL refuses every
-        // locking clause in a read-only transaction.
-        let locks = w.is(0, "select")
-            && w.contains_word("for")
-            && (w.contains_word("update") || w.contains_word("share"));
-        !reads || select_into || explain_analyze || locks
-    })
 }
 
 /// The word `all_shards` (bare or quoted) followed by a dot: a table on every shard.
@@ -328,14 +275,6 @@ pub(super) fn reserved_statement(w: &Words) -> Option<String> {
     // (A U&"..." name is refused with every U&"..." identifier: `other_sessions`.)
     let name = identifier_at(w, at)?;
     name.starts_with(crate::protocol::RESERVED_PREFIX).then_some(name)
-}
-
-/// Transaction control of any kind, savepoints included.
-pub(super) fn controls_transaction_block(w: &Words) -> bool {
-    ["begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"]
-        .iter()
-        .any(|k| w.is(0, k))
-        || (w.is(0, "prepare") && w.is(1, "transaction"))
 }
 
 pub(super) fn pin_reason(w: &Words) -> Option<PinReason> {

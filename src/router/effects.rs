@@ -1,40 +1,71 @@
-//! What a statement may do besides reading rows and returning them, worked out from
-//! its tokens. Lanes ask it which requests may wait behind another client's (issue
-//! 21), and the session bookkeeping which requests may have changed a setting behind
-//! pgtenant's back (issue 22): one list of known functions decides both.
+//! What a statement may do besides reading rows and returning them: one `Effects` value
+//! per statement text, worked out in one pass over its tokens from its verbs
+//! (`verbs`) and the calls it makes (`known_calls`), and read by every consumer: the
+//! read-only wall and read-your-writes (`writes`), lanes and replicas (`cannot_wait`),
+//! the session's bookkeeping (`session`), the shard's write hooks (`changes_schema`),
+//! and what may share an implicit transaction with pgtenant's own messages.
 //!
-//! Conservative by construction: a statement counts as one that cannot wait only when
-//! every part of it is recognised. Anything else (a call to a function not known here,
-//! a quoted or schema-qualified function name, a locking clause, a write, a second
-//! statement) counts as one that may wait on another session.
-//!
-//! What the text cannot show stays possible: a view or a row-level security policy
-//! that calls a function that waits, a user-defined operator, a `search_path` that puts
-//! a schema before `pg_catalog`, and a read that waits for the ACCESS EXCLUSIVE lock of
-//! DDL or `LOCK TABLE`. Lanes bound those by timing each statement shape (`quick`).
+//! Conservative by construction: a statement counts as one that cannot wait, or that
+//! leaves the session alone, only when every part of it is recognised. What the text
+//! cannot show stays possible: a view or a row-level security policy that calls a
+//! function that waits, a user-defined operator, a `search_path` that puts a schema
+//! before `pg_catalog`, and a read that waits for the ACCESS EXCLUSIVE lock of DDL or
+//! `LOCK TABLE`. Lanes bound those by timing each statement shape (`quick`); a function
+//! that writes is stopped for a read-only tenant by the server's
+//! `default_transaction_read_only`, which pgtenant protects (`Writes::ThroughCode`).
 
-use std::sync::LazyLock;
-
+use super::known_calls::calls_only_known;
 use super::lexer::{TokenKind, code_tokens};
+use super::verbs::{Verb, controls_transaction_block};
 use super::words::Words;
 
-/// Whether `sql` is one statement that only reads and can wait on no other session:
-/// a SELECT, VALUES, TABLE or WITH without a locking clause, `INTO`, a data-modifying
-/// CTE, or a call of a function outside `NO_WAIT_FUNCTIONS`.
-pub(super) fn cannot_wait(sql: &str) -> bool {
-    let tokens = code_tokens(sql);
-    let mut statements = tokens.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty());
-    let (Some(statement), None) = (statements.next(), statements.next()) else { return false };
-    let w = Words { sql, tokens: statement };
-    if !READ_STARTS.iter().any(|k| w.is(0, k)) {
-        return false;
+/// What a statement text may do, answered once for every question pgtenant asks of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Effects {
+    /// The most any of its statements may write.
+    pub writes: Writes,
+    /// One statement that only reads and can wait on no other session: a SELECT,
+    /// VALUES, TABLE or WITH without a locking clause, `INTO`, a data-modifying CTE, or a
+    /// call of a function pgtenant does not know. What may ride a lane or go to a replica.
+    pub cannot_wait: bool,
+    /// The most any of its statements may do to the server session's state.
+    pub session: SessionRisk,
+    /// A statement of it controls the transaction block (BEGIN, COMMIT, SAVEPOINT,
+    /// PREPARE TRANSACTION, ...).
+    pub controls_transaction: bool,
+    /// One SELECT/INSERT/UPDATE/DELETE/MERGE/WITH/VALUES/TABLE statement.
+    pub single_dml: bool,
+    /// A statement of it is CREATE, ALTER or DROP: it may change tables, their policies,
+    /// triggers or defaults, and what pgtenant read of the shard's catalog.
+    pub changes_schema: bool,
+}
+
+/// What a statement may write, from least to most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Writes {
+    /// Nothing: reads with known functions only, and statements about the session or
+    /// the transaction.
+    Nothing,
+    /// Its text reads, but it calls code pgtenant cannot follow (a function of the
+    /// user's, `nextval`, a cursor over such a call), which may write. Only the server
+    /// can tell: a read-only tenant's `default_transaction_read_only` refuses it there.
+    ThroughCode,
+    /// Rows: INSERT, UPDATE, DELETE, MERGE, a data-modifying CTE, `SELECT ... INTO`, a
+    /// locking clause, `COPY ... FROM`, NOTIFY, `EXPLAIN ANALYZE`.
+    Rows,
+    /// The schema: CREATE, ALTER, DROP.
+    Schema,
+    /// A statement pgtenant does not recognise as a read (DO, CALL, EXECUTE, VACUUM,
+    /// LOCK, GRANT, ...): counted as one that writes.
+    Unrecognised,
+}
+
+impl Writes {
+    /// Whether the text shows a write (or cannot show that it does not): what pgtenant
+    /// refuses for a tenant that may not write.
+    pub fn shown(self) -> bool {
+        self >= Writes::Rows
     }
-    // `FOR UPDATE/SHARE/...` waits for row locks; `INTO` creates a table; the others
-    // are writes inside a WITH. (`substring(x FOR n)` is refused too: rare enough.)
-    if ["for", "into", "insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k)) {
-        return false;
-    }
-    calls_only_known(&w)
 }
 
 /// What a statement text may do to the server session's state (settings, the tenant
@@ -52,437 +83,175 @@ pub enum SessionRisk {
     Anything,
 }
 
-/// The worst that any statement of `sql` may do to the session's state.
-pub(super) fn session_risk(sql: &str) -> SessionRisk {
-    let tokens = code_tokens(sql);
-    tokens
-        .split(|t| t.kind == TokenKind::Semicolon)
-        .filter(|s| !s.is_empty())
-        .map(|statement| statement_risk(&Words { sql, tokens: statement }))
-        .max()
-        .unwrap_or(SessionRisk::Nothing)
+impl Effects {
+    /// The effects of a statement text (one or more statements).
+    pub fn of(sql: &str) -> Effects {
+        let tokens = code_tokens(sql);
+        let mut statements = tokens.split(|t| t.kind == TokenKind::Semicolon).filter(|s| !s.is_empty());
+        let mut effects = Effects {
+            writes: Writes::Nothing,
+            cannot_wait: false,
+            session: SessionRisk::Nothing,
+            controls_transaction: false,
+            single_dml: false,
+            changes_schema: false,
+        };
+        let mut count = 0;
+        for statement in statements.by_ref() {
+            let one = StatementEffects::of(&Words { sql, tokens: statement });
+            count += 1;
+            effects.writes = effects.writes.max(one.writes);
+            effects.session = effects.session.max(one.session);
+            effects.controls_transaction |= one.controls_transaction;
+            effects.cannot_wait = count == 1 && one.cannot_wait;
+            effects.single_dml = count == 1 && one.verb.is_dml();
+            effects.changes_schema |= one.verb == Verb::Schema;
+        }
+        effects
+    }
+
+    /// Whether the statement may run after a message of pgtenant's own in one implicit
+    /// transaction (no Sync between): one DML statement calling no code pgtenant cannot
+    /// follow. A function may run VACUUM or the like, which PostgreSQL would then refuse
+    /// as "within a pipeline" instead of with the error it gives the statement alone.
+    pub fn shares_implicit_transaction(&self) -> bool {
+        self.single_dml && self.session != SessionRisk::Anything
+    }
+
+    /// Whether the transaction it runs in may have written (read-your-writes).
+    pub fn may_have_written(&self) -> bool {
+        self.writes != Writes::Nothing
+    }
 }
 
-fn statement_risk(w: &Words) -> SessionRisk {
-    if !calls_only_known(w) {
+/// The effects of one statement.
+struct StatementEffects {
+    verb: Verb,
+    controls_transaction: bool,
+    writes: Writes,
+    cannot_wait: bool,
+    session: SessionRisk,
+}
+
+impl StatementEffects {
+    fn of(w: &Words) -> StatementEffects {
+        let verb = Verb::of(w);
+        let known = calls_only_known(w);
+        let writes_rows = ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
+        let select = w.is(0, "select");
+        // FOR UPDATE / NO KEY UPDATE / SHARE / KEY SHARE: PostgreSQL refuses every
+        // locking clause in a read-only transaction, and each waits for row locks.
+        let locks =
+            select && w.contains_word("for") && (w.contains_word("update") || w.contains_word("share"));
+        let writes = match verb {
+            Verb::Read if (select && w.contains_word("into")) || locks => Writes::Rows,
+            Verb::With if writes_rows => Writes::Rows,
+            // COPY ... TO writes no table, unless its query writes or it writes a file.
+            Verb::Copy => {
+                let copies_out =
+                    w.contains_word("to") && !w.contains_word("from") && !w.contains_word("program");
+                if copies_out && !writes_rows { Writes::Nothing } else { Writes::Rows }
+            }
+            Verb::Explain if w.contains_word("analyze") => Writes::Rows,
+            Verb::Write | Verb::Notify => Writes::Rows,
+            Verb::Schema => Writes::Schema,
+            Verb::Other => Writes::Unrecognised,
+            _ => Writes::Nothing,
+        };
+        let writes = match (writes, known) {
+            (Writes::Nothing, false) => Writes::ThroughCode,
+            (writes, _) => writes,
+        };
+        // `FOR UPDATE/SHARE/...` waits for row locks; `INTO` creates a table; the others
+        // are writes inside a WITH. (`substring(x FOR n)` counts too: rare enough.)
+        let cannot_wait = matches!(verb, Verb::Read | Verb::With)
+            && known
+            && !["for", "into"].iter().any(|k| w.contains_word(k))
+            && !writes_rows;
+        StatementEffects {
+            verb,
+            controls_transaction: controls_transaction_block(w),
+            writes,
+            cannot_wait,
+            session: session_risk(w, verb, known, writes_rows),
+        }
+    }
+}
+
+/// What one statement may do to the session's state.
+fn session_risk(w: &Words, verb: Verb, known: bool, writes_rows: bool) -> SessionRisk {
+    if !known {
         return SessionRisk::Anything;
     }
-    // Followed by pgtenant (SET, RESET, DISCARD), over with the transaction, or no
-    // more than reading a setting.
-    const SESSION_STATEMENTS: [&str; 13] = [
-        "set",
-        "reset",
-        "show",
-        "discard",
-        "begin",
-        "start",
-        "commit",
-        "end",
-        "rollback",
-        "abort",
-        "savepoint",
-        "release",
-        "deallocate",
-    ];
-    if SESSION_STATEMENTS.iter().any(|k| w.is(0, k)) {
+    if verb.leaves_session_known() {
         return SessionRisk::Nothing;
     }
-    let reads = READ_STARTS.iter().any(|k| w.is(0, k));
-    let writes = ["insert", "update", "delete", "merge"].iter().any(|k| w.contains_word(k));
-    if writes && w.contains_word("pg_settings") {
+    if writes_rows && w.contains_word("pg_settings") {
         // pg_settings' own rule turns an UPDATE of it into set_config().
         return SessionRisk::Anything;
     }
-    match (reads, writes) {
-        (true, false) => SessionRisk::Nothing,
-        _ if ["insert", "update", "delete", "merge", "with"].iter().any(|k| w.is(0, k)) => {
-            SessionRisk::ThroughTriggers
-        }
+    match verb {
+        Verb::Read | Verb::With if !writes_rows => SessionRisk::Nothing,
+        Verb::Write | Verb::With => SessionRisk::ThroughTriggers,
         // SELECT with a writable CTE is a WITH; anything else (DO, CALL, EXECUTE, COPY,
         // utility statements) may run code pgtenant does not see.
         _ => SessionRisk::Anything,
     }
 }
 
-/// The first words of statements that read (a WITH may also write).
-const READ_STARTS: [&str; 4] = ["select", "values", "table", "with"];
-
-/// Whether every `(` of the statement follows a keyword, a type name, a function known
-/// not to wait (`call_cannot_wait`), a name whose column list it opens
-/// (`names_columns`), or no word at all.
-fn calls_only_known(w: &Words) -> bool {
-    (0..w.tokens.len()).all(|i| w.text(i + 1) != "(" || names_columns(w, i) || call_cannot_wait(w, i))
-}
-
-/// Token `i`, before `(`, names a table or CTE whose column list follows, not a
-/// function: `INSERT INTO [schema.]table [AS alias] (` or `WITH [RECURSIVE] name (`. (pgbench's INSERT, and every INSERT with a column
-/// list, counted as a call of an unknown function before: the connection's settings
-/// and tenant GUC were set again after each.)
-fn names_columns(w: &Words, i: usize) -> bool {
-    if !matches!(w.tokens.get(i).map(|t| t.kind), Some(TokenKind::Word | TokenKind::QuotedIdent)) {
-        return false;
-    }
-    // The table's name, past an alias and a schema.
-    let mut at = i;
-    if at >= 2 && w.is(at - 1, "as") {
-        at -= 2;
-    }
-    if at >= 2 && w.text(at - 1) == "." {
-        at -= 2;
-    }
-    let inserts = at >= 1 && w.is(at - 1, "into") && w.is(0, "insert");
-    let cte = i >= 1 && (w.is(i - 1, "with") || w.is(i - 1, "recursive"));
-    inserts || cte
-}
-
-/// Token `i` stands before `(`: a keyword or type name that takes parentheses, or a
-/// call of a function known not to wait (unqualified, or qualified by `pg_catalog`,
-/// which PostgreSQL searches first unless told otherwise).
-fn call_cannot_wait(w: &Words, i: usize) -> bool {
-    let Some(token) = w.tokens.get(i) else { return true };
-    match token.kind {
-        TokenKind::Word => {}
-        TokenKind::QuotedIdent => return false,
-        // `= (`, `, (`, `((`: grouping, a subquery or a row.
-        _ => return true,
-    }
-    let name = w.text(i).to_ascii_lowercase();
-    let qualified = i >= 2 && w.text(i - 1) == ".";
-    if qualified {
-        return w.is(i - 2, "pg_catalog") && KNOWN.get(name.as_str()) == Some(&Known::Function);
-    }
-    KNOWN.contains_key(name.as_str())
-}
-
-/// What a word before `(` is, when it is one pgtenant knows.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Known {
-    Keyword,
-    Function,
-}
-
-/// `PAREN_KEYWORDS` and `NO_WAIT_FUNCTIONS` in one map: a statement may hold many calls,
-/// and each is looked up once.
-static KNOWN: LazyLock<foldhash::HashMap<&'static str, Known>> = LazyLock::new(|| {
-    let keywords = PAREN_KEYWORDS.iter().map(|k| (*k, Known::Keyword));
-    // A function of the same name as a keyword stays a function (`left`, `right`).
-    keywords.chain(NO_WAIT_FUNCTIONS.iter().map(|f| (*f, Known::Function))).collect()
-});
-
-/// Keywords and type names that a `(` may follow in a read without a function call.
-const PAREN_KEYWORDS: &[&str] = &[
-    "select",
-    "from",
-    "where",
-    "and",
-    "or",
-    "not",
-    "in",
-    "exists",
-    "any",
-    "some",
-    "all",
-    "values",
-    "as",
-    "join",
-    "on",
-    "using",
-    "lateral",
-    "by",
-    "having",
-    "when",
-    "then",
-    "else",
-    "case",
-    "between",
-    "is",
-    "distinct",
-    "union",
-    "intersect",
-    "except",
-    "limit",
-    "offset",
-    "fetch",
-    "over",
-    "filter",
-    "within",
-    "partition",
-    "with",
-    "recursive",
-    "materialized",
-    "like",
-    "ilike",
-    "similar",
-    "escape",
-    "array",
-    "row",
-    "cast",
-    "coalesce",
-    "nullif",
-    "greatest",
-    "least",
-    "extract",
-    "overlay",
-    "position",
-    "substring",
-    "trim",
-    "collate",
-    "group",
-    "order",
-    "window",
-    "rows",
-    "range",
-    "groups",
-    "cube",
-    "rollup",
-    "grouping",
-    "sets",
-    "numeric",
-    "decimal",
-    "varchar",
-    "char",
-    "character",
-    "varying",
-    "bit",
-    "time",
-    "timestamp",
-    "interval",
-    "float",
-    "precision",
-    "table",
-    "only",
-    "asc",
-    "desc",
-    "nulls",
-    "first",
-    "last",
-    "true",
-    "false",
-    "null",
-];
-
-/// Built-in functions that neither wait on another session nor change anything: what
-/// reads commonly call. Anything else (pg_sleep, advisory locks, dblink, nextval,
-/// set_config, user functions) may.
-const NO_WAIT_FUNCTIONS: &[&str] = &[
-    // Aggregates and window functions.
-    "count",
-    "sum",
-    "avg",
-    "min",
-    "max",
-    "bool_and",
-    "bool_or",
-    "every",
-    "array_agg",
-    "string_agg",
-    "json_agg",
-    "jsonb_agg",
-    "json_object_agg",
-    "jsonb_object_agg",
-    "stddev",
-    "stddev_pop",
-    "stddev_samp",
-    "variance",
-    "var_pop",
-    "var_samp",
-    "percentile_cont",
-    "percentile_disc",
-    "mode",
-    "row_number",
-    "rank",
-    "dense_rank",
-    "percent_rank",
-    "cume_dist",
-    "ntile",
-    "lag",
-    "lead",
-    "first_value",
-    "last_value",
-    "nth_value",
-    "bit_and",
-    "bit_or",
-    // Strings.
-    "lower",
-    "upper",
-    "initcap",
-    "length",
-    "char_length",
-    "character_length",
-    "octet_length",
-    "bit_length",
-    "substr",
-    "btrim",
-    "ltrim",
-    "rtrim",
-    "replace",
-    "translate",
-    "concat",
-    "concat_ws",
-    "format",
-    "left",
-    "right",
-    "lpad",
-    "rpad",
-    "repeat",
-    "reverse",
-    "strpos",
-    "split_part",
-    "starts_with",
-    "md5",
-    "ascii",
-    "chr",
-    "quote_ident",
-    "quote_literal",
-    "quote_nullable",
-    "regexp_replace",
-    "regexp_match",
-    "regexp_matches",
-    "regexp_split_to_array",
-    "regexp_split_to_table",
-    "string_to_array",
-    "array_to_string",
-    "to_hex",
-    "encode",
-    "decode",
-    "sha256",
-    "sha512",
-    // Numbers.
-    "abs",
-    "ceil",
-    "ceiling",
-    "floor",
-    "round",
-    "trunc",
-    "mod",
-    "power",
-    "pow",
-    "sqrt",
-    "cbrt",
-    "exp",
-    "ln",
-    "log",
-    "log10",
-    "sign",
-    "div",
-    "width_bucket",
-    "random",
-    "pi",
-    "to_char",
-    "to_number",
-    // Dates and times.
-    "now",
-    "clock_timestamp",
-    "statement_timestamp",
-    "transaction_timestamp",
-    "timeofday",
-    "date_trunc",
-    "date_part",
-    "date_bin",
-    "age",
-    "to_date",
-    "to_timestamp",
-    "make_date",
-    "make_time",
-    "make_timestamp",
-    "make_timestamptz",
-    "make_interval",
-    "justify_days",
-    "justify_hours",
-    "justify_interval",
-    // Arrays, rows and JSON.
-    "array_length",
-    "array_upper",
-    "array_lower",
-    "array_position",
-    "array_positions",
-    "array_append",
-    "array_prepend",
-    "array_cat",
-    "array_remove",
-    "array_replace",
-    "cardinality",
-    "unnest",
-    "generate_series",
-    "generate_subscripts",
-    "to_json",
-    "to_jsonb",
-    "row_to_json",
-    "array_to_json",
-    "json_build_object",
-    "jsonb_build_object",
-    "json_build_array",
-    "jsonb_build_array",
-    "json_object",
-    "jsonb_object",
-    "json_array_length",
-    "jsonb_array_length",
-    "json_extract_path",
-    "json_extract_path_text",
-    "jsonb_extract_path",
-    "jsonb_extract_path_text",
-    "json_typeof",
-    "jsonb_typeof",
-    "jsonb_set",
-    "jsonb_insert",
-    "jsonb_strip_nulls",
-    "jsonb_pretty",
-    "json_array_elements",
-    "jsonb_array_elements",
-    "json_array_elements_text",
-    "jsonb_array_elements_text",
-    "json_each",
-    "jsonb_each",
-    "json_each_text",
-    "jsonb_each_text",
-    "json_object_keys",
-    "jsonb_object_keys",
-    "jsonb_path_query",
-    "jsonb_path_exists",
-    "jsonb_path_match",
-    // Session and catalog facts.
-    "version",
-    "current_setting",
-    "current_database",
-    "current_schema",
-    "current_schemas",
-    "current_user",
-    "session_user",
-    "pg_backend_pid",
-    "inet_server_addr",
-    "inet_server_port",
-    "pg_postmaster_start_time",
-    "pg_is_in_recovery",
-    "txid_current_snapshot",
-    "pg_current_snapshot",
-    "pg_typeof",
-    "format_type",
-    "obj_description",
-    "col_description",
-    "has_table_privilege",
-    "has_schema_privilege",
-    "has_column_privilege",
-    "pg_get_expr",
-    "pg_get_indexdef",
-    "pg_get_constraintdef",
-    "pg_table_is_visible",
-    "pg_type_is_visible",
-    "pg_relation_size",
-    "pg_total_relation_size",
-    "pg_size_pretty",
-    "pg_encoding_to_char",
-    // Other.
-    "gen_random_uuid",
-    "num_nulls",
-    "num_nonnulls",
-    "host",
-    "family",
-    "masklen",
-];
-
 #[cfg(test)]
 mod tests {
-    use super::{SessionRisk, cannot_wait, session_risk};
+    use super::{Effects, SessionRisk, Writes};
+
+    fn session_risk(sql: &str) -> SessionRisk {
+        Effects::of(sql).session
+    }
+
+    fn cannot_wait(sql: &str) -> bool {
+        Effects::of(sql).cannot_wait
+    }
+
+    #[test]
+    fn what_each_statement_writes() {
+        for (sql, writes) in [
+            ("SELECT a FROM t WHERE tenant_id = 7", Writes::Nothing),
+            ("SET search_path = a; SHOW search_path; BEGIN; SAVEPOINT s; RELEASE s; COMMIT", Writes::Nothing),
+            ("COPY (SELECT 1) TO STDOUT", Writes::Nothing),
+            ("SELECT w()", Writes::ThroughCode),
+            ("SELECT nextval('s')", Writes::ThroughCode),
+            ("DECLARE c CURSOR FOR SELECT w()", Writes::ThroughCode),
+            ("SELECT * FROM t FOR KEY SHARE", Writes::Rows),
+            ("SELECT * INTO t2 FROM t", Writes::Rows),
+            ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", Writes::Rows),
+            ("COPY t FROM STDIN", Writes::Rows),
+            ("COPY (SELECT 1) TO PROGRAM 'x'", Writes::Rows),
+            ("NOTIFY c", Writes::Rows),
+            ("EXPLAIN ANALYZE SELECT 1", Writes::Rows),
+            ("SELECT 1; CREATE TABLE x (a int)", Writes::Schema),
+            ("DO $$ BEGIN END $$", Writes::Unrecognised),
+            ("VACUUM t", Writes::Unrecognised),
+        ] {
+            assert_eq!(Effects::of(sql).writes, writes, "{sql}");
+        }
+        assert!(!Writes::ThroughCode.shown() && Writes::Rows.shown() && Writes::Unrecognised.shown());
+    }
+
+    #[test]
+    fn transaction_control_and_single_dml() {
+        for (sql, controls, single_dml) in [
+            ("BEGIN", true, false),
+            ("SELECT 1; COMMIT", true, false),
+            ("PREPARE TRANSACTION 'x'", true, false),
+            ("ROLLBACK TO s", true, false),
+            ("PREPARE s AS SELECT 1", false, false),
+            ("INSERT INTO t VALUES (1)", false, true),
+            ("SELECT 1; SELECT 2", false, false),
+            ("VACUUM t", false, false),
+        ] {
+            let effects = Effects::of(sql);
+            assert_eq!((effects.controls_transaction, effects.single_dml), (controls, single_dml), "{sql}");
+        }
+    }
 
     #[test]
     fn what_may_change_the_session_behind_pgtenants_back() {

@@ -6,6 +6,7 @@ mod classify;
 mod effects;
 mod facts;
 mod kinds;
+mod known_calls;
 pub(crate) mod lexer;
 mod other_sessions;
 mod plain;
@@ -15,6 +16,7 @@ mod quick;
 mod recent;
 mod set_config;
 mod template;
+mod verbs;
 mod words;
 
 use std::sync::Arc;
@@ -34,7 +36,7 @@ pub struct Confinement {
 
 pub use analyze::{Analysis, mentions_all_shards};
 pub use classify::{READ_ONLY_SETTINGS, target_of};
-pub use effects::SessionRisk;
+pub use effects::{Effects, SessionRisk, Writes};
 pub use kinds::{
     ALL_SHARDS, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
     StatementKind, TARGET_PARAMETER,
@@ -43,6 +45,7 @@ pub use prepared_view::{ViewRef, rewrite as rewrite_prepared_view};
 pub use proxy_call::{CallArg, PidArg, ProxyCall, ProxySelect, Signal};
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;
+pub use verbs::Verb;
 pub use words::is_plain_setting;
 
 /// The analysis with the default tenant parameter, for tests outside this layer.
@@ -119,8 +122,7 @@ impl TargetMode {
     /// SELECT/VALUES/TABLE/WITH, no locking clause, no data-modifying CTE, no function
     /// outside the known built-ins). Everything else goes to the primary.
     pub fn target_for(self, statements: &[Arc<Analysis>], autocommit: bool) -> NodeTarget {
-        let reads_only =
-            || !statements.is_empty() && statements.iter().all(|a| !a.is_multi && a.cannot_wait());
+        let reads_only = || !statements.is_empty() && statements.iter().all(|a| a.effects().cannot_wait);
         match self {
             TargetMode::Primary => NodeTarget::Primary,
             _ if !autocommit || !reads_only() => NodeTarget::Primary,
@@ -258,7 +260,7 @@ impl Router {
         if always_parse || analysis.mentions(self.tenant_column()) {
             self.facts_of(&analysis);
         }
-        let _ = (analysis.may_write(), analysis.cannot_wait(), analysis.session_risk());
+        analysis.effects();
         analysis
     }
 
@@ -319,7 +321,7 @@ impl Router {
                     first_shard: route.shard,
                     second: other.clone(),
                     second_shard: p.shard,
-                    write: statements.iter().any(|a| a.may_write()),
+                    write: statements.iter().any(|a| a.effects().writes.shown()),
                 });
             }
             // Several tenants: no single tenant GUC fits; the strictest state does.

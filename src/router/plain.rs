@@ -2,9 +2,7 @@
 //! could pin a connection, touch the tenant GUC or name a built-in pgtenant answers or
 //! refuses, recognised in one pass over its bytes without tokenizing.
 
-/// The first words of DML statements (see `Analysis::single_dml`).
-pub(super) const DML_STARTS: [&str; 8] =
-    ["select", "insert", "update", "delete", "merge", "with", "values", "table"];
+use super::verbs::Verb;
 
 /// One DML statement with no comment, no second statement and nothing that could
 /// pin a connection: the common case, recognised without tokenizing.
@@ -17,7 +15,7 @@ pub(super) fn is_plain_dml(sql: &[u8]) -> bool {
         .iter()
         .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80))
         .unwrap_or(rest.len());
-    if !DML_STARTS.iter().any(|w| rest[..word_len].eq_ignore_ascii_case(w.as_bytes())) {
+    if !Verb::of_word(&rest[..word_len]).is_dml() {
         return false;
     }
     let body = rest.trim_ascii_end();

@@ -51,10 +51,8 @@ pub fn rebased(template: &Analysis, sql: &[u8], literals: Literals) -> Option<An
             _ => OnceLock::new(),
         },
         // Both read words only, and literals are no words.
-        may_write: template.may_write.clone(),
         mentions_column: template.mentions_column.clone(),
-        cannot_wait: template.cannot_wait.clone(),
-        session_risk: template.session_risk.clone(),
+        effects: template.effects.clone(),
         ..Analysis::plain_dml_of_shape(Box::default(), template.shape.clone())
     })
 }
@@ -134,7 +132,7 @@ mod tests {
         assert_eq!(&*a.sql, sql);
         let texts: Vec<&str> = ranges(&a).into_iter().map(|r| &sql[r]).collect();
         assert_eq!(texts, ["17", "'bob'", "2.5"]);
-        assert!(a.plain && a.single_dml);
+        assert!(a.plain && a.effects().single_dml);
         // The ranges are those the lexer finds.
         assert_eq!(ranges(&a), analyze(sql.as_bytes()).literals());
         assert!(rebased("select 1", "select 2").is_some());

@@ -49,6 +49,10 @@ impl Words<'_> {
     pub(super) fn text(&self, i: usize) -> &str {
         self.tokens.get(i).map(|t| &self.sql[t.start..t.end]).unwrap_or("")
     }
+    /// Whether token `i` is a bare word (a keyword or an unquoted name).
+    pub(super) fn is_word(&self, i: usize) -> bool {
+        self.tokens.get(i).is_some_and(|t| t.kind == TokenKind::Word)
+    }
     pub(super) fn is(&self, i: usize, word: &str) -> bool {
         self.tokens.get(i).is_some_and(|t| t.kind == TokenKind::Word)
             && self.text(i).eq_ignore_ascii_case(word)

@@ -143,9 +143,9 @@ async fn the_analysis_agrees_with_postgresql_on_what_a_statement_does() {
     let mut client = fresh_session().await;
     for sql in statements() {
         let analysis = analyze_statement(sql.as_bytes(), "pgtenant.tenant_id", TenantKey::Bigint);
-        let reads = analysis.cannot_wait()
-            || (!analysis.may_write() && analysis.session_risk() == SessionRisk::Nothing);
-        let neutral = analysis.session_risk() == SessionRisk::Nothing
+        let reads = analysis.effects().cannot_wait
+            || (!analysis.effects().writes.shown() && analysis.effects().session == SessionRisk::Nothing);
+        let neutral = analysis.effects().session == SessionRisk::Nothing
             && analysis.session_changes.is_empty()
             && analysis.pin.is_none()
             && !matches!(

@@ -96,7 +96,7 @@ impl Session {
             database: &self.database,
             tenant,
         };
-        let ddl = analysis.is_ddl();
+        let ddl = analysis.effects().changes_schema;
         // Boxed: it reads the catalog of the shard, a large state that every session's
         // future would otherwise carry (strict isolation is off by default).
         Box::pin(check.check(self.shared.router.confinement(analysis, bind_rest), ddl)).await
@@ -135,9 +135,9 @@ impl Session {
     ) -> Result<(), FrontendError> {
         let Some(a) = self.server.as_mut() else { return Ok(()) };
         check_writable_on(&a.route, analysis, bound)?;
-        a.may_have_written |= analysis.may_write();
+        a.may_have_written |= analysis.effects().may_have_written();
         match (&a.route.tenant, a.route.state.allows_writes()) {
-            (Some(tenant), false) if a.unknown_code_in_request && analysis.controls_transaction => {
+            (Some(tenant), false) if a.unknown_code_in_request && analysis.effects().controls_transaction => {
                 let what = "a transaction boundary after SQL pgtenant cannot follow, in one request";
                 Err(read_only_wall(tenant, &a.route, what))
             }
@@ -170,12 +170,14 @@ pub(super) fn check_writable_on(
         let what = "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,";
         return Err(read_only_wall(&tenant, route, what));
     }
-    if analysis.is_multi && analysis.controls_transaction && analysis.session_risk() == SessionRisk::Anything
+    if analysis.is_multi
+        && analysis.effects().controls_transaction
+        && analysis.effects().session == SessionRisk::Anything
     {
         let what = "a transaction boundary after SQL pgtenant cannot follow, in one query,";
         return Err(read_only_wall(&tenant, route, what));
     }
-    if !analysis.may_write() {
+    if !analysis.effects().writes.shown() {
         return Ok(());
     }
     Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })

@@ -326,7 +326,8 @@ impl Session {
             let rest = protocol::bind_view(bind).map(|b| b.rest);
             self.check_strict(route.shard, analysis, rest).await?;
         }
-        self.begin_on(route, whole && analyses.iter().all(|a| a.shares_implicit_transaction())).await
+        self.begin_on(route, whole && analyses.iter().all(|a| a.effects().shares_implicit_transaction()))
+            .await
     }
 
     /// Inside a transaction: the tenants a Bind names (text and parameters) must be the

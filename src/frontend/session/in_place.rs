@@ -96,11 +96,11 @@ impl Session {
                 let request = LaneRequest::Extended { layout: &layout, statement: statement.as_deref() };
                 match self.request_on_lane(&mut route, &bound, request).await {
                     Ok(true) => return Ok(true),
-                    Ok(false) => self.begin_on(route, bound.shares_implicit_transaction()).await,
+                    Ok(false) => self.begin_on(route, bound.effects().shares_implicit_transaction()).await,
                     Err(err) => Err(err),
                 }
             }
-            Ok(route) => self.begin_on(route, bound.shares_implicit_transaction()).await,
+            Ok(route) => self.begin_on(route, bound.effects().shares_implicit_transaction()).await,
             Err(err) => Err(err),
         };
         if let Err(err) = routed {

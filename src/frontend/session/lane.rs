@@ -31,7 +31,7 @@ pub(super) enum LaneRequest<'a> {
 /// A statement whose request leaves nothing behind on the server connection once it
 /// is answered: no transaction block, no setting, nothing that pins the connection.
 fn leaves_no_state(analysis: &Analysis) -> bool {
-    analysis.shares_implicit_transaction()
+    analysis.effects().shares_implicit_transaction()
         && !analysis.is_multi
         && analysis.kind == StatementKind::Other
         && analysis.pin.is_none()
@@ -54,7 +54,7 @@ impl Session {
             && self.batch.is_empty()
             && !self.skip_until_sync
             && leaves_no_state(analysis)
-            && analysis.cannot_wait()
+            && analysis.effects().cannot_wait
     }
 
     /// Times a candidate request that runs on the attached server: its shape's timing

@@ -166,13 +166,13 @@ impl Session {
     /// FunctionCall). A write counts as nothing when the shard is known to run no code of
     /// the user's on writes (`frontend::write_hooks`); DDL makes that read again.
     pub(super) fn note_session_risk(&mut self, analysis: Option<&Analysis>) {
-        let risk = analysis.map_or(SessionRisk::Anything, |a| a.session_risk());
+        let risk = analysis.map_or(SessionRisk::Anything, |a| a.effects().session);
         if risk == SessionRisk::Nothing {
             return;
         }
         let Some(shard) = self.server.as_ref().map(|a| a.route.shard) else { return };
         let hooks = &self.shared.write_hooks;
-        if analysis.is_some_and(|a| a.is_ddl()) {
+        if analysis.is_some_and(|a| a.effects().changes_schema) {
             hooks.forget(shard, &self.database);
             if let Some(a) = self.server.as_mut() {
                 a.ddl_in_transaction = true;

@@ -134,7 +134,7 @@ impl Session {
                     }
                 }
             }
-            if !self.begin_or_reply(route, analysis.shares_implicit_transaction()).await {
+            if !self.begin_or_reply(route, analysis.effects().shares_implicit_transaction()).await {
                 return Ok(());
             }
         } else {

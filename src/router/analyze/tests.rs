@@ -11,7 +11,7 @@ fn kind(sql: &str) -> StatementKind {
 
 #[test]
 fn tells_reads_from_writes() {
-    let writes = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).may_write();
+    let writes = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).effects().writes.shown();
     assert!(!writes("select * from accounts where tenant_id = 1"));
     assert!(!writes("/* c */ SHOW TimeZone; BEGIN; select 1; COMMIT"));
     assert!(!writes("with a as (select 1) select * from a"));
@@ -398,10 +398,13 @@ fn the_fast_path_agrees_with_the_full_analysis_on_the_corpus() {
         assert_eq!(full.kind, StatementKind::Other, "{what}");
         assert_eq!((full.pin, full.is_multi, full.sets_tenant_among_many), (None, false, false), "{what}");
         assert!(full.session_changes.is_empty() && full.bad_setting.is_none(), "{what}");
-        assert!(!full.tampers_tenant_guc && !full.lifts_read_only && !full.controls_transaction, "{what}");
+        assert!(
+            !full.tampers_tenant_guc && !full.lifts_read_only && !full.effects().controls_transaction,
+            "{what}"
+        );
         assert!(full.set_config_name_params.is_empty(), "{what}");
         assert!(full.other_sessions.is_none() && full.prepared_view.is_empty(), "{what}");
-        assert!(full.single_dml && full.hint.is_none(), "{what}");
+        assert!(full.effects().single_dml && full.hint.is_none(), "{what}");
     }
     assert!(plain > 10, "only {plain} statements took the fast path");
 }
