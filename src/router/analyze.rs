@@ -9,17 +9,15 @@ use std::sync::{Arc, OnceLock};
 
 use smallvec::SmallVec;
 
-use super::classify::{
-    alters_tenant_default, classify, hint_in_comment, lifts_read_only, pin_reason, reserved_statement,
-    sets_or_resets, setting_name,
-};
+use super::classify::{classify, hint_in_comment, pin_reason, reserved_statement};
 use super::effects::Effects;
 use super::facts::{SqlFacts, literal_ranges};
 use super::kinds::{ALL_SHARDS, BadSetting, PinReason, SessionChange, StatementKind};
 use super::lexer::{Token, TokenKind, tokenize};
 use super::plain::is_plain_dml;
+use super::protected::{ProtectedSet, changed_by};
 use super::quick::ShapeTiming;
-use super::set_config::{calls_set_config_on, parameter_at, session_config_calls, set_config_calls};
+use super::set_config::{parameter_at, session_config_calls, set_config_calls};
 use super::verbs::{Verb, controls_transaction_block};
 use super::words::{Words, contains_ignore_case};
 use crate::directory::{TenantId, TenantKey};
@@ -81,16 +79,9 @@ pub struct Analysis {
     /// A SET of one of pgtenant's parameters (the tenant, `pgtenant.target`) to a
     /// value it cannot take: refused before it reaches a server.
     pub bad_setting: Option<BadSetting>,
-    /// `SET LOCAL` of the tenant parameter or `set_config` on it: the server's tenant
-    /// GUC would change behind pgtenant's back.
-    pub tampers_tenant_guc: bool,
-    /// SET, RESET, `set_config` or `ALTER ... SET` of the tenant signature
-    /// (`backend::TENANT_SIGNATURE_GUC`), which pgtenant alone sets: refused, so that no
-    /// client leaves a pooled connection holding its tenant without the signature.
-    pub tampers_signature: bool,
-    /// A statement takes down the read-only wall a tenant that may not write has (see
-    /// `lifts_read_only`): refused for such a tenant.
-    pub lifts_read_only: bool,
+    /// The protected settings its statements change (see `protected`): the tenant GUC
+    /// other than by the tenant switch, its signature, the read-only wall.
+    pub protected: ProtectedSet,
     /// The `$n` parameters that name the setting of a `set_config` call: whether it is
     /// the tenant parameter shows only at Bind (see `Session::refusal_of_bound`).
     pub set_config_name_params: Box<[u16]>,
@@ -178,9 +169,7 @@ impl Analysis {
             sets_tenant_among_many: false,
             session_changes: Box::default(),
             bad_setting: None,
-            tampers_tenant_guc: false,
-            tampers_signature: false,
-            lifts_read_only: false,
+            protected: ProtectedSet::default(),
             set_config_name_params: Box::default(),
             other_sessions: None,
             prepared_view: Box::default(),
@@ -251,18 +240,8 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         .iter()
         .find_map(|stmt| pin_reason(&Words { sql: &text, tokens: stmt }))
         .or(unfollowed.then_some(PinReason::UnfollowedSet));
-    let tampers_tenant_guc = statements.iter().any(|stmt| {
-        let w = Words { sql: &text, tokens: stmt };
-        let set_local =
-            w.is(0, "set") && w.is(1, "local") && setting_name(&w, 2).0.eq_ignore_ascii_case(tenant_param);
-        set_local || calls_set_config_on(&w, tenant_param) || alters_tenant_default(&w, tenant_param)
-    });
-    let signature = crate::backend::TENANT_SIGNATURE_GUC;
-    let tampers_signature = statements.iter().any(|stmt| {
-        let w = Words { sql: &text, tokens: stmt };
-        sets_or_resets(&w, signature)
-            || calls_set_config_on(&w, signature)
-            || alters_tenant_default(&w, signature)
+    let protected = statements.iter().fold(ProtectedSet::default(), |set, stmt| {
+        set.union(changed_by(&Words { sql: &text, tokens: stmt }, tenant_param))
     });
     let set_config_name_params = statements
         .iter()
@@ -286,9 +265,7 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         sets_tenant_among_many,
         session_changes: session_changes.into(),
         bad_setting,
-        tampers_tenant_guc,
-        tampers_signature,
-        lifts_read_only: statements.iter().any(|stmt| lifts_read_only(&Words { sql: &text, tokens: stmt })),
+        protected,
         set_config_name_params,
         other_sessions,
         prepared_view: super::prepared_view::references(&text, &code).into(),

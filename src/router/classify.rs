@@ -7,28 +7,16 @@ use super::kinds::{
     ALL_SHARDS, BadSetting, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, StatementKind, TARGET_PARAMETER,
 };
 use super::lexer::TokenKind;
-use super::set_config::{set_config_calls, set_config_name};
-use super::words::{Words, contains_ignore_case, is_plain_setting};
+use super::words::{Words, is_plain_setting};
 use crate::directory::{TenantId, TenantKey};
 
-/// `ALTER ROLE/DATABASE ... SET <tenant parameter>`: a default that server connections
-/// would start with, behind pgtenant's back.
-pub(super) fn alters_tenant_default(w: &Words, tenant_param: &str) -> bool {
-    w.is(0, "alter") && contains_ignore_case(w.rest_from(0).as_bytes(), tenant_param.as_bytes())
-}
-
 /// The setting a SET or RESET (of any scope) names.
-fn set_or_reset_name(w: &Words) -> Option<String> {
+pub(super) fn set_or_reset_name(w: &Words) -> Option<String> {
     if !(w.is(0, "set") || w.is(0, "reset")) {
         return None;
     }
     let at = if w.is(1, "session") || w.is(1, "local") { 2 } else { 1 };
     Some(setting_name(w, at).0)
-}
-
-/// Whether a SET or RESET (of any scope) names `setting`.
-pub(super) fn sets_or_resets(w: &Words, setting: &str) -> bool {
-    set_or_reset_name(w).is_some_and(|name| name.eq_ignore_ascii_case(setting))
 }
 
 /// The word `all_shards` (bare or quoted) followed by a dot: a table on every shard.
@@ -228,29 +216,6 @@ pub(super) fn setting_name(w: &Words, mut i: usize) -> (String, usize) {
             return (name, i);
         }
     }
-}
-
-/// The settings that make a transaction read-only: pgtenant turns the first on for a
-/// tenant that may not write, and the tenant may change neither.
-pub const READ_ONLY_SETTINGS: [&str; 2] = ["default_transaction_read_only", "transaction_read_only"];
-
-/// Whether a statement would let its transaction, or the session's next ones, write
-/// although pgtenant made them read-only: `BEGIN`/`START TRANSACTION`/`SET TRANSACTION`/
-/// `SET SESSION CHARACTERISTICS AS TRANSACTION` with `READ WRITE`, a SET or RESET of
-/// `READ_ONLY_SETTINGS`, or `set_config` of one of them by name.
-pub(super) fn lifts_read_only(w: &Words) -> bool {
-    let read_write = (1..w.tokens.len()).any(|i| w.is(i - 1, "read") && w.is(i, "write"));
-    let begins = w.is(0, "begin") || (w.is(0, "start") && w.is(1, "transaction"));
-    let sets_mode =
-        w.is(0, "set") && (w.is(1, "transaction") || (w.is(1, "session") && w.is(2, "characteristics")));
-    if read_write && (begins || sets_mode) {
-        return true;
-    }
-    let protected = |name: &str| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s));
-    if set_or_reset_name(w).is_some_and(|name| protected(&name)) {
-        return true;
-    }
-    set_config_calls(w).any(|i| set_config_name(w, i).is_some_and(|name| protected(&name)))
 }
 
 /// The identifier at token `i`, as the server reads it (folded unless quoted).

@@ -11,6 +11,7 @@ pub(crate) mod lexer;
 mod other_sessions;
 mod plain;
 mod prepared_view;
+mod protected;
 mod proxy_call;
 mod quick;
 mod recent;
@@ -35,13 +36,14 @@ pub struct Confinement {
 }
 
 pub use analyze::{Analysis, mentions_all_shards};
-pub use classify::{READ_ONLY_SETTINGS, target_of};
+pub use classify::target_of;
 pub use effects::{Effects, SessionRisk, Writes};
 pub use kinds::{
     ALL_SHARDS, BadSetting, ConfigArg, PinReason, ROUTING_VERSION, SCATTER_PARAMETER, SessionChange,
     StatementKind, TARGET_PARAMETER,
 };
 pub use prepared_view::{ViewRef, rewrite as rewrite_prepared_view};
+pub use protected::{Protected, ProtectedSet, READ_ONLY_SETTINGS};
 pub use proxy_call::{CallArg, PidArg, ProxyCall, ProxySelect, Signal};
 pub use quick::ShapeTiming;
 pub use recent::RecentAnalyses;

@@ -9,17 +9,6 @@ use super::kinds::{ConfigArg, SessionChange};
 use super::lexer::TokenKind;
 use super::words::{Words, is_plain_setting};
 
-/// A `set_config` call that may set the tenant parameter: its name argument is the
-/// parameter, or anything pgtenant cannot read as a plain literal (an expression, an
-/// escaped string), which could spell it. A `$n` parameter is read at Bind instead
-/// (`SessionChange::name_parameter`).
-pub(super) fn calls_set_config_on(w: &Words, tenant_param: &str) -> bool {
-    set_config_calls(w).any(|i| match set_config_name(w, i) {
-        Some(name) => name.eq_ignore_ascii_case(tenant_param),
-        None => parameter_at(w, i + 2).is_none() || w.text(i + 3) != ",",
-    })
-}
-
 /// The token indexes of the `set_config` calls of a statement.
 pub(super) fn set_config_calls<'a>(w: &'a Words) -> impl Iterator<Item = usize> + 'a {
     (0..w.tokens.len()).filter(|&i| w.is(i, "set_config") && w.text(i + 1) == "(")

@@ -1,36 +1,141 @@
-//! What a statement may not do through pgtenant, decided in one place for every request
-//! path (simple, extended, in place, lanes): a statement refused here never reaches a
-//! server. First what its text does, whatever its route (`refusal_of`); then, once it is
-//! routed, what its tenant may do there: write (`check_writable_on`), touch tables that
-//! strict isolation cannot prove confined (`check_strict`), join the open transaction
-//! (`check_fits_transaction`).
+//! The admission step: what a statement may do through pgtenant, decided in one place
+//! for every request path (simple, extended, in place, lanes). `Session::admit` takes a
+//! statement and where it stands (`Stage`) and refuses it, with the error the client
+//! gets, or admits it and does the bookkeeping admission implies (a transaction that
+//! may have written is marked for read-your-writes). A statement refused here never
+//! reaches a server; the request paths keep only how bytes move.
+//!
+//! First what its text does, whoever sends it (`refusal_of_text`: the protected
+//! settings nobody may change, pgtenant's own settings and statement names, other
+//! sessions); then, once routed, what its tenant may do there: write, or change the
+//! read-only wall (`writes_refusal`), touch tables strict isolation cannot prove
+//! confined, join the open transaction.
 
 use super::Session;
-use crate::backend::TENANT_SIGNATURE_GUC;
 use crate::config::IsolationMode;
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
-use crate::router::{Analysis, READ_ONLY_SETTINGS, Route, Router, SessionRisk};
+use crate::router::{Analysis, Protected, ProtectedSet, Route, Router, SessionRisk};
 
-impl Session {
-    /// The refusal of a statement for what its text does, before any routing: it
-    /// would change the tenant GUC behind pgtenant's back, give one of pgtenant's
-    /// settings a value it cannot take, name a prepared statement of pgtenant's on the
-    /// server, or reach the server's other sessions.
-    pub(super) fn refusal_of(&self, analysis: &Analysis) -> Option<FrontendError> {
-        text_refusal(analysis, self.shared.router.tenant_param(), &self.tenant)
+/// A statement at the admission step: its analysis and, for a Bind, its parameters.
+#[derive(Clone, Copy)]
+pub(super) struct Candidate<'a> {
+    pub analysis: &'a Analysis,
+    pub bound: Option<&'a [u8]>,
+}
+
+impl<'a> Candidate<'a> {
+    /// A statement sent as text (a Query, or a Parse not yet bound).
+    pub fn text(analysis: &'a Analysis) -> Self {
+        Candidate { analysis, bound: None }
+    }
+
+    /// A statement bound with the Bind parameters `bound`.
+    pub fn bound(analysis: &'a Analysis, bound: &'a [u8]) -> Self {
+        Candidate { analysis, bound: Some(bound) }
     }
 }
 
-/// `Session::refusal_of` for a session whose tenant parameter is `tenant_param` and
-/// whose tenant is `tenant` (they only word the error).
-fn text_refusal(analysis: &Analysis, tenant_param: &str, tenant: &Option<TenantId>) -> Option<FrontendError> {
-    if analysis.tampers_tenant_guc {
-        return Some(FrontendError::TenantGucProtected { param: tenant_param.into() });
+/// Where a routed statement stands when it is admitted (before it is routed, a Parse or
+/// a text pgtenant may answer itself is admitted by its text alone: `admit_text`).
+pub(super) enum Stage<'a> {
+    /// It starts a transaction, or an autocommit request, on `route`.
+    /// `after_unknown_code`: a statement before it in the same request may run code
+    /// pgtenant cannot follow (which may have taken down the read-only wall).
+    Opening { route: &'a Route, after_unknown_code: bool },
+    /// It runs in the transaction open on the attached server, and names `named`.
+    Joining { named: &'a [TenantId] },
+}
+
+impl Session {
+    /// The admission step for `statement` at `stage` (see the module comment).
+    /// (It borrows the session shared, so that a Bind's parameters may stay in the
+    /// client's read buffer: its one mark is an atomic.)
+    pub(super) async fn admit(
+        &self,
+        statement: Candidate<'_>,
+        stage: Stage<'_>,
+    ) -> Result<(), FrontendError> {
+        let changed = self.protected_changed_by(statement);
+        self.admit_text(statement)?;
+        let (route, after_unknown_code) = match stage {
+            Stage::Opening { route, after_unknown_code } => {
+                self.admit_deferred_begin(route)?;
+                (route.clone(), after_unknown_code)
+            }
+            Stage::Joining { named } => {
+                self.check_fits_transaction(named).await?;
+                let Some(a) = self.server.as_ref() else { return Ok(()) };
+                (a.route.clone(), a.unknown_code_in_request)
+            }
+        };
+        if let Some(refused) = writes_refusal(&route, statement.analysis, changed, after_unknown_code) {
+            return Err(refused);
+        }
+        self.check_strict(route.shard, statement.analysis, statement.bound).await?;
+        if statement.analysis.effects().may_have_written() {
+            self.may_have_written.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
     }
-    if analysis.tampers_signature {
-        return Some(FrontendError::SettingProtected { name: TENANT_SIGNATURE_GUC });
+
+    /// The first part of `admit`, for a statement that has no route yet: what its text
+    /// does, and the Bind's parameters show, whoever sends it.
+    pub(super) fn admit_text(&self, statement: Candidate<'_>) -> Result<(), FrontendError> {
+        let changed = self.protected_changed_by(statement);
+        let tenant_param = self.shared.router.tenant_param();
+        match refusal_of_text(statement.analysis, changed, tenant_param, &self.tenant) {
+            Some(refused) => Err(refused),
+            None => Ok(()),
+        }
+    }
+
+    /// The protected settings `statement` changes, by its text or through its Bind's
+    /// parameters (a `set_config` name given as `$n`; one pgtenant cannot read counts
+    /// as every protected setting).
+    fn protected_changed_by(&self, statement: Candidate<'_>) -> ProtectedSet {
+        let analysis = statement.analysis;
+        let Some(rest) = statement.bound else { return analysis.protected };
+        let tenant_param = self.shared.router.tenant_param();
+        analysis.set_config_name_params.iter().fold(analysis.protected, |set, &n| {
+            let name = super::extended::text_parameter(rest, n);
+            set.union(ProtectedSet::of_bound_name(name, tenant_param))
+        })
+    }
+
+    /// A deferred BEGIN (answered when it came) is admitted once its tenant is known:
+    /// a `BEGIN READ WRITE` of a tenant that may not write is refused now.
+    fn admit_deferred_begin(&self, route: &Route) -> Result<(), FrontendError> {
+        let super::ClientTx::DeferredBegin(begin) = &self.tx else { return Ok(()) };
+        if route.state.allows_writes() {
+            return Ok(());
+        }
+        let begin = self.shared.router.analyze(begin);
+        writes_refusal(route, &begin, begin.protected, false).map_or(Ok(()), Err)
+    }
+}
+
+/// What a statement's text may not do whoever sends it (`changed`: the protected
+/// settings it changes, its Bind's included): change a protected setting nobody may,
+/// give one of pgtenant's settings a value it cannot take, name a prepared statement of
+/// pgtenant's on the server, or reach the server's other sessions. `tenant_param` and
+/// `tenant` only word the error.
+fn refusal_of_text(
+    analysis: &Analysis,
+    changed: ProtectedSet,
+    tenant_param: &str,
+    tenant: &Option<TenantId>,
+) -> Option<FrontendError> {
+    match changed.refused_to_all() {
+        Some(Protected::TenantGuc) => {
+            return Some(FrontendError::TenantGucProtected { param: tenant_param.into() });
+        }
+        Some(_) => {
+            let name = crate::backend::TENANT_SIGNATURE_GUC;
+            return Some(FrontendError::SettingProtected { name });
+        }
+        None => {}
     }
     if let Some(bad) = &analysis.bad_setting {
         return Some(FrontendError::from(bad));
@@ -42,32 +147,43 @@ fn text_refusal(analysis: &Analysis, tenant_param: &str, tenant: &Option<TenantI
     Some(FrontendError::OtherSessions { object: object.into(), tenant: tenant.clone() })
 }
 
-impl Session {
-    /// `refusal_of`, and what the Bind's parameters show: a `set_config` whose name
-    /// comes as a parameter is refused when that name is the tenant signature or the
-    /// tenant parameter (or cannot be read).
-    pub(super) fn refusal_of_bound(&self, analysis: &Analysis, bind_rest: &[u8]) -> Option<FrontendError> {
-        if let Some(refused) = self.refusal_of(analysis) {
-            return Some(refused);
-        }
-        let tenant_param = self.shared.router.tenant_param();
-        let named = |bound: &str| {
-            analysis.set_config_name_params.iter().any(|&n| {
-                super::extended::text_parameter(bind_rest, n)
-                    .is_none_or(|name| name.eq_ignore_ascii_case(bound))
-            })
-        };
-        if named(TENANT_SIGNATURE_GUC) {
-            return Some(FrontendError::SettingProtected { name: TENANT_SIGNATURE_GUC });
-        }
-        named(tenant_param).then(|| FrontendError::TenantGucProtected { param: tenant_param.into() })
-    }
+/// Whether the text of `analysis` is refused whoever sends it: such a request takes
+/// the general path, which words the refusal (the in-place and lane paths ask).
+pub(super) fn is_refused(analysis: &Analysis) -> bool {
+    refusal_of_text(analysis, analysis.protected, "", &None).is_some()
 }
 
-/// Whether the text of `analysis` is refused whoever sends it (see `refusal_of`):
-/// such a request takes the general path, which words the refusal.
-pub(super) fn is_refused(analysis: &Analysis) -> bool {
-    text_refusal(analysis, "", &None).is_some()
+/// For a tenant of `route` that may not write: the refusal of a statement that may
+/// write (`changed`: the protected settings it changes), or that would take down the server's wall (`default_transaction_read_only`,
+/// which pgtenant sets for it): `READ WRITE`, a change of the read-only settings, or a
+/// transaction boundary behind SQL pgtenant cannot follow in one request
+/// (`after_unknown_code`, or earlier in the same query), since a function could have
+/// turned the wall off for the transactions after it. What the text shows it writes is
+/// refused here; what code it calls may write is refused by the wall.
+fn writes_refusal(
+    route: &Route,
+    analysis: &Analysis,
+    changed: ProtectedSet,
+    after_unknown_code: bool,
+) -> Option<FrontendError> {
+    let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
+        return None;
+    };
+    let effects = analysis.effects();
+    let state = route.state.describe();
+    let wall = |what| FrontendError::ReadOnlyWall { tenant: tenant.clone(), shard: route.shard, state, what };
+    if changed.contains(Protected::ReadOnlyWall) {
+        return Some(wall(
+            "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,",
+        ));
+    }
+    if effects.controls_transaction && after_unknown_code {
+        return Some(wall("a transaction boundary after SQL pgtenant cannot follow, in one request"));
+    }
+    if analysis.is_multi && effects.controls_transaction && effects.session == SessionRisk::Anything {
+        return Some(wall("a transaction boundary after SQL pgtenant cannot follow, in one query,"));
+    }
+    effects.writes.shown().then_some(FrontendError::TenantReadOnly { tenant, shard: route.shard, state })
 }
 
 impl Session {
@@ -75,7 +191,7 @@ impl Session {
     /// run `analysis` on `shard` if it touches a table holding tenants without forced
     /// row-level security and is not confined to the session's tenant (see
     /// `frontend::strict`). `bind_rest`: the Bind's parameters, for `$n` values.
-    pub(super) async fn check_strict(
+    async fn check_strict(
         &self,
         shard: ShardId,
         analysis: &Analysis,
@@ -104,7 +220,7 @@ impl Session {
 
     /// Inside a transaction, every tenant a statement names must be the session's
     /// (when bound) and live on the transaction's shard.
-    pub(super) async fn check_fits_transaction(&self, named: &[TenantId]) -> Result<(), FrontendError> {
+    async fn check_fits_transaction(&self, named: &[TenantId]) -> Result<(), FrontendError> {
         let Some(current) = self.server.as_ref().map(|a| a.route.shard) else {
             return Ok(());
         };
@@ -117,78 +233,5 @@ impl Session {
             }
         }
         Ok(())
-    }
-
-    /// A tenant that may not write (read_only, moving) gets its writes refused here,
-    /// before they reach the server (see `check_writable_on`); `bound`: the Bind's
-    /// parameters. Within one request, a statement pgtenant cannot follow may have turned
-    /// the wall off for the next transactions (`default_transaction_read_only` in a
-    /// function): no transaction boundary may follow it before pgtenant sets it again,
-    /// as it does before the next request's transaction.
-    ///
-    /// A statement admitted here that may write marks its transaction as one that may
-    /// have written (read-your-writes: `Session::note_write_end`).
-    pub(super) fn check_writable(
-        &mut self,
-        analysis: &Analysis,
-        bound: Option<&[u8]>,
-    ) -> Result<(), FrontendError> {
-        let Some(a) = self.server.as_mut() else { return Ok(()) };
-        check_writable_on(&a.route, analysis, bound)?;
-        a.may_have_written |= analysis.effects().may_have_written();
-        match (&a.route.tenant, a.route.state.allows_writes()) {
-            (Some(tenant), false) if a.unknown_code_in_request && analysis.effects().controls_transaction => {
-                let what = "a transaction boundary after SQL pgtenant cannot follow, in one request";
-                Err(read_only_wall(tenant, &a.route, what))
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Refuses, for a tenant of `route` that may not write, a statement that may write, and
-/// one that would take down the server's wall (`default_transaction_read_only`, which
-/// pgtenant sets for it): `READ WRITE`, a change of the read-only settings (by name, or
-/// by a `set_config` name among the Bind's parameters `bound`), or a transaction boundary
-/// behind SQL pgtenant cannot follow in one query (a function could have turned it off
-/// for the transactions after it).
-pub(super) fn check_writable_on(
-    route: &Route,
-    analysis: &Analysis,
-    bound: Option<&[u8]>,
-) -> Result<(), FrontendError> {
-    let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
-        return Ok(());
-    };
-    let names_wall = |rest: &[u8]| {
-        analysis.set_config_name_params.iter().any(|&n| {
-            super::extended::text_parameter(rest, n)
-                .is_none_or(|name| READ_ONLY_SETTINGS.iter().any(|s| name.eq_ignore_ascii_case(s)))
-        })
-    };
-    if analysis.lifts_read_only || bound.is_some_and(names_wall) {
-        let what = "READ WRITE, or a change of default_transaction_read_only or transaction_read_only,";
-        return Err(read_only_wall(&tenant, route, what));
-    }
-    if analysis.is_multi
-        && analysis.effects().controls_transaction
-        && analysis.effects().session == SessionRisk::Anything
-    {
-        let what = "a transaction boundary after SQL pgtenant cannot follow, in one query,";
-        return Err(read_only_wall(&tenant, route, what));
-    }
-    if !analysis.effects().writes.shown() {
-        return Ok(());
-    }
-    Err(FrontendError::TenantReadOnly { tenant, shard: route.shard, state: route.state.describe() })
-}
-
-/// The refusal of a statement that would take down `tenant`'s read-only wall.
-fn read_only_wall(tenant: &TenantId, route: &Route, what: &'static str) -> FrontendError {
-    FrontendError::ReadOnlyWall {
-        tenant: tenant.clone(),
-        shard: route.shard,
-        state: route.state.describe(),
-        what,
     }
 }

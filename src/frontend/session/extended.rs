@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
+use super::admission::{Candidate, Stage};
 use super::proxy_call::proxy_select;
 use super::{BoundChanges, ClientStatement, ClientTx, Session};
 use crate::backend::{OnError, Pending, PreparedStatement, Reply, ServerConn, quote_literal};
@@ -278,9 +279,7 @@ impl Session {
                     let analysis = self.recent.get_or_analyze(router, p.query);
                     parsed_here.push((p.name, analysis.clone()));
                     parsed.push(analysis.clone());
-                    if let Some(err) = self.refusal_of(&analysis) {
-                        return Err(err);
-                    }
+                    self.admit_text(Candidate::text(&analysis))?;
                     add_new(&mut named, router.named_in_text(&analysis));
                     continue;
                 }
@@ -293,9 +292,7 @@ impl Session {
                     else {
                         continue;
                     };
-                    if let Some(err) = self.refusal_of_bound(&analysis, b.rest) {
-                        return Err(err);
-                    }
+                    self.admit_text(Candidate::bound(&analysis, b.rest))?;
                     let tenants = router.named_in_bind(&analysis, b.rest);
                     binds.push(frame.body_bytes());
                     (analysis, tenants)
@@ -322,9 +319,13 @@ impl Session {
             .router
             .route(self.tenant.as_ref(), &statements.named, analyses, &mut self.placement, reach)
             .await?;
+        // A statement after one that may run code pgtenant cannot follow, in this request.
+        let mut after_unknown_code = false;
         for (analysis, bind) in analyses.iter().zip(&statements.binds) {
-            let rest = protocol::bind_view(bind).map(|b| b.rest);
-            self.check_strict(route.shard, analysis, rest).await?;
+            let b = protocol::bind_view(bind).ok_or_else(|| FrontendError::malformed("Bind"))?;
+            let opening = Stage::Opening { route: &route, after_unknown_code };
+            self.admit(Candidate::bound(analysis, b.rest), opening).await?;
+            after_unknown_code |= analysis.effects().session == crate::router::SessionRisk::Anything;
         }
         self.begin_on(route, whole && analyses.iter().all(|a| a.effects().shares_implicit_transaction()))
             .await
@@ -335,15 +336,8 @@ impl Session {
     async fn check_bind(&self, frame: &Frame) -> Result<(), FrontendError> {
         let b = protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
         let Some(analysis) = self.bound_analysis(b.statement) else { return Ok(()) };
-        if let Some(err) = self.refusal_of_bound(&analysis, b.rest) {
-            return Err(err);
-        }
         let named = self.shared.router.named_in_bind(&analysis, b.rest);
-        self.check_fits_transaction(&named).await?;
-        match self.server.as_ref().map(|a| a.route.shard) {
-            Some(shard) => self.check_strict(shard, &analysis, Some(b.rest)).await,
-            None => Ok(()),
-        }
+        self.admit(Candidate::bound(&analysis, b.rest), Stage::Joining { named: &named }).await
     }
 
     /// The analysis of the statement a Bind names (`""` is the last unnamed Parse).
@@ -404,11 +398,6 @@ impl Session {
                     let err = FrontendError::TenantChangeInTransaction {
                         param: self.shared.router.tenant_param().into(),
                     };
-                    self.reply_error(&err, false);
-                    self.skip_until_sync = true;
-                    return Ok(());
-                }
-                if let Some(Err(err)) = analysis.as_deref().map(|a| self.check_writable(a, Some(b.rest))) {
                     self.reply_error(&err, false);
                     self.skip_until_sync = true;
                     return Ok(());

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use bytes::Buf;
 use smallvec::SmallVec;
 
+use super::admission::{Candidate, Stage};
 use super::extended::{add_new, local_kind};
 use super::lane::LaneRequest;
 use super::layout::{Layout, body, layout, write_from_bind};
@@ -88,7 +89,10 @@ impl Session {
             .route(self.tenant.as_ref(), &named, std::slice::from_ref(&bound), &mut self.placement, reach)
             .await;
         let route = match route {
-            Ok(route) => self.check_strict(route.shard, &bound, Some(b.rest)).await.map(|()| route),
+            Ok(route) => {
+                let opening = Stage::Opening { route: &route, after_unknown_code: false };
+                self.admit(Candidate::bound(&bound, b.rest), opening).await.map(|()| route)
+            }
             Err(err) => Err(err.into()),
         };
         let routed = match route {
@@ -133,13 +137,6 @@ impl Session {
             a.conn.queue.push(Pending::client(Reply::Parse));
             a.open_request = true;
             copied = parse.end;
-        }
-        if let Err(err) = self.check_writable(&bound, None) {
-            // As the general path does: the Parse went, the rest is skipped up to the Sync.
-            self.reply_error(&err, false);
-            self.skip_until_sync = true;
-            self.client.rbuf.advance(copied);
-            return Ok(());
         }
         let server_statement = statement.and_then(|name| self.server_statement(name));
         let a = self.server.as_mut().ok_or_else(FrontendError::no_server)?;

@@ -93,9 +93,6 @@ struct Attached {
     request_failed: bool,
     /// A COMMIT completed in the current transaction.
     saw_commit: bool,
-    /// A statement that may write was admitted since the transaction began
-    /// (`Session::check_writable`).
-    may_have_written: bool,
     /// Extended-protocol messages were sent without their Sync yet.
     open_request: bool,
     /// The tenant GUC was set inside the client's request (see `begin_on`): it holds
@@ -111,7 +108,7 @@ struct Attached {
     /// of it yet).
     block_begun: bool,
     /// A statement that may run code pgtenant cannot follow went out in the request
-    /// under way (see `Session::check_writable`).
+    /// under way (see `admission::Stage::Opening`).
     unknown_code_in_request: bool,
     /// DDL went out here since the transaction began: when it ends, what the shard's
     /// catalog says of write hooks is read again (see `frontend::write_hooks`).
@@ -133,6 +130,9 @@ pub struct Session {
     /// ended on a primary (`coarse_clock::now_ms`); its reads then go only to replicas
     /// that replayed what the primary had committed by then.
     wrote_ms: Option<u64>,
+    /// A statement that may have written (`Effects::may_have_written`) was admitted
+    /// since the last transaction ended (`Session::admit`): its end is a write's.
+    may_have_written: std::sync::atomic::AtomicBool,
     /// Under `read_your_writes = "user"`: the mark every session of this login shares.
     login_writes: Option<Arc<std::sync::atomic::AtomicU64>>,
     login_target: TargetMode,
@@ -293,6 +293,7 @@ impl Session {
             tenant: start.tenant,
             target: start.target,
             wrote_ms: None,
+            may_have_written: std::sync::atomic::AtomicBool::new(false),
             login_writes,
             login_target: start.target,
             listed,

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::admission::check_writable_on;
 use super::client_watch::unless_client_leaves;
 use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, HealthView, LagBound, NodeKey, PrimaryChoice};
@@ -40,13 +39,6 @@ impl Session {
     /// SETs that give it this client's settings and tenant. `dml_only`: the request runs
     /// single DML statements only, which may share an implicit transaction with the SET.
     pub(super) async fn begin_on(&mut self, mut route: Route, dml_only: bool) -> Result<(), FrontendError> {
-        if let ClientTx::DeferredBegin(begin) = &self.tx
-            && !route.state.allows_writes()
-        {
-            // The client's BEGIN, answered when it came, is checked now that its tenant is.
-            let begin = self.recent.get_or_analyze(&self.shared.router, &begin.clone());
-            check_writable_on(&route, &begin, None)?;
-        }
         if let Some(a) = &self.server
             && a.route.shard != route.shard
         {
@@ -209,7 +201,6 @@ impl Session {
             pin: None,
             request_failed: false,
             saw_commit: false,
-            may_have_written: false,
             open_request: false,
             tenant_in_request: false,
             settings_before: None,
@@ -268,8 +259,7 @@ impl Session {
     /// when the session last wrote (whatever its target now: a later SET may send its
     /// reads to replicas).
     fn note_write_end(&mut self) {
-        let Some(a) = self.server.as_mut() else { return };
-        if !std::mem::take(&mut a.may_have_written) {
+        if !self.may_have_written.swap(false, std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         if self.shared.config.proxy.read_your_writes == ReadYourWrites::Off {

@@ -3,7 +3,7 @@
 
 use bytes::BytesMut;
 
-use super::admission::check_writable_on;
+use super::admission::{Candidate, Stage};
 use super::lane::LaneRequest;
 use super::{ClientTx, Session};
 use crate::backend::{Pending, Reply};
@@ -54,7 +54,7 @@ impl Session {
                 _ => {}
             }
         }
-        if let Some(err) = self.refusal_of(&analysis) {
+        if let Err(err) = self.admit_text(Candidate::text(&analysis)) {
             self.reply_error(&err, true);
             return Ok(());
         }
@@ -114,13 +114,14 @@ impl Session {
                     reach,
                 )
                 .await
-                .map_err(FrontendError::from)
-                .and_then(|route| check_writable_on(&route, &analysis, None).map(|()| route));
-            let route = match route {
-                Ok(route) => self.check_strict(route.shard, &analysis, None).await.map(|()| route),
+                .map_err(FrontendError::from);
+            let mut route = match route {
+                Ok(route) => {
+                    let opening = Stage::Opening { route: &route, after_unknown_code: false };
+                    self.admit(Candidate::text(&analysis), opening).await.map(|()| route)
+                }
                 Err(err) => Err(err),
             };
-            let mut route = route;
             if let Ok(r) = &mut route
                 && lane_candidate
                 && analysis.shape().is_quick()
@@ -138,13 +139,7 @@ impl Session {
                 return Ok(());
             }
         } else {
-            let shard = self.server.as_ref().map(|a| a.route.shard);
-            let mut checked =
-                self.check_fits_transaction(&named).await.and_then(|()| self.check_writable(&analysis, None));
-            if let (Ok(()), Some(shard)) = (&checked, shard) {
-                checked = self.check_strict(shard, &analysis, None).await;
-            }
-            if let Err(err) = checked {
+            if let Err(err) = self.admit(Candidate::text(&analysis), Stage::Joining { named: &named }).await {
                 self.reply_error(&err, true);
                 return Ok(());
             }

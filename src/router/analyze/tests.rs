@@ -1,7 +1,7 @@
 //! The statement analysis, statement by statement.
 
 use super::*;
-use crate::router::{ConfigArg, target_of};
+use crate::router::{ConfigArg, Protected, target_of};
 
 const P: &str = "pgtenant.tenant_id";
 
@@ -34,7 +34,8 @@ fn tells_reads_from_writes() {
 
 #[test]
 fn sees_every_way_to_lift_the_read_only_wall() {
-    let lifts = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).lifts_read_only;
+    let lifts =
+        |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).protected.contains(Protected::ReadOnlyWall);
     for sql in [
         "BEGIN READ WRITE",
         "begin isolation level serializable, read write",
@@ -59,7 +60,9 @@ fn sees_every_way_to_lift_the_read_only_wall() {
 
 #[test]
 fn sees_every_way_to_change_the_tenant_signature() {
-    let tampers = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).tampers_signature;
+    let tampers = |sql: &str| {
+        analyze(sql.as_bytes(), P, TenantKey::Bigint).protected.contains(Protected::TenantSignature)
+    };
     for sql in [
         "SET pgtenant.tenant_sig = 'x'",
         "set session \"pgtenant\".tenant_sig to default",
@@ -100,11 +103,12 @@ fn sees_sql_that_names_pgtenants_own_prepared_statements() {
 
 #[test]
 fn sees_every_way_to_change_the_tenant_guc() {
-    let tampers = |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).tampers_tenant_guc;
+    let tampers =
+        |sql: &str| analyze(sql.as_bytes(), P, TenantKey::Bigint).protected.contains(Protected::TenantGuc);
     assert!(tampers("SELECT set_config('pgtenant.tenant_id', '5', false)"));
     assert!(tampers("select pg_catalog.set_config('PGTENANT.TENANT_ID', '5', true)"));
     let bound = analyze(b"SELECT set_config($2, $1, true)", P, TenantKey::Bigint);
-    assert!(!bound.tampers_tenant_guc, "the name is read from the Bind");
+    assert!(bound.protected.is_empty(), "the name is read from the Bind");
     assert_eq!(&bound.set_config_name_params[..], [2], "and checked there");
     assert!(tampers("SELECT set_config(lower('PGTENANT.TENANT_ID'), '5', false)"));
     assert!(tampers("SELECT set_config(E'pgtenant\\x2etenant_id', '5', false)"));
@@ -398,10 +402,7 @@ fn the_fast_path_agrees_with_the_full_analysis_on_the_corpus() {
         assert_eq!(full.kind, StatementKind::Other, "{what}");
         assert_eq!((full.pin, full.is_multi, full.sets_tenant_among_many), (None, false, false), "{what}");
         assert!(full.session_changes.is_empty() && full.bad_setting.is_none(), "{what}");
-        assert!(
-            !full.tampers_tenant_guc && !full.lifts_read_only && !full.effects().controls_transaction,
-            "{what}"
-        );
+        assert!(full.protected.is_empty() && !full.effects().controls_transaction, "{what}");
         assert!(full.set_config_name_params.is_empty(), "{what}");
         assert!(full.other_sessions.is_none() && full.prepared_view.is_empty(), "{what}");
         assert!(full.effects().single_dml && full.hint.is_none(), "{what}");
