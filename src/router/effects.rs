@@ -61,6 +61,17 @@ pub enum Writes {
 }
 
 impl Writes {
+    /// What it writes, in words for an error message.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Writes::Nothing => "nothing",
+            Writes::ThroughCode => "a call of code that may write",
+            Writes::Rows => "a statement that writes rows or takes row locks",
+            Writes::Schema => "a statement that changes the schema",
+            Writes::Unrecognised => "a statement pgtenant does not recognise as a read",
+        }
+    }
+
     /// Whether the text shows a write (or cannot show that it does not): what pgtenant
     /// refuses for a tenant that may not write.
     pub fn shown(self) -> bool {

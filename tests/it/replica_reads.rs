@@ -171,6 +171,54 @@ async fn a_session_reads_its_own_writes_while_its_replica_lags() {
     proxy.shutdown().await;
 }
 
+/// Read-your-writes follows every way a session can write, not only a statement whose
+/// text writes in the extended protocol: an autocommit INSERT in the simple protocol,
+/// and a call of a function that writes (the text reads; the code writes), in either
+/// protocol. Each session reads its row back while the replica's replay is paused.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_way_of_writing_is_read_back() {
+    let (primary, replica, _admin) = crate::harness::pair_with(
+        "read_every_write",
+        "CREATE TABLE every_write (id bigint, tenant_id bigint); GRANT ALL ON every_write TO app;
+         CREATE FUNCTION every_write_w(bigint) RETURNS bigint LANGUAGE sql
+             AS 'INSERT INTO every_write VALUES ($1, 7) RETURNING $1';
+         GRANT EXECUTE ON FUNCTION every_write_w(bigint) TO app;",
+    )
+    .await;
+    let replica_port = replica.port;
+    let proxy = start_proxy_on_pair(primary.port, replica_port, |c| {
+        c.health.max_replica_lag_ms = 600_000;
+        c.health.max_replica_lag_bytes = 1 << 40;
+    })
+    .await;
+    let writes =
+        ["INSERT INTO every_write VALUES (1, 7)", "SELECT every_write_w(2)", "SELECT every_write_w(3)"];
+    let mut writers = Vec::new();
+    for _ in writes {
+        let writer = session(&proxy, "prefer-replica").await;
+        let on_replica =
+            eventually(Duration::from_secs(10), || async { read_on_replica(&writer).await == Ok(true) })
+                .await;
+        assert!(on_replica.is_some(), "reads reach the replica once it is checked");
+        writers.push(writer);
+    }
+    let replica_admin =
+        connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
+    replica_admin.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
+    for (i, (writer, write)) in writers.iter().zip(writes).enumerate() {
+        match i {
+            1 => assert_eq!(writer.query_one(write, &[]).await.unwrap().get::<_, i64>(0), 2),
+            _ => drop(writer.simple_query(write).await.unwrap()),
+        }
+        let count = format!("SELECT count(*) FROM every_write WHERE id = {}", i + 1);
+        let seen: i64 = writer.query_one(&count, &[]).await.unwrap().get(0);
+        assert_eq!(seen, 1, "{write}: the writer reads its row");
+        assert_eq!(read_on_replica(writer).await, Ok(false), "{write}: served by the primary meanwhile");
+    }
+    replica_admin.batch_execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    proxy.shutdown().await;
+}
+
 /// `read_your_writes = "user"`: a write by one session of a login is read by every
 /// session of that login, while the replica has not replayed it.
 #[tokio::test(flavor = "multi_thread")]

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 
 use super::Session;
+use super::admission::Candidate;
 use super::client_watch::unless_client_leaves;
 use crate::admin::scatter::{self, Link, Policy, Prepared, Request, ScatterError};
 use crate::backend::health::{LagBound, PrimaryChoice};
@@ -182,12 +183,21 @@ impl Session {
         Err(ScatterError::NoCoordinator { reason: reasons.join("; ") }.into())
     }
 
-    /// Describes and plans `sql` on a coordinator, which is handed back for the run.
+    /// Admits a scatter-gather statement by its text (the admission step's first part,
+    /// as every statement), refuses one that may write (what `Effects` says; the
+    /// planner's own checks are of what it can merge), then describes and plans it on a
+    /// coordinator, which is handed back for the run.
     async fn prepare_scatter(
         &mut self,
-        sql: &str,
+        analysis: &Analysis,
         declared: &[u32],
     ) -> Result<(Arc<Prepared>, (ShardId, PooledConn)), FrontendError> {
+        self.admit_text(Candidate::text(analysis))?;
+        let sql = analysis.text();
+        if analysis.effects().writes.shown() {
+            let what = analysis.effects().writes.describe().to_string();
+            return Err(FrontendError::Scatter(ScatterError::NotReadOnly(what)));
+        }
         let started = Instant::now();
         let prepared = self.describe_scatter(sql, declared).await;
         if let Err(FrontendError::Scatter(e)) = &prepared {
@@ -311,7 +321,7 @@ impl Session {
             self.reply_error(&FrontendError::InFailedTransaction, true);
             return Ok(());
         }
-        let ran = match self.prepare_scatter(analysis.text(), &[]).await {
+        let ran = match self.prepare_scatter(analysis, &[]).await {
             Ok((prepared, conn)) => {
                 self.run_scatter(&prepared, Some(conn), protocol::NO_PARAMETERS, &[], true).await
             }
@@ -354,7 +364,7 @@ impl Session {
                 }
                 let name = Bytes::copy_from_slice(p.name);
                 let (prepared, _conn) =
-                    self.prepare_scatter(analysis.text(), &declared_types(p.param_types)).await?;
+                    self.prepare_scatter(&analysis, &declared_types(p.param_types)).await?;
                 if name.is_empty() {
                     self.unnamed = Some(analysis);
                     self.unnamed_deallocates = None;
