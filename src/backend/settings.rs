@@ -148,13 +148,16 @@ impl TenantGuc {
 /// may not write, which also stops writes hidden in functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum ReadOnlyGuc {
-    /// Off, as a new connection starts (or after RESET ALL, DISCARD ALL).
+    /// Not turned on by pgtenant, as a new connection starts (or after RESET ALL,
+    /// DISCARD ALL): what it holds is the server's default or the client's own.
     #[default]
     Off,
     /// Turned on by pgtenant.
     On,
-    /// SQL pgtenant cannot follow (a DO block, a function) may have changed it: set
-    /// again before the next transaction.
+    /// Turned on by pgtenant, then SQL pgtenant cannot follow (a DO block, a function)
+    /// ran, which may have turned it off: set again before the next transaction (or
+    /// taken down, for a tenant that may write). Code that runs where pgtenant put up no
+    /// wall leaves `Off`: what it does to the setting is the client's own business.
     Unknown,
 }
 

@@ -149,3 +149,46 @@ async fn a_read_only_tenant_cannot_take_down_its_wall() {
         proxy.shutdown().await;
     }
 }
+
+/// Where pgtenant put up no wall, `default_transaction_read_only` is the client's own:
+/// a tenant that may write sets it (by SET SESSION CHARACTERISTICS, or by name), and
+/// SQL pgtenant cannot follow (a failing DROP, a DO block) does not make pgtenant take
+/// it down behind the client's back (PostgreSQL's regression test `transactions` found
+/// it: pgtenant reset the setting before the next transaction). In session pooling and
+/// on a connection a temporary table pins in transaction pooling.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_writable_tenants_own_read_only_setting_is_left_alone() {
+    let admin = shard_admin(1, "app").await;
+    admin
+        .batch_execute(
+            "DROP TABLE IF EXISTS own_ro CASCADE; CREATE TABLE own_ro (tenant_id bigint, v int);
+             GRANT ALL ON own_ro TO app;",
+        )
+        .await
+        .unwrap();
+    let refused = Some("25006".to_string());
+    for mode in [PoolMode::Session, PoolMode::Transaction] {
+        let proxy = crate::harness::start_proxy(move |c| c.proxy.pool_mode = mode).await;
+        for own in
+            ["SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "SET default_transaction_read_only = on"]
+        {
+            let client = proxy.connect(Some(7)).await;
+            assert_eq!(simple(&client, "CREATE TEMP TABLE own_ro_pin (a int)").await, None, "{mode:?}");
+            assert_eq!(simple(&client, own).await, None, "{mode:?}: {own}");
+            assert_eq!(simple(&client, "DROP TABLE own_ro").await, refused, "{mode:?}: {own}");
+            assert_eq!(simple(&client, "INSERT INTO own_ro VALUES (7, 1)").await, refused, "{mode:?}: {own}");
+            assert_eq!(simple(&client, "DO $$ BEGIN PERFORM 1; END $$").await, None, "{mode:?}: {own}");
+            let insert =
+                client.execute("INSERT INTO own_ro VALUES (7, 2)", &[]).await.map_err(|e| sqlstate(&e));
+            assert_eq!(insert.err(), refused, "{mode:?}: {own}, extended");
+            assert_eq!(
+                simple(&client, "START TRANSACTION READ WRITE; INSERT INTO own_ro VALUES (7, 3); COMMIT")
+                    .await,
+                None
+            );
+        }
+        proxy.shutdown().await;
+    }
+    let rows: i64 = admin.query_one("SELECT count(*) FROM own_ro", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 4, "only the READ WRITE transactions wrote");
+}

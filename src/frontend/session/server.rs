@@ -22,7 +22,8 @@ use crate::frontend::primary_now;
 use crate::observe::conns::{ConnState, ShownTenant};
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
-    Analysis, NodeTarget, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER, TargetMode, target_of,
+    Analysis, NodeTarget, READ_ONLY_SETTINGS, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER,
+    TargetMode, target_of,
 };
 use crate::tenancy::tenant_tag_of;
 
@@ -117,11 +118,15 @@ impl Session {
         if !a.conn.read_only.holds(read_only) {
             // The server's own wall behind pgtenant's check of each statement: it also
             // stops writes that hide in functions.
-            guard.push_str(if read_only {
-                "SET default_transaction_read_only = on;"
-            } else {
-                "RESET default_transaction_read_only;"
-            });
+            // Taken down for one that may write: to the client's own value, if it set one.
+            match (read_only, self.settings.value_of(READ_ONLY_SETTINGS[0])) {
+                (true, _) => guard.push_str("SET default_transaction_read_only = on;"),
+                (false, Some(own)) => guard.push_str(&format!(
+                    "SET default_transaction_read_only = {};",
+                    crate::backend::quote_literal(own)
+                )),
+                (false, None) => guard.push_str("RESET default_transaction_read_only;"),
+            }
         }
         if !guard.is_empty() {
             inject_sql(&mut a.conn, &guard, OnError::Swallow);
@@ -180,8 +185,12 @@ impl Session {
         if let Some(a) = self.server.as_mut() {
             a.conn.tenant = TenantGuc::Unknown;
             if risk == SessionRisk::Anything {
-                // A protected setting as much as the tenant GUC, in either pool mode.
-                a.conn.read_only = ReadOnlyGuc::Unknown;
+                // A protected setting as much as the tenant GUC, in either pool mode: the
+                // wall pgtenant put up may be down. (Where it put none, the setting is
+                // the client's own business.)
+                if a.conn.read_only != ReadOnlyGuc::Off {
+                    a.conn.read_only = ReadOnlyGuc::Unknown;
+                }
                 a.unknown_code_in_request = true;
                 a.conn.settings_unknown |= shared && a.pin.is_none();
             }
@@ -531,8 +540,9 @@ impl Session {
                 self.settings = self.startup_settings.clone();
                 a.conn.settings = Settings::empty();
                 a.conn.tenant = TenantGuc::Unknown;
-                // The server's default again: set again before the next transaction.
-                a.conn.read_only = ReadOnlyGuc::Unknown;
+                // The server's default again: a wall is put up again before the next
+                // transaction of a tenant that may not write.
+                a.conn.read_only = ReadOnlyGuc::Off;
             }
         }
         self.follow_target();
