@@ -102,6 +102,8 @@ name = "postgres"
 auth = "trust"
 server_user = "postgres"
 pool_size = 40
+# The suite reads pg_locks and pg_stat_activity, as a DBA's login may.
+see_other_sessions = true
 
 [[shards]]
 id = 1

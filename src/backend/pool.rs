@@ -745,6 +745,7 @@ mod tests {
             target: None,
             admin: false,
             scatter_gather: false,
+            see_other_sessions: false,
             max_client_connections: None,
         };
         let node = |port| NodeConfig {

@@ -51,6 +51,12 @@ pub struct UserConfig {
     /// max_user_client_connections` (0 = no limit).
     #[serde(default)]
     pub max_client_connections: Option<usize>,
+    /// Its sessions may name the server-wide views and functions of other sessions
+    /// (`pg_stat_activity`, `pg_locks`, `pg_terminate_backend`, ...), which pgtenant
+    /// refuses to everyone else: for a DBA's or a monitor's login with a server role of
+    /// its own, never for one that tenants share.
+    #[serde(default)]
+    pub see_other_sessions: bool,
 }
 
 impl UserConfig {

@@ -74,6 +74,7 @@ fn login(name: &str, password: &str, admin: bool) -> UserConfig {
         target: None,
         admin,
         scatter_gather: false,
+        see_other_sessions: false,
         max_client_connections: None,
     }
 }

@@ -87,8 +87,10 @@ fn is_other_sessions(name: &str) -> bool {
 }
 
 /// Whether the tokens hold a `U&"..."` identifier (the lexer reads `U`, `&` and a
-/// quoted identifier) that spells a name of other sessions. One whose escapes pgtenant
-/// does not read (`UESCAPE`, `\+XXXXXX`) counts as one: refused rather than guessed.
+/// quoted identifier) that spells a name of other sessions, with PostgreSQL's escapes
+/// (`\XXXX`, `\+XXXXXX`, the escape doubled; another escape character by `UESCAPE
+/// 'c'`). One whose escapes pgtenant does not read counts as one: refused rather than
+/// guessed.
 pub(super) fn unicode_escaped_name(sql: &str, tokens: &[Token]) -> bool {
     (0..tokens.len().saturating_sub(2)).any(|i| {
         let (u, amp, quoted) = (&tokens[i], &tokens[i + 1], &tokens[i + 2]);
@@ -98,40 +100,51 @@ pub(super) fn unicode_escaped_name(sql: &str, tokens: &[Token]) -> bool {
             && &sql[amp.start..amp.end] == "&"
             && amp.end == quoted.start
             && quoted.kind == TokenKind::QuotedIdent;
-        let own_escape = tokens.get(i + 3).is_some_and(|t| {
-            t.kind == TokenKind::Word && sql[t.start..t.end].eq_ignore_ascii_case("uescape")
-        });
-        escaped
-            && (own_escape
-                || unicode_name(&sql[quoted.start..quoted.end]).is_none_or(|name| is_other_sessions(&name)))
+        if !escaped {
+            return false;
+        }
+        let text = |k: usize| tokens.get(k).map_or("", |t| &sql[t.start..t.end]);
+        let escape = match text(i + 3).eq_ignore_ascii_case("uescape") {
+            true => match text(i + 4).strip_prefix('\'').and_then(|t| t.strip_suffix('\'')) {
+                Some(c) if c.chars().count() == 1 => c.chars().next(),
+                _ => None,
+            },
+            false => Some('\\'),
+        };
+        escape
+            .and_then(|escape| unicode_name(&sql[quoted.start..quoted.end], escape))
+            .is_none_or(|name| is_other_sessions(&name))
     })
 }
 
-/// The name `"..."` of a `U&"..."` identifier stands for, with `\XXXX` escapes and
-/// `\\`; `None` for escapes it does not read.
-fn unicode_name(quoted: &str) -> Option<String> {
+/// The name `"..."` of a `U&"..."` identifier stands for, its escapes (by `escape`)
+/// read; `None` for one it does not read (a surrogate pair, a bad code point).
+fn unicode_name(quoted: &str, escape: char) -> Option<String> {
     let inner = quoted_name(quoted)?;
     let mut out = String::new();
     let mut chars = inner.chars();
     while let Some(c) = chars.next() {
-        if c != '\\' {
+        if c != escape {
             out.push(c);
             continue;
         }
-        match chars.clone().next() {
-            Some('\\') => {
+        let digits = match chars.clone().next() {
+            Some(next) if next == escape => {
                 chars.next();
-                out.push('\\');
+                out.push(escape);
+                continue;
             }
-            _ => {
-                let hex: String = chars.by_ref().take(4).collect();
-                if hex.len() != 4 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return None;
-                }
-                let code = u32::from_str_radix(&hex, 16).ok()?;
-                out.push(char::from_u32(code)?);
+            Some('+') => {
+                chars.next();
+                6
             }
+            _ => 4,
+        };
+        let hex: String = chars.by_ref().take(digits).collect();
+        if hex.len() != digits || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
         }
+        out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
     }
     Some(out.to_lowercase())
 }
@@ -167,7 +180,9 @@ mod tests {
             ("SELECT * FROM U&\"pg\\005fstat_activity\"", "U&"),
             ("SELECT * FROM u&\"pg_stat_activity\"", "pg_stat_activity"),
             ("SELECT * FROM U&\"!0070g_locks\" UESCAPE '!'", "U&"),
-            ("SELECT * FROM U&\"d\\0061t\\+000061\"", "U&"),
+            ("SELECT * FROM U&\"\\+000070g_locks\"", "U&"),
+            ("SELECT * FROM U&\"pg_lock\\D800s\"", "U&"),
+            ("SELECT * FROM U&\"x!0063ks\" UESCAPE '!!'", "U&"),
         ] {
             assert_eq!(names(sql).as_deref(), Some(name), "{sql}");
         }
@@ -204,6 +219,9 @@ mod tests {
             "SELECT pg_backend_pid(), pg_sleep(0), pg_advisory_lock(1)",
             "SELECT * FROM my_pg_stat_activity",
             "SELECT * FROM U&\"d\\0061t\\0061\"",
+            "SELECT U&'d\\0061t\\+000061' AS U&\"d\\0061t\\+000061\"",
+            "SELECT U&'d!0061t\\+000061' UESCAPE '!' AS U&\"d*0061t\\+000061\" UESCAPE '*'",
+            "SELECT 1 AS U&\"a\\\\b\"",
             "SELECT * FROM pg_stat_user_tables",
         ] {
             assert_eq!(names(sql), None, "{sql}");

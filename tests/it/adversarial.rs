@@ -344,6 +344,38 @@ async fn a_tenant_neither_reads_nor_signals_another_tenants_sessions() {
     }
 }
 
+/// A DBA's or a monitor's login (`see_other_sessions = true`, a server role of its own)
+/// reads and signals the server's sessions as PostgreSQL lets its role; the login that
+/// tenants share is still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_login_that_may_see_other_sessions_reads_them() {
+    let proxy = start_proxy(|c| {
+        let mut dba = c.users[0].clone();
+        dba.name = "dba".into();
+        dba.server_user = Some("postgres".into());
+        dba.see_other_sessions = true;
+        c.users.push(dba);
+    })
+    .await;
+    let port = proxy.addr.port();
+    let dba = harness::connect(&format!("host=127.0.0.1 port={port} user=dba password=app dbname=app"))
+        .await
+        .unwrap();
+    let tenant = proxy.connect(Some(7)).await;
+    for sql in [
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'app'",
+        "SELECT count(*) FROM pg_locks",
+        "SELECT count(*) FROM pg_catalog.\"pg_stat_activity\"",
+    ] {
+        let simple = simple_value(&dba, sql).await;
+        assert!(matches!(&simple, Ok(Some(n)) if n.parse::<i64>().is_ok()), "simple: {sql}: {simple:?}");
+        let extended = dba.query_one(sql, &[]).await.map(|r| r.get::<_, i64>(0)).map_err(|e| sqlstate(&e));
+        assert!(extended.is_ok(), "extended: {sql}: {extended:?}");
+        assert_eq!(simple_value(&tenant, sql).await, Err("42501".into()), "the shared login: {sql}");
+    }
+    proxy.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pid_pgtenant_gives_a_client_is_its_own_backends() {
     for mode in [PoolMode::Transaction, PoolMode::Session] {

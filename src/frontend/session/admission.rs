@@ -86,6 +86,7 @@ impl Session {
         let changed = self.protected_changed_by(statement);
         let tenant_param = self.shared.router.tenant_param();
         match refusal_of_text(statement.analysis, changed, tenant_param, &self.tenant) {
+            Some(FrontendError::OtherSessions { .. }) if self.user.see_other_sessions => Ok(()),
             Some(refused) => Err(refused),
             None => Ok(()),
         }
