@@ -433,6 +433,15 @@ pub struct ProxyConfig {
     /// PostgreSQL's `idle_session_timeout`; PgBouncer's `client_idle_timeout`). A
     /// request pgtenant answers itself counts as activity; 0 = never.
     pub client_idle_timeout_ms: u64,
+    /// A transaction (or autocommit request) that lasts longer ends its session with
+    /// FATAL 25P04, as PostgreSQL 17's `transaction_timeout` (and PgBouncer's); a
+    /// statement still running is canceled on the server first. 0 = off.
+    pub transaction_timeout_ms: u64,
+    /// A request the server has not answered after this long is canceled there and the
+    /// session ends (FATAL 57014), as PgBouncer's `query_timeout`: a guard against an
+    /// unresponsive server or network, meant to sit above the servers' own
+    /// `statement_timeout`. Requests on a pipelined lane are not timed. 0 = off.
+    pub query_timeout_ms: u64,
     /// Server connections each pool keeps open, busy or idle, once it exists
     /// (PgBouncer's `min_pool_size`; at most the pool's size): a burst after a quiet
     /// spell then does not wait for logins. Checked every second; 0 = none.
@@ -499,6 +508,8 @@ impl Default for ProxyConfig {
             thread_per_core: false,
             idle_transaction_timeout_ms: 0,
             client_idle_timeout_ms: 0,
+            transaction_timeout_ms: 0,
+            query_timeout_ms: 0,
             min_pool_size: 0,
             read_your_writes: ReadYourWrites::Session,
             max_user_client_connections: 0,

@@ -48,6 +48,13 @@ pub enum FrontendError {
     /// `client_idle_timeout_ms`: as PostgreSQL's `idle_session_timeout` words it.
     #[error("terminating connection due to idle-session timeout ({ms} ms)")]
     IdleSession { ms: u64 },
+    /// `transaction_timeout_ms`: as PostgreSQL 17's `transaction_timeout` words it.
+    #[error("terminating connection due to transaction timeout ({ms} ms)")]
+    TransactionTimeout { ms: u64 },
+    /// `query_timeout_ms` (PgBouncer's `query_timeout`): a request the server did not
+    /// answer in time is canceled there, and the session ends.
+    #[error("canceling statement due to query_timeout: no answer from shard {} within {ms} ms; the session ends", .shard.map_or("?".to_string(), |s| s.to_string()))]
+    QueryTimeout { ms: u64, shard: Option<ShardId> },
     /// The server refused the login made for this client; its fields go to the client.
     #[error("{}", .0.message)]
     ServerRefused(ErrorFields),
@@ -174,6 +181,8 @@ impl FrontendError {
                 | Self::Terminated
                 | Self::IdleInTransaction { .. }
                 | Self::IdleSession { .. }
+                | Self::TransactionTimeout { .. }
+                | Self::QueryTimeout { .. }
                 | Self::ServerRefused(_)
                 | Self::ServerGone { .. }
                 | Self::Io(_)

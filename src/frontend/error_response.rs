@@ -34,6 +34,8 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::ShuttingDown | E::Killed => sqlstate::ADMIN_SHUTDOWN,
         E::IdleInTransaction { .. } => sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
         E::IdleSession { .. } => sqlstate::IDLE_SESSION_TIMEOUT,
+        E::TransactionTimeout { .. } => sqlstate::TRANSACTION_TIMEOUT,
+        E::QueryTimeout { .. } => sqlstate::QUERY_CANCELED,
         E::ServerRefused(fields) | E::ServerGone { fatal: Some(fields), .. } => {
             return (fields.code.clone(), fields.message.clone());
         }

@@ -18,6 +18,8 @@ pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
 pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 pub const IDLE_SESSION_TIMEOUT: &str = "57P05";
+/// PostgreSQL 17's `transaction_timeout`.
+pub const TRANSACTION_TIMEOUT: &str = "25P04";
 pub const NULL_VALUE_NOT_ALLOWED: &str = "22004";
 pub const INVALID_TEXT_REPRESENTATION: &str = "22P02";
 pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";

@@ -1,11 +1,92 @@
 //! Logins as real deployments have them (issue 54, its timeouts and limits): an idle
 //! client is closed after `client_idle_timeout_ms` as PostgreSQL closes an idle session,
 //! one that keeps asking (even what pgtenant answers itself) is not; a login's clients
-//! are capped by `max_user_client_connections` or its own `max_client_connections`.
+//! are capped by `max_user_client_connections` or its own `max_client_connections`; a
+//! transaction longer than `transaction_timeout_ms` ends its session with PostgreSQL
+//! 17's FATAL 25P04 and is rolled back, a request unanswered past `query_timeout_ms` is
+//! canceled on the server and ends its session (57014), as PgBouncer's.
 
 use std::time::{Duration, Instant};
 
-use crate::harness::{eventually, sqlstate, start_proxy};
+use crate::harness::raw::RawClient;
+use crate::harness::{eventually, shard_admin, sqlstate, start_proxy};
+
+/// Sends `sql` on a raw session of tenant 7 (waiting for its answer when
+/// `answered`), then reads what the proxy sends up to the connection's end: the
+/// SQLSTATE of the last ErrorResponse, if any.
+async fn error_before_the_end(proxy: &crate::harness::Proxy, sql: &str, answered: bool) -> Option<String> {
+    let mut raw = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let mut out = bytes::BytesMut::new();
+    postgres_protocol::message::frontend::query(sql, &mut out).unwrap();
+    raw.send(&out).await;
+    if answered {
+        let answer = raw.until_ready().await;
+        assert_eq!(crate::harness::raw::sqlstate(&answer), None, "{sql}: {answer:?}");
+    }
+    let mut last = None;
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(m) = raw.recv().await {
+            last = m.sqlstate().or(last.take());
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "{sql}: the proxy ends the session");
+    last
+}
+
+/// Whether a statement with `marker` in its text still runs on shard 1.
+async fn still_runs(admin: &tokio_postgres::Client, marker: &str) -> bool {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%{marker}%' AND state = 'active' AND pid <> pg_backend_pid()"
+    );
+    admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) > 0
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_past_transaction_timeout_ends_and_is_rolled_back() {
+    let admin = shard_admin(1, "app").await;
+    admin
+        .batch_execute("DROP TABLE IF EXISTS tx_timeout; CREATE TABLE tx_timeout (tenant_id bigint); GRANT ALL ON tx_timeout TO app;")
+        .await
+        .unwrap();
+    let proxy = start_proxy(|c| c.proxy.transaction_timeout_ms = 400).await;
+    // Short transactions, one after another past the timeout, are each timed alone.
+    let steady = proxy.connect(Some(7)).await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1000) {
+        steady.batch_execute("BEGIN; SELECT 1; COMMIT").await.expect("short transactions stay");
+    }
+    // Idle in a transaction that wrote: FATAL 25P04, the write rolled back.
+    let idle = error_before_the_end(&proxy, "BEGIN; INSERT INTO tx_timeout VALUES (7)", true).await;
+    assert_eq!(idle.as_deref(), Some("25P04"));
+    let empty = || async {
+        admin.query_one("SELECT count(*) FROM tx_timeout", &[]).await.unwrap().get::<_, i64>(0) == 0
+    };
+    assert!(eventually(Duration::from_secs(10), empty).await.is_some(), "rolled back");
+    // A statement still running when it fires is canceled on the server.
+    let busy = error_before_the_end(&proxy, "SELECT pg_sleep(30), 'tx_timeout_sleep'", false).await;
+    assert_eq!(busy.as_deref(), Some("25P04"));
+    let gone = || async { !still_runs(&admin, "tx_timeout_sleep").await };
+    assert!(eventually(Duration::from_secs(10), gone).await.is_some(), "no longer runs on the server");
+    assert_eq!(steady.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0), 1, "others go on");
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_unanswered_past_query_timeout_is_canceled_and_ends_its_session() {
+    let admin = shard_admin(1, "app").await;
+    let proxy = start_proxy(|c| c.proxy.query_timeout_ms = 400).await;
+    let client = proxy.connect(Some(7)).await;
+    // Idle in a transaction past the timeout: no request is outstanding, nothing fires.
+    client.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    client.batch_execute("COMMIT").await.expect("a quiet transaction is no unanswered request");
+    let sleeping = error_before_the_end(&proxy, "SELECT pg_sleep(30), 'query_timeout_sleep'", false).await;
+    assert_eq!(sleeping.as_deref(), Some("57014"));
+    let gone = || async { !still_runs(&admin, "query_timeout_sleep").await };
+    assert!(eventually(Duration::from_secs(10), gone).await.is_some(), "no longer runs on the server");
+    proxy.shutdown().await;
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_client_is_closed_as_postgres_closes_an_idle_session() {
@@ -78,4 +159,17 @@ async fn a_pool_keeps_min_pool_size_connections_open() {
     let again = eventually(Duration::from_secs(10), || async { servers_of_app().await == 3 }).await;
     assert!(again.is_some(), "opened again after a RECONNECT");
     proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scratch_raw_transaction_timeout() {
+    let proxy = start_proxy(|c| c.proxy.transaction_timeout_ms = 400).await;
+    let mut raw =
+        crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let a = raw.query("BEGIN; SELECT 1").await;
+    eprintln!("answer: {:?}", a.iter().map(|m| m.tag as char).collect::<String>());
+    while let Some(m) = raw.recv().await {
+        eprintln!("then: {} {:?}", m.tag as char, m.sqlstate());
+    }
+    eprintln!("EOF");
 }

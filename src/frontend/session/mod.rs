@@ -11,6 +11,7 @@
 
 mod admission;
 mod client_watch;
+mod deadline;
 mod deallocate;
 mod extended;
 mod failed_tx;
@@ -48,6 +49,7 @@ use crate::net::{Duplex, IoEvent};
 use crate::observe::conns::{ConnHandle, ConnState, ShownTenant};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
+use deadline::{Clocks, Deadline, Timeout};
 use named::NamedStatements;
 
 /// Maps keyed by what a client names (statements, portals): looked up on every Bind,
@@ -189,8 +191,10 @@ pub struct Session {
     request_changes: usize,
     cancel: CancelKey,
     max_message: usize,
-    /// Armed while the client sits idle inside a transaction (idle_transaction_timeout).
-    idle_deadline: Option<IdleDeadline>,
+    /// The soonest timeout the session is timed for, and since when each timed state
+    /// lasts (see `deadline`).
+    deadline: Option<Deadline>,
+    clocks: Clocks,
     /// Complete client messages wait in the read buffer until the client has read
     /// enough of its answers.
     client_backlog: bool,
@@ -238,28 +242,11 @@ pub struct SessionStart {
     pub peer: Option<std::net::SocketAddr>,
 }
 
-/// What a quiet client is timed for: idle inside a transaction that holds a server
-/// (`idle_transaction_timeout_ms`), or idle between transactions
-/// (`client_idle_timeout_ms`, as PgBouncer's and PostgreSQL's `idle_session_timeout`).
-enum IdleDeadline {
-    InTransaction(Pin<Box<Sleep>>),
-    Session(Pin<Box<Sleep>>),
-}
-
-impl IdleDeadline {
-    fn sleep(&mut self) -> &mut Pin<Box<Sleep>> {
-        match self {
-            IdleDeadline::InTransaction(s) | IdleDeadline::Session(s) => s,
-        }
-    }
-}
-
 enum Event {
     Client(std::io::Result<IoEvent>),
     Server(std::io::Result<IoEvent>),
     Shutdown,
-    IdleInTransaction,
-    IdleSession,
+    TimedOut(Timeout),
     Killed,
     /// A just-logged-in client's wait for its first request ran out during a drain.
     GraceOver,
@@ -323,7 +310,8 @@ impl Session {
             request_changes: 0,
             cancel: start.cancel,
             max_message,
-            idle_deadline: None,
+            deadline: None,
+            clocks: Clocks::default(),
             client_backlog: false,
             asked_anything: false,
         }
@@ -373,7 +361,7 @@ impl Session {
                 }
                 first_request_grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(FIRST_REQUEST_GRACE)));
             }
-            self.arm_idle_deadline();
+            self.arm_deadline();
             if self.client_backlog && self.client.wbuf.len() < HIGH_WATER {
                 // The client read enough of its answers: go on with the messages it sent.
                 self.client_backlog = false;
@@ -392,7 +380,7 @@ impl Session {
             let watch_server_drain = self.server.as_ref().is_some_and(|a| a.conn.io.wbuf.len() >= HIGH_WATER);
             let client = &mut self.client;
             let server = &mut self.server;
-            let idle_deadline = &mut self.idle_deadline;
+            let deadline = &mut self.deadline;
             let listed = &self.listed;
             // Fixed order: an admin's KILL first (a request that arrives with it is not
             // sent, as a terminated PostgreSQL backend runs nothing more), then the
@@ -426,13 +414,10 @@ impl Session {
                         return Poll::Ready(Event::Shutdown);
                     }
                 }
-                if let Some(deadline) = idle_deadline.as_mut()
-                    && deadline.sleep().as_mut().poll(cx).is_ready()
+                if let Some(deadline) = deadline.as_mut()
+                    && deadline.sleep.as_mut().poll(cx).is_ready()
                 {
-                    return Poll::Ready(match deadline {
-                        IdleDeadline::InTransaction(_) => Event::IdleInTransaction,
-                        IdleDeadline::Session(_) => Event::IdleSession,
-                    });
+                    return Poll::Ready(Event::TimedOut(deadline.timeout));
                 }
                 if let Some(grace) = first_request_grace.as_mut()
                     && grace.as_mut().poll(cx).is_ready()
@@ -446,9 +431,7 @@ impl Session {
                 Event::Client(Ok(IoEvent::Read)) => {
                     // Whatever the client sent (even a request pgtenant answers itself)
                     // restarts its idle-session clock.
-                    if matches!(self.idle_deadline, Some(IdleDeadline::Session(_))) {
-                        self.idle_deadline = None;
-                    }
+                    self.clocks.client_read();
                     if !self.on_client_bytes().await? {
                         return Ok(());
                     }
@@ -467,36 +450,8 @@ impl Session {
                     first_request_grace = None;
                 }
                 Event::Killed => return Err(self.kill_error()),
-                Event::IdleInTransaction => {
-                    let ms = self.shared.config.proxy.idle_transaction_timeout_ms;
-                    return Err(FrontendError::IdleInTransaction { ms });
-                }
-                Event::IdleSession => {
-                    let ms = self.shared.config.proxy.client_idle_timeout_ms;
-                    return Err(FrontendError::IdleSession { ms });
-                }
+                Event::TimedOut(timeout) => return Err(self.timed_out(timeout)),
             }
-        }
-    }
-
-    /// Starts the idle-in-transaction clock when the client went quiet inside a
-    /// transaction that holds a server, and stops it as soon as anything moves.
-    fn arm_idle_deadline(&mut self) {
-        let proxy = &self.shared.config.proxy;
-        let (tx_ms, session_ms) = (proxy.idle_transaction_timeout_ms, proxy.client_idle_timeout_ms);
-        let idle_in_tx = tx_ms > 0
-            && self.batch.is_empty()
-            && self.server.as_ref().is_some_and(|a| {
-                a.conn.status != TxStatus::Idle && a.conn.queue.is_empty() && !a.open_request
-            });
-        let idle_session = session_ms > 0 && self.is_idle();
-        let sleep = |ms| Box::pin(tokio::time::sleep(Duration::from_millis(ms)));
-        match (&self.idle_deadline, idle_in_tx, idle_session) {
-            (Some(IdleDeadline::InTransaction(_)), true, _)
-            | (Some(IdleDeadline::Session(_)), false, true) => {}
-            (_, true, _) => self.idle_deadline = Some(IdleDeadline::InTransaction(sleep(tx_ms))),
-            (_, false, true) => self.idle_deadline = Some(IdleDeadline::Session(sleep(session_ms))),
-            (_, false, false) => self.idle_deadline = None,
         }
     }
 

@@ -472,6 +472,7 @@ impl Session {
     /// A ReadyForQuery ended a client request that carried `changes` setting changes:
     /// settle them.
     fn on_ready(&mut self, status: TxStatus, changes: usize) {
+        self.clocks.request_ended();
         let Some(a) = self.server.as_mut() else {
             return;
         };
