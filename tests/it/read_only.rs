@@ -133,6 +133,22 @@ async fn a_read_only_tenant_cannot_take_down_its_wall() {
             assert_eq!(crate::harness::raw::sqlstate(&answers[2]), refused, "{mode:?}: {pipelined:?}");
         }
 
+        // BEGIN READ WRITE, then a request that only prepares: the transaction opens on
+        // a server with no statement to admit, and the BEGIN is refused there.
+        raw.query("BEGIN READ WRITE").await;
+        out.clear();
+        frontend::parse("", "SELECT ro_w()", std::iter::empty(), &mut out).unwrap();
+        frontend::sync(&mut out);
+        let mut answer = raw.request(&out).await;
+        out.clear();
+        crate::harness::raw::bind_unnamed(&mut out);
+        frontend::execute("", 0, &mut out).unwrap();
+        frontend::sync(&mut out);
+        answer.extend(raw.request(&out).await);
+        // Refused at the Parse when it needs a server, else at the Execute.
+        assert_eq!(crate::harness::raw::sqlstate(&answer), refused, "{mode:?}: {answer:?}");
+        raw.query("ROLLBACK").await;
+
         // A tenant that may write sends the same pipeline: nothing of it is refused.
         let mut writer = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
         out.clear();

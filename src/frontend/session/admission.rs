@@ -60,10 +60,7 @@ impl Session {
         let changed = self.protected_changed_by(statement);
         self.admit_text(statement)?;
         let (route, after_unknown_code) = match stage {
-            Stage::Opening { route, after_unknown_code } => {
-                self.admit_deferred_begin(route)?;
-                (route.clone(), after_unknown_code)
-            }
+            Stage::Opening { route, after_unknown_code } => (route.clone(), after_unknown_code),
             Stage::Joining { named } => {
                 self.check_fits_transaction(named).await?;
                 let Some(a) = self.server.as_ref() else { return Ok(()) };
@@ -106,8 +103,10 @@ impl Session {
     }
 
     /// A deferred BEGIN (answered when it came) is admitted once its tenant is known:
-    /// a `BEGIN READ WRITE` of a tenant that may not write is refused now.
-    fn admit_deferred_begin(&self, route: &Route) -> Result<(), FrontendError> {
+    /// a `BEGIN READ WRITE` of a tenant that may not write is refused now. Asked where
+    /// every path attaches a server for a transaction (`begin_on`), since a request may
+    /// open it with no statement to admit (a Parse alone).
+    pub(super) fn admit_deferred_begin(&self, route: &Route) -> Result<(), FrontendError> {
         let super::ClientTx::DeferredBegin(begin) = &self.tx else { return Ok(()) };
         if route.state.allows_writes() {
             return Ok(());

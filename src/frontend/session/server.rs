@@ -40,6 +40,7 @@ impl Session {
     /// SETs that give it this client's settings and tenant. `dml_only`: the request runs
     /// single DML statements only, which may share an implicit transaction with the SET.
     pub(super) async fn begin_on(&mut self, mut route: Route, dml_only: bool) -> Result<(), FrontendError> {
+        self.admit_deferred_begin(&route)?;
         if let Some(a) = &self.server
             && a.route.shard != route.shard
         {
