@@ -202,6 +202,14 @@ async fn every_way_of_writing_is_read_back() {
         assert!(on_replica.is_some(), "reads reach the replica once it is checked");
         writers.push(writer);
     }
+    // What PostgreSQL allows a read-only transaction works for a replica session too.
+    let reader = &writers[0];
+    reader
+        .batch_execute("BEGIN; SAVEPOINT a; SELECT 1; RELEASE a; SAVEPOINT b; ROLLBACK TO b; COMMIT")
+        .await
+        .unwrap();
+    let copied = reader.copy_out("COPY (SELECT 1) TO STDOUT").await.map(|_| ());
+    assert!(copied.is_ok(), "COPY ... TO: {copied:?}");
     let replica_admin =
         connect(&format!("host=127.0.0.1 port={replica_port} user=postgres dbname=app")).await.unwrap();
     replica_admin.batch_execute("SELECT pg_wal_replay_pause()").await.unwrap();
