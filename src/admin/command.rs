@@ -21,6 +21,12 @@ pub enum Show {
     Shards,
     Nodes,
     Tenant(String),
+    /// `SHOW TENANTS [SHARD n] [ORDER BY column] [LIMIT k]`: per-tenant statistics.
+    Tenants {
+        shard: Option<u16>,
+        order_by: Option<String>,
+        limit: Option<usize>,
+    },
     Routing,
     Lanes,
     Pauses,
@@ -290,10 +296,45 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
         ("moves", 2) => Show::Moves,
         ("help", 2) => Show::Help,
         ("tenant", 3) => Show::Tenant(unquote(words[2])),
+        ("tenants", _) => tenants(&words[2..])?,
         ("tenant", 2) => return Err(CommandError::TenantMissing),
         _ => return Err(CommandError::UnknownView(words[1..].join(" ").chars().take(80).collect())),
     };
     Ok(Command::Show(show))
+}
+
+/// `[SHARD n] [ORDER BY column] [LIMIT k]`, in that order, each optional. The column
+/// is checked by the view (`show::tenants`).
+fn tenants(words: &[&str]) -> Result<Show, CommandError> {
+    let bad = || CommandError::BadScope(words.join(" ").chars().take(80).collect());
+    let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
+    let mut at = 0;
+    let mut shard = None;
+    if lower.get(at).map(String::as_str) == Some("shard") {
+        shard = Some(words.get(at + 1).and_then(|n| n.parse().ok()).ok_or_else(bad)?);
+        at += 2;
+    }
+    let mut order_by = None;
+    if lower.get(at).map(String::as_str) == Some("order") {
+        if lower.get(at + 1).map(String::as_str) != Some("by") {
+            return Err(bad());
+        }
+        let column = lower.get(at + 2).cloned().ok_or_else(bad)?;
+        if super::show::tenants::order_column(&column).is_none() {
+            return Err(bad());
+        }
+        order_by = Some(column);
+        at += 3;
+    }
+    let mut limit = None;
+    if lower.get(at).map(String::as_str) == Some("limit") {
+        limit = Some(words.get(at + 1).and_then(|n| n.parse().ok()).ok_or_else(bad)?);
+        at += 2;
+    }
+    if at != words.len() {
+        return Err(bad());
+    }
+    Ok(Show::Tenants { shard, order_by, limit })
 }
 
 fn pause_or_resume(verb: &str, words: &[&str]) -> Result<Command, CommandError> {
@@ -348,7 +389,11 @@ pub const HELP: &[(&str, &str)] = &[
     ("SHOW USERS", "the configured users"),
     ("SHOW SHARDS", "shards: status, nodes, primary, pool use, tenants placed by rule"),
     ("SHOW NODES", "shard nodes: configured and observed role, health, timeline, lag"),
-    ("SHOW TENANT <id>", "how a tenant resolves: source, shard, node, routing version, clients"),
+    ("SHOW TENANT <id>", "how a tenant resolves: source, shard, node, routing version, clients, its figures"),
+    (
+        "SHOW TENANTS [SHARD n] [ORDER BY column] [LIMIT k]",
+        "the heaviest tenants of each shard: transactions (with the bound of their error), requests, server time, bytes, errors, and the last window's",
+    ),
     ("SHOW ROUTING", "routing version served and the directory in use"),
     ("SHOW LANES", "pipelined lanes per pool"),
     ("SHOW PAUSES", "the pauses in force"),
@@ -393,6 +438,24 @@ mod tests {
         assert_eq!(parse("show pools;"), Ok(Command::Show(Show::Pools)));
         assert_eq!(parse("  SHOW   Stats_Totals "), Ok(Command::Show(Show::StatsTotals)));
         assert_eq!(parse("show tenant 42"), Ok(Command::Show(Show::Tenant("42".into()))));
+        let tenants = |shard, order_by: Option<&str>, limit| {
+            Ok(Command::Show(Show::Tenants { shard, order_by: order_by.map(str::to_string), limit }))
+        };
+        assert_eq!(parse("SHOW TENANTS"), tenants(None, None, None));
+        assert_eq!(
+            parse("show tenants shard 3 order by ERRORS limit 5;"),
+            tenants(Some(3), Some("errors"), Some(5))
+        );
+        assert_eq!(parse("show tenants limit 2"), tenants(None, None, Some(2)));
+        for bad in [
+            "show tenants shard x",
+            "show tenants order errors",
+            "show tenants limit 2 shard 1",
+            "show tenants order by tenant",
+            "show tenants order by nonsense",
+        ] {
+            assert!(matches!(parse(bad), Err(CommandError::BadScope(_))), "{bad}");
+        }
         assert_eq!(parse("show tenant 'o''brien'"), Ok(Command::Show(Show::Tenant("o'brien".into()))));
         assert_eq!(parse(" ; "), Ok(Command::Empty));
         assert_eq!(parse("show tenant"), Err(CommandError::TenantMissing));

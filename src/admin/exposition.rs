@@ -133,6 +133,7 @@ impl Exposition {
             |s| (s.query_buckets, s.query_us),
         );
         seconds_counters(&mut text, &pools);
+        tenant_counters(&mut text, view);
         text
     }
 }
@@ -279,6 +280,69 @@ fn seconds_counters(out: &mut String, pools: &[PoolView]) {
         "Time a shard took to send its scatter-gather parts.",
         &shards,
     );
+}
+
+/// The per-tenant statistics' kept tenants (`[observe] tenant_stats_top_k` per shard at
+/// most: the label set is bounded whatever the number of tenants). A tenant that loses
+/// its slot leaves the series; one that takes a slot starts from its inherited count.
+fn tenant_counters(out: &mut String, view: &AdminView<'_>) {
+    let rows = view.tenant_stats.rows(None, crate::backend::coarse_clock::coarse_ms());
+    let labels = |r: &crate::observe::tenants::TenantRow<crate::directory::TenantId>| {
+        format!("shard=\"{}\",tenant=\"{}\"", r.shard, escape(&r.tenant.to_string()))
+    };
+    let series = |f: fn(&crate::observe::tenants::Figures) -> u64| -> Vec<(String, u64)> {
+        rows.iter().map(|r| (labels(r), f(&r.total))).collect()
+    };
+    let counts = [
+        (
+            "pgtenant_tenant_transactions_total",
+            "Transactions of the heaviest tenants of each shard (the top tenant_stats_top_k); up to pgtenant_tenant_transactions_error of them may be other tenants'.",
+            series(|f| f.transactions),
+        ),
+        (
+            "pgtenant_tenant_requests_total",
+            "Requests of the heaviest tenants of each shard.",
+            series(|f| f.requests),
+        ),
+        (
+            "pgtenant_tenant_errors_total",
+            "Requests of the heaviest tenants that failed.",
+            series(|f| f.errors),
+        ),
+        (
+            "pgtenant_tenant_sent_bytes_total",
+            "Bytes servers sent the heaviest tenants.",
+            series(|f| f.bytes_out),
+        ),
+    ];
+    for (name, help, series) in counts {
+        count_family(out, name, help, "counter", &series);
+    }
+    let errors: Vec<(String, u64)> = rows.iter().map(|r| (labels(r), r.error)).collect();
+    count_family(
+        out,
+        "pgtenant_tenant_transactions_error",
+        "The bound of pgtenant_tenant_transactions_total's error: transactions counted to the tenant that may be others'.",
+        "gauge",
+        &errors,
+    );
+    seconds_counter(
+        out,
+        "pgtenant_tenant_server_time_seconds_total",
+        "Time servers spent on the heaviest tenants' requests.",
+        &series(|f| f.server_us),
+    );
+}
+
+fn count_family(out: &mut String, name: &str, help: &str, kind: &str, series: &[(String, u64)]) {
+    if series.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, n) in series {
+        let _ = writeln!(out, "{name}{{{labels}}} {n}");
+    }
 }
 
 fn seconds_counter(out: &mut String, name: &str, help: &str, series: &[(String, u64)]) {

@@ -62,6 +62,8 @@ pub struct AdminView<'a> {
     pub stop: Option<&'a tokio::sync::watch::Sender<bool>>,
     pub wait_for_clients: &'a tokio::sync::watch::Sender<bool>,
     pub minter: &'a crate::snowflake::Minter,
+    /// The heaviest tenants of each shard.
+    pub tenant_stats: &'a crate::observe::tenants::TenantStats<crate::directory::TenantId>,
     pub reloader: &'a dyn Reloader,
 }
 

@@ -105,9 +105,10 @@ pub struct ServerConn {
 
 impl ServerConn {
     /// A client request was answered: counts it (and its transaction, when `xact_us`
-    /// says it ended one), with the bytes exchanged since the last count.
+    /// says it ended one), with the bytes exchanged since the last count; returns the
+    /// bytes the server sent for it.
     #[inline]
-    pub fn count_request(&mut self, request_us: u64, xact_us: Option<u64>, failed: bool) {
+    pub fn count_request(&mut self, request_us: u64, xact_us: Option<u64>, failed: bool) -> u64 {
         self.stats.request_done(request_us, xact_us);
         if failed {
             self.stats.error();
@@ -115,7 +116,9 @@ impl ServerConn {
         let (written, read) = (self.io.bytes_written, self.io.bytes_read);
         self.stats.bytes(written - self.counted_bytes.0, read - self.counted_bytes.1);
         self.stats.statements(self.queue.take_counts());
+        let bytes_out = read - self.counted_bytes.1;
         self.counted_bytes = (written, read);
+        bytes_out
     }
 
     /// Connects and logs in; returns once the server sent ReadyForQuery.

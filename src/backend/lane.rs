@@ -59,9 +59,9 @@ pub struct LaneJoin {
 pub enum LanePiece {
     /// Part of the answer; more follows.
     Part(BytesMut),
-    /// The rest of the answer, ReadyForQuery last, and how long the server took to
-    /// answer the request once the ones ahead of it were answered.
-    Done { rest: BytesMut, served_in: Duration },
+    /// The rest of the answer, ReadyForQuery last, how long the server took to answer
+    /// the request once the ones ahead of it were answered, and whether it failed.
+    Done { rest: BytesMut, served_in: Duration, failed: bool },
     /// The connection failed before the answer was complete; `Part`s already sent and
     /// this partial answer are all there is.
     Lost { partial: BytesMut, reason: String },
@@ -355,15 +355,15 @@ impl LaneInner {
         set_cancel(&head.cancel, None);
         let now = Instant::now();
         let served_in = now.saturating_duration_since(self.head_since);
+        let failed = std::mem::take(&mut self.head_failed);
         if self.canceled_by_another() {
             tracing::info!("a cancel meant for a request ahead stopped a pipelined request; it runs again");
             self.send_head(|_stray_answer| LanePiece::Stray);
         } else {
-            self.send_head(|rest| LanePiece::Done { rest, served_in });
+            self.send_head(|rest| LanePiece::Done { rest, served_in, failed });
         }
         self.head_since = now;
         let head = self.waiting.pop_front().expect("checked above");
-        let failed = std::mem::take(&mut self.head_failed);
         self.head_canceled = false;
         self.head_parts_sent = false;
         let conn = self.conn.as_deref_mut().expect("a relaying lane has its connection");

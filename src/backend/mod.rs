@@ -4,7 +4,7 @@
 
 mod addr;
 mod cancel;
-mod coarse_clock;
+pub mod coarse_clock;
 mod conn;
 mod error;
 pub mod health;
@@ -29,7 +29,7 @@ pub use pick::Wanted;
 pub use pool::{PoolView, PooledConn, Pools, ServerPool};
 pub use prepared::{PreparedStatement, StatementRegistry, server_name};
 pub use prepared_on_server::{PreparedOnServer, SET_TENANT_STATEMENT_ID};
-pub use relay::{RelayNotes, RelayStop};
+pub use relay::{Answered, RelayNotes, RelayStop};
 pub use settings::{
     ReadOnlyGuc, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, quote_literal,
     settings_sql, tenant_sql,

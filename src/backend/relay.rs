@@ -31,6 +31,20 @@ pub struct RelayNotes {
     pub query_canceled: bool,
     /// A COMMIT completed (looked for only when asked to track commits).
     pub saw_commit: bool,
+    /// When the request ended (its ReadyForQuery): what it cost, for per-tenant
+    /// statistics (`observe::tenants`).
+    pub answered: Option<Answered>,
+}
+
+/// What a request that ended cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Answered {
+    /// Server time, from the request's first message to its ReadyForQuery.
+    pub request_us: u64,
+    /// It ended a transaction (or was one).
+    pub ended_transaction: bool,
+    /// Bytes the server sent for it.
+    pub bytes_out: u64,
 }
 
 impl ServerConn {
@@ -142,7 +156,12 @@ impl ServerConn {
                 on_refused(self, &refused, out);
             }
             if let Some(status) = fx.ready {
-                self.count_request(fx.request_us, fx.xact_us, notes.client_error);
+                let bytes_out = self.count_request(fx.request_us, fx.xact_us, notes.client_error);
+                notes.answered = Some(Answered {
+                    request_us: fx.request_us,
+                    ended_transaction: fx.xact_us.is_some(),
+                    bytes_out,
+                });
                 break RelayStop::Ready { status, changes: fx.changes_done };
             }
         };

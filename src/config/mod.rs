@@ -105,13 +105,31 @@ impl Default for MovesConfig {
 }
 
 /// What operators see besides the admin console.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ObserveConfig {
     /// The HTTP port for `/metrics`, `/healthz` and `/readyz` (off unless set).
     pub listen: Option<SocketAddr>,
     /// Log lines as text (the default) or as JSON objects, one per line.
     pub log_format: LogFormat,
+    /// Tenants kept per shard by the per-tenant statistics (SHOW TENANTS, the
+    /// `pgtenant_tenant_*` series of /metrics): the heaviest by transactions, counted
+    /// exactly, the rest within a stated bound (see `observe::tenants`). /metrics then
+    /// carries at most this many tenants per shard. 0 = off.
+    pub tenant_stats_top_k: usize,
+    /// The window of the per-tenant statistics' recent figures.
+    pub tenant_stats_window_ms: u64,
+}
+
+impl Default for ObserveConfig {
+    fn default() -> Self {
+        ObserveConfig {
+            listen: None,
+            log_format: LogFormat::default(),
+            tenant_stats_top_k: 20,
+            tenant_stats_window_ms: 60_000,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]

@@ -112,6 +112,8 @@ pub struct Shared {
     pub stats_history: crate::admin::StatsHistory,
     pub console_stats: crate::observe::stats::PoolStats,
     pub exposition: crate::admin::exposition::Exposition,
+    /// The heaviest tenants of each shard (see `observe::tenants`).
+    pub tenant_stats: Arc<crate::observe::tenants::TenantStats<crate::directory::TenantId>>,
     /// Admin pauses of shards and tenants, checked as transactions start.
     pub pauses: Arc<crate::tenancy::PauseBoard>,
     /// Read-your-writes widened to a login (`read_your_writes = "user"`): when each
@@ -163,6 +165,11 @@ impl Shared {
         // Statement texts shared by clients get the parse cache's byte budget.
         let statements = StatementRegistry::new(100_000, config.proxy.parse_cache_bytes);
         let health = Arc::new(HealthView::new(config.health.fail_after, config.health.max_held_requests));
+        let observe = &config.observe;
+        let tenant_stats = Arc::new(crate::observe::tenants::TenantStats::new(
+            observe.tenant_stats_top_k,
+            observe.tenant_stats_window_ms,
+        ));
         Self {
             config,
             router,
@@ -186,6 +193,7 @@ impl Shared {
             console_stats: Default::default(),
             exposition: Default::default(),
             local_addr: Default::default(),
+            tenant_stats,
             pauses: Default::default(),
             user_writes: Default::default(),
             moves: std::sync::OnceLock::new(),
@@ -216,6 +224,7 @@ impl Shared {
             stop: self.stop.get(),
             wait_for_clients: &self.wait_for_clients,
             minter: &self.minter,
+            tenant_stats: &self.tenant_stats,
             reloader: self,
         }
     }

@@ -1,5 +1,5 @@
 //! Observability: structured logs, the counters layers keep for operators (`stats`,
-//! `clients`), and the HTTP port that serves metrics and health (`http`). It depends
+//! `clients`, per tenant `tenants`), and the HTTP port that serves metrics and health (`http`). It depends
 //! on no other layer: layers feed it, and `admin` reads it.
 
 pub mod conns;
@@ -7,6 +7,7 @@ pub mod errors;
 pub mod http;
 pub mod scatter;
 pub mod stats;
+pub mod tenants;
 
 /// Installs the tracing subscriber (text lines); `RUST_LOG` overrides the default level.
 pub fn init_logging(default_level: &str) {

@@ -34,3 +34,4 @@ mod sql_routing;
 mod startup;
 mod strict;
 mod tenant_isolation;
+mod tenant_stats;

@@ -185,6 +185,9 @@ pub(super) async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
         ("cached", Kind::Bool),
         ("clients", Kind::Int8),
         ("error", Kind::Text),
+        ("transactions", Kind::Int8),
+        ("server_time_ms", Kind::Float8),
+        ("errors", Kind::Int8),
     ]);
     let version = int(view.router.routing_version());
     let Some(tenant) = TenantId::parse(id, view.config.proxy.tenant_key) else {
@@ -200,9 +203,20 @@ pub(super) async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
             Value::Bool(false),
             int(0),
             text(error),
+            Value::Null,
+            Value::Null,
+            Value::Null,
         ]);
         return t;
     };
+    // Its figures, where the per-tenant statistics keep it (SHOW TENANTS).
+    let kept = view.tenant_stats.rows(None, crate::backend::coarse_clock::coarse_ms());
+    let kept = kept.iter().find(|r| r.tenant == tenant);
+    let figures = [
+        kept.map_or(Value::Null, |r| int(r.total.transactions)),
+        kept.map_or(Value::Null, |r| Value::Float8(r.total.server_us as f64 / 1000.0)),
+        kept.map_or(Value::Null, |r| int(r.total.errors)),
+    ];
     let cached = view.router.is_cached(&tenant);
     let clients =
         view.clients.rows().iter().filter(|c| c.tenant.as_ref().is_some_and(|t| t.to_string() == id)).count();
@@ -230,6 +244,9 @@ pub(super) async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
                 Value::Bool(cached),
                 int(clients),
                 Value::Null,
+                figures[0].clone(),
+                figures[1].clone(),
+                figures[2].clone(),
             ]);
         }
         Err(e) => t.push(vec![
@@ -243,6 +260,9 @@ pub(super) async fn tenant(view: &AdminView<'_>, id: &str) -> Table {
             Value::Bool(cached),
             int(clients),
             text(e.to_string()),
+            figures[0].clone(),
+            figures[1].clone(),
+            figures[2].clone(),
         ]),
     }
     t

@@ -6,6 +6,7 @@
 
 mod fleet;
 mod pgbouncer;
+pub mod tenants;
 
 use std::collections::HashMap;
 
@@ -38,6 +39,7 @@ pub async fn show(view: &AdminView<'_>, what: &Show) -> Table {
         Show::Shards => shards(view),
         Show::Nodes => nodes(view),
         Show::Tenant(id) => tenant(view, id).await,
+        Show::Tenants { shard, order_by, limit } => tenants::table(view, *shard, order_by.as_deref(), *limit),
         Show::Routing => routing(view),
         Show::Lanes => lanes(view),
         Show::Pauses => pauses(view),

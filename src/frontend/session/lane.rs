@@ -11,7 +11,7 @@ use bytes::{Buf, BytesMut};
 use super::layout::{Layout, write_from_bind};
 use super::server::inject_tenant_in_request;
 use super::{ClientTx, HIGH_WATER, Session};
-use crate::backend::{Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
+use crate::backend::{Answered, Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
 use crate::config::PoolMode;
 use crate::frontend::error::FrontendError;
 use crate::observe::conns::ShownTenant;
@@ -162,6 +162,7 @@ impl Session {
         // cancel (the lane gave its slot the connection's target).
         let queued = self.cancel.wait_in_proxy();
         let mut canceled = std::pin::pin!(queued.canceled());
+        let mut bytes_out = 0;
         loop {
             let piece = tokio::select! {
                 biased;
@@ -170,14 +171,19 @@ impl Session {
             };
             match piece {
                 Some(LanePiece::Part(bytes)) => {
+                    bytes_out += bytes.len() as u64;
                     self.client.wbuf.extend_from_slice(&bytes);
                     if self.client.wbuf.len() >= HIGH_WATER {
                         self.client.flush().await?;
                     }
                 }
-                Some(LanePiece::Done { rest, served_in }) => {
+                Some(LanePiece::Done { rest, served_in, failed }) => {
                     self.client.wbuf.extend_from_slice(&rest);
                     analysis.shape().record(served_in, self.shared.config.proxy.pipeline_quick());
+                    let request_us = served_in.as_micros().try_into().unwrap_or(u64::MAX);
+                    let bytes_out = bytes_out + rest.len() as u64;
+                    let answered = Answered { request_us, ended_transaction: true, bytes_out };
+                    self.count_for_tenant(route, answered, failed);
                     break;
                 }
                 // Runs again on a server of its own, where no cancel but its client's

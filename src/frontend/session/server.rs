@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use super::client_watch::unless_client_leaves;
 use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, HealthView, LagBound, NodeKey, PrimaryChoice};
-use crate::backend::{BackendError, CheckoutError};
+use crate::backend::{Answered, BackendError, CheckoutError, coarse_clock};
 use crate::backend::{
     OnError, Pending, PooledConn, ReadOnlyGuc, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID,
     ServerConn, ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted,
@@ -20,6 +20,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
 use crate::observe::conns::{ConnState, ShownTenant};
+use crate::observe::tenants::{Figures, TenantStats};
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
     Analysis, NodeTarget, READ_ONLY_SETTINGS, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER,
@@ -460,7 +461,7 @@ impl Session {
         loop {
             let Some(a) = self.server.as_mut() else { return Ok(()) };
             let track_commit = !self.tx_setting_changes.is_empty() || self.tenant_before_tx.is_some();
-            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid) {
+            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid, &self.shared.tenant_stats) {
                 RelayStop::NeedMore => break,
                 RelayStop::Ready { status, changes } => self.on_ready(status, changes),
                 RelayStop::Lost(reason) => return self.on_server_lost(reason),
@@ -668,7 +669,13 @@ impl Session {
 
 /// Relays complete messages from the server's read buffer up to the first that ends
 /// a client request, noting on `a` what they said about the request.
-fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) -> RelayStop {
+fn relay(
+    a: &mut Attached,
+    out: &mut BytesMut,
+    track_commit: bool,
+    client: u32,
+    tenants: &TenantStats<TenantId>,
+) -> RelayStop {
     let shard = a.route.shard;
     let before = &mut a.settings_before;
     let mut notes = RelayNotes::default();
@@ -677,7 +684,31 @@ fn relay(a: &mut Attached, out: &mut BytesMut, track_commit: bool, client: u32) 
     });
     a.request_failed |= notes.client_error;
     a.saw_commit |= notes.saw_commit;
+    if let (Some(answered), Some(tenant)) = (notes.answered, &a.route.tenant) {
+        tenants.record(shard, tenant, figures(answered, notes.client_error), coarse_clock::coarse_ms());
+    }
     stop
+}
+
+/// A request's cost as per-tenant statistics count it.
+fn figures(answered: Answered, failed: bool) -> Figures {
+    Figures {
+        transactions: u64::from(answered.ended_transaction),
+        requests: 1,
+        server_us: answered.request_us,
+        bytes_out: answered.bytes_out,
+        errors: u64::from(failed),
+    }
+}
+
+impl Session {
+    /// Counts a request answered on a lane for its tenant (see `observe::tenants`).
+    pub(super) fn count_for_tenant(&self, route: &Route, answered: Answered, failed: bool) {
+        if let Some(tenant) = &route.tenant {
+            let figures = figures(answered, failed);
+            self.shared.tenant_stats.record(route.shard, tenant, figures, coarse_clock::coarse_ms());
+        }
+    }
 }
 
 /// The server refused the SETs that bring the client's session settings to its

@@ -1,0 +1,113 @@
+//! Per-tenant statistics (issue 53): what each tenant's clients did, as SHOW TENANTS,
+//! SHOW TENANT and /metrics report it: exact for the tenants kept, within the stated
+//! bound for one that took another's slot, and never more tenants per shard than
+//! `tenant_stats_top_k`.
+
+use std::collections::HashMap;
+
+use crate::harness::{Proxy, http_get, start_proxy};
+
+type Row = HashMap<String, String>;
+
+async fn console_rows(console: &tokio_postgres::Client, sql: &str) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut columns: Vec<String> = Vec::new();
+    for m in console.simple_query(sql).await.unwrap() {
+        match m {
+            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
+                columns = d.iter().map(|c| c.name().to_string()).collect();
+            }
+            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
+                columns
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.clone(), r.get(i).unwrap_or("").to_string()))
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    rows
+}
+
+fn n(row: &Row, column: &str) -> u64 {
+    row[column].parse().unwrap_or_else(|_| panic!("{column} = {:?}", row[column]))
+}
+
+/// `count` autocommit reads of `tenant` in the extended protocol (lanes may carry them).
+async fn reads(proxy: &Proxy, tenant: i64, count: usize) {
+    let client = proxy.connect(Some(tenant)).await;
+    for _ in 0..count {
+        client.query_one("SELECT 1", &[]).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn show_tenants_counts_what_each_tenant_did() {
+    let proxy = start_proxy(|c| {
+        c.observe.listen = Some("127.0.0.1:0".parse().unwrap());
+        c.observe.tenant_stats_top_k = 2;
+    })
+    .await;
+    // Tenant 9 first and light, then 7 heavy, then 8: where the three share a shard, 8
+    // takes 9's slot and inherits its count as its error.
+    reads(&proxy, 9, 3).await;
+    let seven = proxy.connect(Some(7)).await;
+    for _ in 0..20 {
+        seven.query_one("SELECT 1", &[]).await.unwrap();
+    }
+    for _ in 0..5 {
+        seven.batch_execute("BEGIN; SELECT 1; COMMIT").await.unwrap();
+    }
+    for _ in 0..5 {
+        for sql in ["BEGIN", "SELECT 1", "COMMIT"] {
+            seven.batch_execute(sql).await.unwrap();
+        }
+    }
+    assert!(seven.batch_execute("SELECT 1/0").await.is_err());
+    reads(&proxy, 8, 10).await;
+
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let rows = console_rows(&console, "SHOW TENANTS").await;
+    let row = |t: &str| rows.iter().find(|r| r["tenant"] == t).cloned();
+    let seven_row = row("7").expect("the heaviest tenant is kept");
+    // 20 reads, each a prepare and an execute (two requests, each a transaction on the
+    // server, as PgBouncer counts them too), 5 one-query transactions, 5 three-statement
+    // ones (the BEGIN answered by pgtenant: two requests), one that failed.
+    assert_eq!(n(&seven_row, "transactions"), 40 + 5 + 5 + 1, "{seven_row:?}");
+    assert_eq!(n(&seven_row, "transactions_error"), 0);
+    assert_eq!(n(&seven_row, "requests"), 40 + 5 + 10 + 1, "{seven_row:?}");
+    assert_eq!(n(&seven_row, "errors"), 1);
+    assert!(seven_row["server_time_ms"].parse::<f64>().unwrap() > 0.0);
+    assert!(n(&seven_row, "bytes_out") > 0);
+    let eight = row("8").expect("8 is kept: heavier than 9");
+    let (tx, error) = (n(&eight, "transactions"), n(&eight, "transactions_error"));
+    assert!(tx >= 20 && tx - error <= 20, "within its bound: {eight:?}");
+    // At most K per shard; the heaviest first.
+    let mut per_shard: HashMap<String, usize> = HashMap::new();
+    for r in &rows {
+        *per_shard.entry(r["shard"].clone()).or_default() += 1;
+    }
+    assert!(per_shard.values().all(|&k| k <= 2), "{rows:?}");
+    assert_eq!(rows[0]["tenant"], "7");
+    // ORDER BY and LIMIT, SHARD.
+    let by_errors = console_rows(&console, "SHOW TENANTS ORDER BY errors LIMIT 1").await;
+    assert_eq!((by_errors.len(), by_errors[0]["tenant"].as_str()), (1, "7"));
+    let shard = &seven_row["shard"];
+    let on_shard = console_rows(&console, &format!("SHOW TENANTS SHARD {shard}")).await;
+    assert!(on_shard.iter().all(|r| &r["shard"] == shard) && on_shard.iter().any(|r| r["tenant"] == "7"));
+    let bad = console.simple_query("SHOW TENANTS ORDER BY nonsense").await.unwrap_err();
+    assert_eq!(crate::harness::sqlstate(&bad), "42601");
+    // SHOW TENANT gains the figures.
+    let one = console_rows(&console, "SHOW TENANT 7").await;
+    assert_eq!(n(&one[0], "transactions"), 51);
+    assert_eq!(n(&one[0], "errors"), 1);
+    // /metrics carries the kept tenants only.
+    let metrics = http_get(proxy.http_addr().unwrap(), "/metrics").await.1;
+    let line = format!("pgtenant_tenant_transactions_total{{shard=\"{shard}\",tenant=\"7\"}} 51");
+    assert!(metrics.lines().any(|l| l == line), "{line} not in /metrics");
+    let kept: usize =
+        metrics.lines().filter(|l| l.starts_with("pgtenant_tenant_transactions_total{")).count();
+    assert_eq!(kept, rows.len());
+    proxy.shutdown().await;
+}
