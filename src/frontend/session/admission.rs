@@ -60,14 +60,14 @@ impl Session {
         let changed = self.protected_changed_by(statement);
         self.admit_text(statement)?;
         let (route, after_unknown_code) = match stage {
-            Stage::Opening { route, after_unknown_code } => (route.clone(), after_unknown_code),
+            Stage::Opening { route, after_unknown_code } => (route, after_unknown_code),
             Stage::Joining { named } => {
                 self.check_fits_transaction(named).await?;
                 let Some(a) = self.server.as_ref() else { return Ok(()) };
-                (a.route.clone(), a.unknown_code_in_request)
+                (&a.route, a.unknown_code_in_request)
             }
         };
-        if let Some(refused) = writes_refusal(&route, statement.analysis, changed, after_unknown_code) {
+        if let Some(refused) = writes_refusal(route, statement.analysis, changed, after_unknown_code) {
             return Err(refused);
         }
         self.check_strict(route.shard, statement.analysis, statement.bound).await?;
@@ -166,9 +166,10 @@ fn writes_refusal(
     changed: ProtectedSet,
     after_unknown_code: bool,
 ) -> Option<FrontendError> {
-    let (Some(tenant), false) = (route.tenant.clone(), route.state.allows_writes()) else {
+    if route.state.allows_writes() {
         return None;
-    };
+    }
+    let tenant = route.tenant.clone()?;
     let effects = analysis.effects();
     let state = route.state.describe();
     let wall = |what| FrontendError::ReadOnlyWall { tenant: tenant.clone(), shard: route.shard, state, what };
