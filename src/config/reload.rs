@@ -23,9 +23,21 @@ pub fn needs_restart(running: &Config, new: &Config) -> Vec<String> {
     changed
 }
 
+/// The `section.key`s outside the live sections (users, shards, ranges, the tenant map
+/// and limits, `[tls]`) that a RELOAD changes for the running proxy: the session
+/// timeouts (`frontend::live`).
+pub const LIVE_KEYS: [&str; 4] = [
+    "proxy.idle_transaction_timeout_ms",
+    "proxy.client_idle_timeout_ms",
+    "proxy.transaction_timeout_ms",
+    "proxy.query_timeout_ms",
+];
+
 /// The settings fixed for the process, flattened to `section.key` -> value.
 fn fixed_part(config: &Config) -> BTreeMap<String, serde_json::Value> {
     let mut c = config.clone();
+    // Read again from their files by every RELOAD.
+    c.tls = None;
     c.users.clear();
     c.shards.clear();
     c.ranges.clear();
@@ -37,7 +49,10 @@ fn fixed_part(config: &Config) -> BTreeMap<String, serde_json::Value> {
         match value {
             serde_json::Value::Object(keys) => {
                 for (key, v) in keys {
-                    flat.insert(format!("{section}.{key}"), v);
+                    let name = format!("{section}.{key}");
+                    if !LIVE_KEYS.contains(&name.as_str()) {
+                        flat.insert(name, v);
+                    }
                 }
             }
             other => {
@@ -59,6 +74,9 @@ mod tests {
         new.users[0].password = Some("changed".into());
         new.tenant_map.clear();
         assert!(needs_restart(&running, &new).is_empty(), "passwords and placements change live");
+        new.proxy.client_idle_timeout_ms = 1000;
+        new.proxy.query_timeout_ms = 5000;
+        assert!(needs_restart(&running, &new).is_empty(), "the session timeouts change live");
         new.proxy.max_clients += 1;
         new.health.interval_ms += 1;
         new.users[0].pool_size += 1;

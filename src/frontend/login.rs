@@ -14,7 +14,7 @@ use super::error_response::write_error;
 use super::params::parse_startup;
 use super::session::{Session, SessionStart};
 use super::startup::{Negotiated, negotiate};
-use super::{Shared, primary_now};
+use super::{ClientTls, Shared, primary_now};
 use crate::backend::{
     BackendError, CheckoutError, PooledConn, ServerPool, SettingValue, Settings, TenantGuc, Wanted,
     settings_sql, tenant_sql,
@@ -38,18 +38,19 @@ pub async fn serve_connection(
         _ => None,
     };
     let timeout = shared.config.proxy.startup_timeout();
+    // The TLS of this connection, from its handshake to its channel binding, whatever a
+    // RELOAD installs meanwhile.
+    let tls = shared.client_tls();
     // The startup and login states are boxed, so that they are freed once the session
     // runs: the task keeps only what a session needs (see bench/idle_clients.sh).
-    let negotiated = match tokio::time::timeout(
-        timeout,
-        Box::pin(negotiate(stream, shared.tls.as_ref().map(|t| &t.acceptor))),
-    )
-    .await
-    {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
-        Err(_) => return tracing::debug!("startup timed out"),
-    };
+    let negotiated =
+        match tokio::time::timeout(timeout, Box::pin(negotiate(stream, tls.as_ref().map(|t| &t.acceptor))))
+            .await
+        {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
+            Err(_) => return tracing::debug!("startup timed out"),
+        };
     let (stream, minor, params) = match negotiated {
         Negotiated::Cancel { mut stream, pid, key } => {
             forward_cancel(&shared, pid, key).await;
@@ -60,8 +61,11 @@ pub async fn serve_connection(
         Negotiated::Login { stream, minor, params } => (stream, minor, params),
     };
     let mut client = Duplex::for_client(stream);
-    let login =
-        tokio::time::timeout(timeout, Box::pin(login(&mut client, &shared, slots, minor, params))).await;
+    let login = tokio::time::timeout(
+        timeout,
+        Box::pin(login(&mut client, &shared, tls.as_deref(), slots, minor, params)),
+    )
+    .await;
     let (login, _permit) = match login {
         Ok(Ok(ok)) => ok,
         Ok(Err(err)) => return refuse(client, &err).await,
@@ -151,10 +155,11 @@ async fn forward_cancel(shared: &Shared, pid: u32, key: u32) {
     super::cancel::forward(shared.cancels.reach(pid, key)).await;
 }
 
-/// Authenticates and prepares the session.
+/// Authenticates and prepares the session; `tls`: what the client's handshake used.
 async fn login(
     client: &mut Duplex,
     shared: &Arc<Shared>,
+    tls: Option<&ClientTls>,
     slots: Arc<Semaphore>,
     minor: u16,
     params: Vec<(String, String)>,
@@ -167,7 +172,7 @@ async fn login(
     let users = shared.users();
     let user = users.configs.get(&params.user).cloned();
     // Channel binding to the certificate this client's TLS was set up with.
-    let binding = client.stream.is_tls().then(|| shared.tls.as_ref()?.end_point.as_deref()).flatten();
+    let binding = client.stream.is_tls().then(|| tls?.end_point.as_deref()).flatten();
     let auth = users.auth.get(&params.user);
     authenticate(client, &params.user, auth, binding, config.proxy.max_message_size).await?;
     let user = user.ok_or_else(|| FrontendError::AuthFailed { user: params.user.clone() })?;

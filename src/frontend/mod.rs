@@ -6,6 +6,7 @@ mod cancel;
 mod error;
 mod error_response;
 mod listener;
+mod live;
 mod login;
 pub(crate) mod params;
 mod reload;
@@ -88,7 +89,10 @@ pub struct Shared {
     pub health: Arc<HealthView>,
     pub statements: StatementRegistry,
     pub cancels: Arc<CancelRegistry>,
-    pub tls: Option<ClientTls>,
+    /// The TLS offered to new clients (a RELOAD reads its files again).
+    tls: std::sync::RwLock<Option<Arc<ClientTls>>>,
+    /// The session timeouts in force (a RELOAD changes them).
+    pub timeouts: live::LiveTimeouts,
     /// Mints the snowflake IDs the sessions answer for.
     pub minter: Arc<Minter>,
     /// The logins in force (replaced by a RELOAD), the file they came from, and the
@@ -165,6 +169,7 @@ impl Shared {
         // Statement texts shared by clients get the parse cache's byte budget.
         let statements = StatementRegistry::new(100_000, config.proxy.parse_cache_bytes);
         let health = Arc::new(HealthView::new(config.health.fail_after, config.health.max_held_requests));
+        let timeouts = live::LiveTimeouts::of(&config.proxy);
         let observe = &config.observe;
         let tenant_stats = Arc::new(crate::observe::tenants::TenantStats::new(
             observe.tenant_stats_top_k,
@@ -177,7 +182,8 @@ impl Shared {
             health,
             statements,
             cancels: Arc::new(CancelRegistry::default()),
-            tls,
+            tls: std::sync::RwLock::new(tls.map(Arc::new)),
+            timeouts,
             minter,
             users,
             config_path: Default::default(),
@@ -206,6 +212,12 @@ impl Shared {
     pub fn login_writes(&self, user: &str) -> Arc<std::sync::atomic::AtomicU64> {
         let mut marks = self.user_writes.lock().unwrap_or_else(|e| e.into_inner());
         marks.entry(user.to_string()).or_default().clone()
+    }
+
+    /// The TLS offered to a client that asks now (a RELOAD may replace it; a client
+    /// keeps the one its handshake used, for its channel binding too).
+    pub fn client_tls(&self) -> Option<Arc<ClientTls>> {
+        self.tls.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What the admin console, `/metrics` and `/readyz` read.

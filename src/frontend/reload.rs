@@ -5,7 +5,9 @@
 //! users, rights and pool modes; a user's pools whose size or server credentials
 //! changed are replaced, the old ones draining as their connections come back), the
 //! file's shards, ranges and tenant map (sessions route by them from their next
-//! transaction) and its tenant limits.
+//! transaction), its tenant limits, the session timeouts (running sessions from their next request), and
+//! the TLS certificate and key, read again from their files even when the paths did
+//! not change (new clients get the renewed certificate; connected ones keep theirs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,10 +52,17 @@ impl Shared {
                 .map(|setting| format!("{setting} changed: that needs a restart"))
                 .collect());
         }
+        // Read before anything changes: a certificate that does not load refuses it all.
+        let tls = match &new.tls {
+            Some(t) => Some(Arc::new(super::client_tls(&t.cert, &t.key).map_err(|e| vec![e])?)),
+            None => None,
+        };
         self.router.reload_layout(&new).map_err(|e| vec![e])?;
         self.pools.reload_limits(&new);
         *self.users.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Users::of(&new));
         self.pools.users_changed(&new.users);
+        self.timeouts.set(&new.proxy);
+        *self.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
         *self.file_config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(new);
         tracing::info!(file = %path.display(), "configuration reloaded");
         Ok(())

@@ -173,3 +173,72 @@ async fn scratch_raw_transaction_timeout() {
     }
     eprintln!("EOF");
 }
+
+/// Writes a self-signed certificate for `localhost` and its key to `cert` and `key`.
+fn write_self_signed(cert: &std::path::Path, key: &std::path::Path) {
+    let pair = rcgen::KeyPair::generate().unwrap();
+    let made = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap().self_signed(&pair).unwrap();
+    std::fs::write(cert, made.pem()).unwrap();
+    std::fs::write(key, pair.serialize_pem()).unwrap();
+}
+
+/// psql over TLS verifying the proxy's certificate against `root` (its own self-signed
+/// one): whether it connected.
+fn verified_by(port: u16, root: &std::path::Path) -> bool {
+    let out = crate::harness::run_with_stdin(
+        std::process::Command::new("psql").args([
+            "-X",
+            "-At",
+            "-d",
+            &format!(
+                "host=localhost hostaddr=127.0.0.1 port={port} user=app password=app dbname=app sslmode=verify-full sslrootcert={} options='-c pgtenant.tenant_id=7'",
+                root.display()
+            ),
+            "-c",
+            "SELECT 1",
+        ]),
+        "",
+    );
+    out.status.success()
+}
+
+/// A RELOAD applies the session timeouts (to a running session from its next request)
+/// and reads
+/// the TLS certificate again: a certificate renewed at the same paths is what the next
+/// TLS client gets.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_applies_timeouts_and_a_renewed_certificate() {
+    let dir = crate::harness::clusters::base_dir().join("reload_tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key, first, second) =
+        (dir.join("server.crt"), dir.join("server.key"), dir.join("first.crt"), dir.join("second.crt"));
+    write_self_signed(&cert, &key);
+    std::fs::copy(&cert, &first).unwrap();
+    let (cert_path, key_path) = (cert.clone(), key.clone());
+    let (proxy, file) = crate::harness::start_proxy_from_file("reload_tls", move |c| {
+        c.tls = Some(pgtenant::config::TlsConfig { cert: cert_path, key: key_path });
+    })
+    .await;
+    let port = proxy.addr.port();
+    assert!(verified_by(port, &first), "the first certificate is served");
+    let running = proxy.connect(Some(7)).await;
+
+    // Renewed at the same paths, and the session timeout turned on, in the file.
+    write_self_signed(&cert, &key);
+    std::fs::copy(&cert, &second).unwrap();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let text = text.replace("client_idle_timeout_ms = 0", "client_idle_timeout_ms = 300");
+    assert!(text.contains("client_idle_timeout_ms = 300"));
+    std::fs::write(&file, text).unwrap();
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    console.simple_query("RELOAD").await.expect("timeouts and TLS change live");
+
+    assert!(verified_by(port, &second), "the renewed certificate is served");
+    assert!(!verified_by(port, &first), "the old one is not");
+    // The session that ran before the RELOAD is timed by the new setting from its next
+    // request on.
+    running.simple_query("SELECT 1").await.unwrap();
+    let closed = eventually(Duration::from_secs(10), || async { running.is_closed() }).await;
+    assert!(closed.is_some(), "idle past the reloaded client_idle_timeout_ms");
+    proxy.shutdown().await;
+}

@@ -66,12 +66,14 @@ impl Session {
     /// Follows which timed states the session is in and arms the soonest deadline.
     /// Costs nothing when every timeout is off (the default).
     pub(super) fn arm_deadline(&mut self) {
-        let proxy = &self.shared.config.proxy;
+        // Read each time: a RELOAD changes them for running sessions, from their next
+        // event.
+        let ms = self.shared.timeouts.get();
         let limits = [
-            (Timeout::IdleInTransaction, proxy.idle_transaction_timeout_ms),
-            (Timeout::IdleSession, proxy.client_idle_timeout_ms),
-            (Timeout::Transaction, proxy.transaction_timeout_ms),
-            (Timeout::Query, proxy.query_timeout_ms),
+            (Timeout::IdleInTransaction, ms.idle_transaction_ms),
+            (Timeout::IdleSession, ms.client_idle_ms),
+            (Timeout::Transaction, ms.transaction_ms),
+            (Timeout::Query, ms.query_ms),
         ];
         if limits.iter().all(|(_, ms)| *ms == 0) {
             return;
@@ -113,7 +115,7 @@ impl Session {
     /// The FATAL a fired timeout ends the session with. A request still running on the
     /// server is canceled there first: the connection is then closed, not pooled.
     pub(super) fn timed_out(&mut self, timeout: Timeout) -> FrontendError {
-        let proxy = &self.shared.config.proxy;
+        let ms = self.shared.timeouts.get();
         if matches!(timeout, Timeout::Query | Timeout::Transaction)
             && let Some(a) = self.server.as_ref()
             && !a.conn.queue.is_empty()
@@ -122,12 +124,10 @@ impl Session {
         }
         let shard = self.server.as_ref().map(|a| a.route.shard);
         match timeout {
-            Timeout::IdleInTransaction => {
-                FrontendError::IdleInTransaction { ms: proxy.idle_transaction_timeout_ms }
-            }
-            Timeout::IdleSession => FrontendError::IdleSession { ms: proxy.client_idle_timeout_ms },
-            Timeout::Transaction => FrontendError::TransactionTimeout { ms: proxy.transaction_timeout_ms },
-            Timeout::Query => FrontendError::QueryTimeout { ms: proxy.query_timeout_ms, shard },
+            Timeout::IdleInTransaction => FrontendError::IdleInTransaction { ms: ms.idle_transaction_ms },
+            Timeout::IdleSession => FrontendError::IdleSession { ms: ms.client_idle_ms },
+            Timeout::Transaction => FrontendError::TransactionTimeout { ms: ms.transaction_ms },
+            Timeout::Query => FrontendError::QueryTimeout { ms: ms.query_ms, shard },
         }
     }
 }
