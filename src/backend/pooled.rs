@@ -38,6 +38,11 @@ impl PooledConn {
         PooledConn { conn: Some(conn), home, permit: Some(permit) }
     }
 
+    /// Whether its checkout waited for a place in the pool (per-tenant statistics).
+    pub fn waited(&self) -> bool {
+        self.permit.as_ref().is_some_and(SharePermit::waited)
+    }
+
     /// Closes the connection instead of returning it (its state is not trusted); a
     /// waiting client then opens a new one.
     pub fn discard(mut self) {

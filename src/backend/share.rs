@@ -120,6 +120,15 @@ impl Drop for PlaceInLine<'_> {
 pub struct SharePermit {
     gate: Arc<ShareGate>,
     key: ShareKey,
+    /// It was granted after a wait in its tenant's line (no place was free at once).
+    waited: bool,
+}
+
+impl SharePermit {
+    /// Whether it was granted after a wait in its tenant's line.
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
 }
 
 impl Drop for SharePermit {
@@ -249,7 +258,7 @@ impl ShareGate {
         let mut state = self.lock();
         let granted = self.arrive(&mut state, key)?;
         self.publish(&state);
-        Ok(granted.then(|| SharePermit { gate: self.clone(), key: key.clone() }))
+        Ok(granted.then(|| SharePermit { gate: self.clone(), key: key.clone(), waited: false }))
     }
 
     /// A place for `key`, waiting in its tenant's line up to `timeout`.
@@ -262,7 +271,7 @@ impl ShareGate {
             let mut state = self.lock();
             if self.arrive(&mut state, key)? {
                 self.publish(&state);
-                return Ok(SharePermit { gate: self.clone(), key: key.clone() });
+                return Ok(SharePermit { gate: self.clone(), key: key.clone(), waited: false });
             }
             let (grant, granted) = oneshot::channel();
             let ticket = state.next_ticket;
@@ -397,7 +406,7 @@ impl ShareGate {
             };
             state.waiting -= 1;
             state.adjust_held(&key, true);
-            grants.push((waiter.grant, SharePermit { gate: self.clone(), key }));
+            grants.push((waiter.grant, SharePermit { gate: self.clone(), key, waited: true }));
         }
         grants
     }

@@ -4,7 +4,7 @@
 //! the one with the fewest transactions and inherits its count as its error bound, so a
 //! kept tenant's transactions lie within `[transactions - error, transactions]`, and
 //! every tenant with more than 1/K of the shard's transactions is kept. The other
-//! figures (requests, server time, bytes, errors) are exact from when the tenant took
+//! figures (requests, server time, bytes, errors, waits for a connection) are exact from when the tenant took
 //! its slot. Each slot also holds the figures of the last complete window
 //! (`window_ms`) and of the one under way.
 //!
@@ -29,6 +29,8 @@ pub struct Figures {
     pub bytes_out: u64,
     /// Requests that got an ErrorResponse.
     pub errors: u64,
+    /// Checkouts that waited for a place in a full pool.
+    pub waits: u64,
 }
 
 impl Figures {
@@ -38,6 +40,7 @@ impl Figures {
         self.server_us += o.server_us;
         self.bytes_out += o.bytes_out;
         self.errors += o.errors;
+        self.waits += o.waits;
     }
 }
 
@@ -211,7 +214,7 @@ mod tests {
     }
 
     fn tx(n: u64) -> Figures {
-        Figures { transactions: n, requests: n, server_us: 10 * n, bytes_out: 100 * n, errors: 0 }
+        Figures { transactions: n, requests: n, server_us: 10 * n, bytes_out: 100 * n, ..Figures::default() }
     }
 
     /// Tenants 1 and 2 do 200 transactions each, 3 does 100, and 50 others one each,

@@ -111,3 +111,26 @@ async fn show_tenants_counts_what_each_tenant_did() {
     assert_eq!(kept, rows.len());
     proxy.shutdown().await;
 }
+
+/// A tenant whose checkout waits for a place in a full pool has the wait counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_checkout_that_waits_is_counted_for_its_tenant() {
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let holder = proxy.connect(Some(8)).await;
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = proxy.connect(Some(7)).await;
+    let asked = tokio::spawn(async move { waiter.simple_query("SELECT 7").await.map(|_| ()) });
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let waiting = crate::harness::eventually(std::time::Duration::from_secs(10), || async {
+        console_rows(&console, "SHOW POOLS").await.iter().any(|r| r["cl_waiting"] != "0")
+    });
+    assert!(waiting.await.is_some(), "the second client waits for the only connection");
+    holder.batch_execute("COMMIT").await.unwrap();
+    asked.await.unwrap().unwrap();
+    let rows = console_rows(&console, "SHOW TENANTS").await;
+    let seven = rows.iter().find(|r| r["tenant"] == "7").expect("tenant 7 is kept");
+    assert_eq!(n(seven, "waits"), 1, "{seven:?}");
+    let eight = rows.iter().find(|r| r["tenant"] == "8").expect("tenant 8 is kept");
+    assert_eq!(n(eight, "waits"), 0, "{eight:?}");
+    proxy.shutdown().await;
+}

@@ -8,7 +8,7 @@ use crate::observe::tenants::TenantRow;
 use crate::protocol::values::Value;
 
 /// The columns, in order; every number but `window_s` may order the rows (descending).
-const COLUMNS: [(&str, Kind); 12] = [
+const COLUMNS: [(&str, Kind); 13] = [
     ("tenant", Kind::Text),
     ("shard", Kind::Int8),
     ("transactions", Kind::Int8),
@@ -17,6 +17,7 @@ const COLUMNS: [(&str, Kind); 12] = [
     ("server_time_ms", Kind::Float8),
     ("bytes_out", Kind::Int8),
     ("errors", Kind::Int8),
+    ("waits", Kind::Int8),
     ("recent_transactions", Kind::Int8),
     ("recent_server_time_ms", Kind::Float8),
     ("recent_errors", Kind::Int8),
@@ -34,9 +35,10 @@ fn number(row: &TenantRow<crate::directory::TenantId>, i: usize) -> f64 {
         5 => t.server_us as f64 / 1000.0,
         6 => t.bytes_out as f64,
         7 => t.errors as f64,
-        8 => r.transactions as f64,
-        9 => r.server_us as f64 / 1000.0,
-        10 => r.errors as f64,
+        8 => t.waits as f64,
+        9 => r.transactions as f64,
+        10 => r.server_us as f64 / 1000.0,
+        11 => r.errors as f64,
         _ => 0.0,
     }
 }

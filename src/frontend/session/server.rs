@@ -315,7 +315,10 @@ impl Session {
         let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
         let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
         match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
-            Ok(conn) => Ok(Some(conn)),
+            Ok(conn) => {
+                self.count_wait(route, &conn);
+                Ok(Some(conn))
+            }
             Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() => {
                 self.mark_gone(route.shard, &pool, &source);
                 Ok(None)
@@ -382,7 +385,11 @@ impl Session {
                     tries += 1;
                     self.mark_gone(route.shard, &pool, &source);
                 }
-                other => return Ok((pool, other?)),
+                other => {
+                    let conn = other?;
+                    self.count_wait(route, &conn);
+                    return Ok((pool, conn));
+                }
             }
         }
     }
@@ -685,7 +692,9 @@ fn relay(
     a.request_failed |= notes.client_error;
     a.saw_commit |= notes.saw_commit;
     if let (Some(answered), Some(tenant)) = (notes.answered, &a.route.tenant) {
-        tenants.record(shard, tenant, figures(answered, notes.client_error), coarse_clock::coarse_ms());
+        // `request_failed`, not this call's notes: the error may have come in an earlier
+        // read than the ReadyForQuery.
+        tenants.record(shard, tenant, figures(answered, a.request_failed), coarse_clock::coarse_ms());
     }
     stop
 }
@@ -698,10 +707,19 @@ fn figures(answered: Answered, failed: bool) -> Figures {
         server_us: answered.request_us,
         bytes_out: answered.bytes_out,
         errors: u64::from(failed),
+        waits: 0,
     }
 }
 
 impl Session {
+    /// Counts a checkout that waited for a place in a full pool for its tenant.
+    fn count_wait(&self, route: &Route, conn: &PooledConn) {
+        if let (true, Some(tenant)) = (conn.waited(), &route.tenant) {
+            let figures = Figures { waits: 1, ..Figures::default() };
+            self.shared.tenant_stats.record(route.shard, tenant, figures, coarse_clock::coarse_ms());
+        }
+    }
+
     /// Counts a request answered on a lane for its tenant (see `observe::tenants`).
     pub(super) fn count_for_tenant(&self, route: &Route, answered: Answered, failed: bool) {
         if let Some(tenant) = &route.tenant {
