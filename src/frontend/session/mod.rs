@@ -1,6 +1,9 @@
 //! `Session`: one authenticated client. `run` is the one loop: it selects on the
-//! client socket, the attached server socket and shutdown, and each event is
-//! handled by a named step (`on_query`, `on_extended`, `on_server_bytes`, ...).
+//! client socket, the attached server socket, shutdown and the soonest timeout
+//! (`deadline`), and each event is handled by a named step (`on_query`, `on_extended`,
+//! `on_server_bytes`, ...). What a statement may do is decided by the admission step
+//! (`admission`); what each request cost its tenant is told to the per-tenant
+//! statistics (`tenant_figures`).
 //!
 //! Invariants:
 //! - a server is attached only for a transaction (transaction pooling), or for the
@@ -26,6 +29,7 @@ mod proxy_call;
 mod scatter;
 mod server;
 mod simple;
+mod tenant_figures;
 
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};

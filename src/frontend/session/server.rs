@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::client_watch::unless_client_leaves;
+use super::tenant_figures::figures;
 use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, HealthView, LagBound, NodeKey, PrimaryChoice};
-use crate::backend::{Answered, BackendError, CheckoutError, coarse_clock};
+use crate::backend::{BackendError, CheckoutError, coarse_clock};
 use crate::backend::{
     OnError, Pending, PooledConn, ReadOnlyGuc, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID,
     ServerConn, ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted,
@@ -20,7 +21,7 @@ use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
 use crate::observe::conns::{ConnState, ShownTenant};
-use crate::observe::tenants::{Figures, TenantStats};
+use crate::observe::tenants::TenantStats;
 use crate::protocol::{self, ErrorFields, TxStatus};
 use crate::router::{
     Analysis, NodeTarget, READ_ONLY_SETTINGS, Reach, Route, SessionChange, SessionRisk, TARGET_PARAMETER,
@@ -697,36 +698,6 @@ fn relay(
         tenants.record(shard, tenant, figures(answered, a.request_failed), coarse_clock::coarse_ms());
     }
     stop
-}
-
-/// A request's cost as per-tenant statistics count it.
-fn figures(answered: Answered, failed: bool) -> Figures {
-    Figures {
-        transactions: u64::from(answered.ended_transaction),
-        requests: 1,
-        server_us: answered.request_us,
-        bytes_out: answered.bytes_out,
-        errors: u64::from(failed),
-        waits: 0,
-    }
-}
-
-impl Session {
-    /// Counts a checkout that waited for a place in a full pool for its tenant.
-    fn count_wait(&self, route: &Route, conn: &PooledConn) {
-        if let (true, Some(tenant)) = (conn.waited(), &route.tenant) {
-            let figures = Figures { waits: 1, ..Figures::default() };
-            self.shared.tenant_stats.record(route.shard, tenant, figures, coarse_clock::coarse_ms());
-        }
-    }
-
-    /// Counts a request answered on a lane for its tenant (see `observe::tenants`).
-    pub(super) fn count_for_tenant(&self, route: &Route, answered: Answered, failed: bool) {
-        if let Some(tenant) = &route.tenant {
-            let figures = figures(answered, failed);
-            self.shared.tenant_stats.record(route.shard, tenant, figures, coarse_clock::coarse_ms());
-        }
-    }
 }
 
 /// The server refused the SETs that bring the client's session settings to its
