@@ -314,12 +314,17 @@ fn tenant_counters(out: &mut String, view: &AdminView<'_>) {
             "Bytes servers sent the heaviest tenants.",
             series(|f| f.bytes_out),
         ),
+        (
+            "pgtenant_tenant_waits_total",
+            "Checkouts of the heaviest tenants that waited for a place in a full pool.",
+            series(|f| f.waits),
+        ),
     ];
     for (name, help, series) in counts {
-        count_family(out, name, help, "counter", &series);
+        family(out, name, help, "counter", &series);
     }
     let errors: Vec<(String, u64)> = rows.iter().map(|r| (labels(r), r.error)).collect();
-    count_family(
+    family(
         out,
         "pgtenant_tenant_transactions_error",
         "The bound of pgtenant_tenant_transactions_total's error: transactions counted to the tenant that may be others'.",
@@ -334,31 +339,33 @@ fn tenant_counters(out: &mut String, view: &AdminView<'_>) {
     );
 }
 
-fn count_family(out: &mut String, name: &str, help: &str, kind: &str, series: &[(String, u64)]) {
+/// A family of hand-written series: its HELP and TYPE, then each series (labels, value).
+fn family<V: std::fmt::Display>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    kind: &str,
+    series: &[(String, V)],
+) {
     if series.is_empty() {
         return;
     }
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, n) in series {
-        let _ = writeln!(out, "{name}{{{labels}}} {n}");
-    }
-}
-
-fn seconds_counter(out: &mut String, name: &str, help: &str, series: &[(String, u64)]) {
-    if series.is_empty() {
-        return;
-    }
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} counter");
-    for (labels, us) in series {
-        let value = *us as f64 / 1e6;
+    for (labels, value) in series {
         if labels.is_empty() {
             let _ = writeln!(out, "{name} {value}");
         } else {
             let _ = writeln!(out, "{name}{{{labels}}} {value}");
         }
     }
+}
+
+/// A counter family of microsecond sums, exported in seconds.
+fn seconds_counter(out: &mut String, name: &str, help: &str, series: &[(String, u64)]) {
+    let seconds: Vec<(String, f64)> =
+        series.iter().map(|(labels, us)| (labels.clone(), *us as f64 / 1e6)).collect();
+    family(out, name, help, "counter", &seconds);
 }
 
 /// A pool's labels as the hand-written families print them.

@@ -11,7 +11,7 @@
 //! Recorded once per request answered (at its ReadyForQuery), under one shard's lock; a
 //! slot is found by a hash lookup, and nothing allocates once the K slots exist.
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Mutex, RwLock};
 
 use std::hash::Hash;
 
@@ -76,7 +76,7 @@ struct Sketch<T> {
 pub struct TenantStats<T> {
     top_k: usize,
     window_ms: u64,
-    shards: RwLock<foldhash::HashMap<ShardId, Arc<Mutex<Sketch<T>>>>>,
+    shards: RwLock<foldhash::HashMap<ShardId, Mutex<Sketch<T>>>>,
 }
 
 impl<T: Clone + Eq + Hash> TenantStats<T> {
@@ -91,39 +91,27 @@ impl<T: Clone + Eq + Hash> TenantStats<T> {
         if self.top_k == 0 {
             return;
         }
-        let sketch = self.shards.read().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned();
-        let sketch = match sketch {
-            Some(s) => s,
-            None => {
-                let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
-                let fresh = || {
-                    let window_end_ms = now_ms + self.window_ms;
-                    let index = foldhash::HashMap::default();
-                    Arc::new(Mutex::new(Sketch {
-                        slots: Vec::with_capacity(self.top_k),
-                        index,
-                        window_end_ms,
-                    }))
-                };
-                shards.entry(shard).or_insert_with(fresh).clone()
-            }
+        let add = |sketch: &Mutex<Sketch<T>>| {
+            let mut sketch = sketch.lock().unwrap_or_else(|e| e.into_inner());
+            sketch.roll_window(self.window_ms, now_ms);
+            sketch.add(tenant, &figures, self.top_k);
         };
-        let mut sketch = sketch.lock().unwrap_or_else(|e| e.into_inner());
-        sketch.roll_window(self.window_ms, now_ms);
-        sketch.add(tenant, &figures, self.top_k);
+        if let Some(sketch) = self.shards.read().unwrap_or_else(|e| e.into_inner()).get(&shard) {
+            return add(sketch);
+        }
+        let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
+        let fresh = || {
+            let (slots, index) = (Vec::with_capacity(self.top_k), foldhash::HashMap::default());
+            Mutex::new(Sketch { slots, index, window_end_ms: now_ms + self.window_ms })
+        };
+        add(shards.entry(shard).or_insert_with(fresh));
     }
 
     /// The kept tenants of `shard` (every shard's when `None`).
     pub fn rows(&self, shard: Option<ShardId>, now_ms: u64) -> Vec<TenantRow<T>> {
-        let shards: Vec<(ShardId, Arc<Mutex<Sketch<T>>>)> = {
-            let map = self.shards.read().unwrap_or_else(|e| e.into_inner());
-            map.iter()
-                .filter(|(s, _)| shard.is_none_or(|want| want == **s))
-                .map(|(s, k)| (*s, k.clone()))
-                .collect()
-        };
+        let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
         let mut rows = Vec::new();
-        for (id, sketch) in shards {
+        for (&id, sketch) in shards.iter().filter(|(s, _)| shard.is_none_or(|want| want == **s)) {
             let mut sketch = sketch.lock().unwrap_or_else(|e| e.into_inner());
             sketch.roll_window(self.window_ms, now_ms);
             rows.extend(sketch.slots.iter().map(|s| TenantRow {
@@ -189,18 +177,18 @@ impl<T: Clone + Eq + Hash> Sketch<T> {
         else {
             return;
         };
-        let old = std::mem::replace(&mut self.slots[i].tenant, tenant.clone());
-        self.index.remove(&old);
-        self.index.insert(tenant.clone(), i);
         let mut total = *figures;
         total.transactions += least;
-        self.slots[i] = Slot {
+        let slot = Slot {
             tenant: tenant.clone(),
             error: least,
             total,
             current: *figures,
             previous: Figures::default(),
         };
+        let old = std::mem::replace(&mut self.slots[i], slot);
+        self.index.remove(&old.tenant);
+        self.index.insert(tenant.clone(), i);
     }
 }
 

@@ -43,7 +43,7 @@ pub enum Verb {
 }
 
 /// Every first word pgtenant tells apart, lowercase.
-const VERBS: [(&str, Verb); 30] = [
+const VERBS: [(&str, Verb); 33] = [
     ("select", Verb::Read),
     ("values", Verb::Read),
     ("table", Verb::Read),
@@ -74,21 +74,18 @@ const VERBS: [(&str, Verb); 30] = [
     ("listen", Verb::Listen),
     ("unlisten", Verb::Listen),
     ("notify", Verb::Notify),
+    ("create", Verb::Schema),
+    ("alter", Verb::Schema),
+    ("drop", Verb::Schema),
 ];
-
-/// CREATE, ALTER and DROP, apart from `VERBS` so that the table stays a fixed array.
-const SCHEMA_WORDS: [&str; 3] = ["create", "alter", "drop"];
 
 impl Verb {
     /// The verb of a statement's first word (its bytes, as written).
     pub(super) fn of_word(word: &[u8]) -> Verb {
-        if let Some((_, verb)) = VERBS.iter().find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes())) {
-            return *verb;
-        }
-        match SCHEMA_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w.as_bytes())) {
-            true => Verb::Schema,
-            false => Verb::Other,
-        }
+        VERBS
+            .iter()
+            .find(|(w, _)| word.eq_ignore_ascii_case(w.as_bytes()))
+            .map_or(Verb::Other, |(_, verb)| *verb)
     }
 
     /// The verb of a statement given as its code tokens (a word first, or `Other`).

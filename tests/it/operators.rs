@@ -5,11 +5,10 @@
 
 use std::process::{Command, Stdio};
 
-use crate::harness::{Proxy, http_get, sqlstate, start_proxy};
+use crate::harness::{Proxy, console_rows, http_get, sqlstate, start_proxy};
 use pgtenant::dev::demo;
 
-/// A console row: column name -> value as text.
-type Row = std::collections::HashMap<String, String>;
+use crate::harness::ConsoleRow as Row;
 
 async fn start() -> Proxy {
     start_proxy(|c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await
@@ -178,26 +177,6 @@ fn epoch_secs(text: &str) -> u64 {
     let n: Vec<i64> =
         text.trim_end_matches(" UTC").split(['-', ' ', ':']).map(|p| p.parse().unwrap()).collect();
     (civil(n[0], n[1], n[2]) * 86_400 + n[3] * 3600 + n[4] * 60 + n[5]) as u64
-}
-
-/// Every row of a console view as column name -> text.
-async fn console_rows(console: &tokio_postgres::Client, view: &str) -> Vec<Row> {
-    console
-        .simple_query(view)
-        .await
-        .unwrap_or_else(|e| panic!("{view}: {e:?}"))
-        .iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
-                row.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.name().to_string(), row.get(i).unwrap_or_default().to_string()))
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
 }
 
 fn admin_app_conninfo(proxy: &Proxy) -> String {

@@ -5,30 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::harness::{Proxy, http_get, start_proxy};
-
-type Row = HashMap<String, String>;
-
-async fn console_rows(console: &tokio_postgres::Client, sql: &str) -> Vec<Row> {
-    let mut rows = Vec::new();
-    let mut columns: Vec<String> = Vec::new();
-    for m in console.simple_query(sql).await.unwrap() {
-        match m {
-            tokio_postgres::SimpleQueryMessage::RowDescription(d) => {
-                columns = d.iter().map(|c| c.name().to_string()).collect();
-            }
-            tokio_postgres::SimpleQueryMessage::Row(r) => rows.push(
-                columns
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (c.clone(), r.get(i).unwrap_or("").to_string()))
-                    .collect(),
-            ),
-            _ => {}
-        }
-    }
-    rows
-}
+use crate::harness::{ConsoleRow as Row, Proxy, console_rows, http_get, start_proxy};
 
 fn n(row: &Row, column: &str) -> u64 {
     row[column].parse().unwrap_or_else(|_| panic!("{column} = {:?}", row[column]))
@@ -106,6 +83,8 @@ async fn show_tenants_counts_what_each_tenant_did() {
     let metrics = http_get(proxy.http_addr().unwrap(), "/metrics").await.1;
     let line = format!("pgtenant_tenant_transactions_total{{shard=\"{shard}\",tenant=\"7\"}} 51");
     assert!(metrics.lines().any(|l| l == line), "{line} not in /metrics");
+    let waits = format!("pgtenant_tenant_waits_total{{shard=\"{shard}\",tenant=\"7\"}} 0");
+    assert!(metrics.lines().any(|l| l == waits), "{waits} not in /metrics");
     let kept: usize =
         metrics.lines().filter(|l| l.starts_with("pgtenant_tenant_transactions_total{")).count();
     assert_eq!(kept, rows.len());

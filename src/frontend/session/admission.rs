@@ -58,7 +58,7 @@ impl Session {
         stage: Stage<'_>,
     ) -> Result<(), FrontendError> {
         let changed = self.protected_changed_by(statement);
-        self.admit_text(statement)?;
+        self.refuse_text(statement.analysis, changed)?;
         let (route, after_unknown_code) = match stage {
             Stage::Opening { route, after_unknown_code } => (route, after_unknown_code),
             Stage::Joining { named } => {
@@ -80,9 +80,13 @@ impl Session {
     /// The first part of `admit`, for a statement that has no route yet: what its text
     /// does, and the Bind's parameters show, whoever sends it.
     pub(super) fn admit_text(&self, statement: Candidate<'_>) -> Result<(), FrontendError> {
-        let changed = self.protected_changed_by(statement);
+        self.refuse_text(statement.analysis, self.protected_changed_by(statement))
+    }
+
+    /// `admit_text` for a statement whose protected settings (`changed`) are known.
+    fn refuse_text(&self, analysis: &Analysis, changed: ProtectedSet) -> Result<(), FrontendError> {
         let tenant_param = self.shared.router.tenant_param();
-        match refusal_of_text(statement.analysis, changed, tenant_param, &self.tenant) {
+        match refusal_of_text(analysis, changed, tenant_param, &self.tenant) {
             Some(FrontendError::OtherSessions { .. }) if self.user.see_other_sessions => Ok(()),
             Some(refused) => Err(refused),
             None => Ok(()),

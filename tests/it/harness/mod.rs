@@ -465,3 +465,26 @@ pub async fn pair_with(
     admin.batch_execute(sql).await.unwrap();
     (primary, replica, admin)
 }
+
+/// A console row: column name -> value as text.
+pub type ConsoleRow = std::collections::HashMap<String, String>;
+
+/// Every row of a console view as column name -> text.
+pub async fn console_rows(console: &tokio_postgres::Client, view: &str) -> Vec<ConsoleRow> {
+    console
+        .simple_query(view)
+        .await
+        .unwrap_or_else(|e| panic!("{view}: {e:?}"))
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                row.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (c.name().to_string(), row.get(i).unwrap_or_default().to_string()))
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
