@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use bytes::Buf;
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
 use postgres_protocol::message::frontend;
@@ -21,6 +22,7 @@ use super::tls::ServerTls;
 use crate::net::{Duplex, Stream};
 use crate::observe::conns::ConnHandle;
 use crate::observe::stats::PoolStats;
+use crate::protocol::scram::{PassthroughError, PassthroughScram};
 use crate::protocol::{self, ErrorFields, TxStatus};
 
 /// Where and as whom to connect.
@@ -30,6 +32,8 @@ pub struct ConnectTarget {
     pub port: u16,
     pub user: String,
     pub password: Option<String>,
+    /// Logs in as `user` without a password (SCRAM passthrough; see `protocol::scram`).
+    pub passthrough: Option<std::sync::Arc<crate::protocol::scram::ScramKeys>>,
     pub database: String,
     pub connect_timeout: Duration,
     /// How many statements a connection keeps prepared (`max_prepared_statements`).
@@ -325,13 +329,19 @@ async fn login(
     let io_err = |source| BackendError::Io { addr: addr.to_string(), source };
     let protocol_err =
         |message: &str| BackendError::Protocol { addr: addr.to_string(), message: message.to_string() };
-    let password = || {
-        target
-            .password
-            .as_deref()
-            .ok_or_else(|| BackendError::NoPassword { addr: addr.to_string(), user: target.user.clone() })
+    let passthrough_err = |reason: PassthroughError| BackendError::Passthrough {
+        addr: addr.to_string(),
+        user: target.user.clone(),
+        reason,
+    };
+    let password = || match (&target.password, &target.passthrough) {
+        (Some(password), _) => Ok(password.as_str()),
+        // A role passed through has no password to give a server that asks for one.
+        (None, Some(_)) => Err(passthrough_err(PassthroughError::PasswordAsked)),
+        (None, None) => Err(BackendError::NoPassword { addr: addr.to_string(), user: target.user.clone() }),
     };
     let mut scram: Option<ScramSha256> = None;
+    let mut passed: Option<PassthroughScram> = None;
     let mut params = Vec::new();
     let mut key = (0u32, 0u32);
     loop {
@@ -374,10 +384,30 @@ async fn login(
                                 method: "SASL (no SCRAM-SHA-256)".into(),
                             });
                         }
-                        let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
-                        frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut io.wbuf)
-                            .map_err(io_err)?;
-                        scram = Some(s);
+                        if let Some(keys) = target.passthrough.as_deref() {
+                            let nonce =
+                                base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 18]>());
+                            let (exchange, first) = PassthroughScram::start(keys, nonce);
+                            frontend::sasl_initial_response(SCRAM_SHA_256, &first, &mut io.wbuf)
+                                .map_err(io_err)?;
+                            passed = Some(exchange);
+                        } else {
+                            let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                            frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut io.wbuf)
+                                .map_err(io_err)?;
+                            scram = Some(s);
+                        }
+                    }
+                    11 if passed.is_some() => {
+                        let exchange =
+                            passed.as_mut().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
+                        let last = exchange.proof(body).map_err(passthrough_err)?;
+                        frontend::sasl_response(&last, &mut io.wbuf).map_err(io_err)?;
+                    }
+                    12 if passed.is_some() => {
+                        let exchange =
+                            passed.take().ok_or_else(|| protocol_err("SASL final without SASL"))?;
+                        exchange.finish(body).map_err(passthrough_err)?;
                     }
                     11 => {
                         let mut s = scram.take().ok_or_else(|| protocol_err("SASL continue without SASL"))?;

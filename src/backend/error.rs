@@ -17,6 +17,10 @@ pub enum BackendError {
     UnsupportedAuth { addr: String, method: String },
     #[error("server {addr} asked for a password but none is configured for user {user}")]
     NoPassword { addr: String, user: String },
+    /// A role logging in as itself (SCRAM passthrough) that this server does not let in
+    /// that way.
+    #[error("server {addr} cannot take role {user} passed through: {reason}")]
+    Passthrough { addr: String, user: String, reason: crate::protocol::scram::PassthroughError },
     #[error("TLS to server {addr}: {message}")]
     Tls { addr: String, message: String },
     #[error("protocol error from server {addr}: {message}")]

@@ -232,6 +232,7 @@ impl ServerPool {
         self.0.gate.size() == user.pool_size
             && target.user == user.server_user()
             && target.password.as_deref() == user.server_password()
+            && target.passthrough == user.passthrough
     }
 }
 
@@ -567,6 +568,7 @@ impl Pools {
             port: node.port,
             user: user.server_user().to_string(),
             password: user.server_password().map(str::to_string),
+            passthrough: user.passthrough.clone(),
             database: node.dbname.clone().unwrap_or_else(|| database.to_string()),
             connect_timeout: self.config.proxy.connect_timeout(),
             max_prepared: self.config.proxy.max_prepared_statements,
@@ -747,6 +749,8 @@ mod tests {
             scatter_gather: false,
             see_other_sessions: false,
             max_client_connections: None,
+            passthrough: None,
+            catalog_login: None,
         };
         let node = |port| NodeConfig {
             host: "127.0.0.1".into(),

@@ -22,7 +22,7 @@ pub use reload::needs_restart;
 pub use shards::{
     MappedKey, NodeConfig, NodeRole, RangeConfig, ShardConfig, TenantLimitConfig, TenantMapping,
 };
-pub use users::{AuthMethod, ReadTarget, UserConfig};
+pub use users::{AuthConfig, AuthMethod, ReadTarget, UserConfig};
 pub use validate::validate;
 
 /// The whole configuration file.
@@ -37,6 +37,9 @@ pub struct Config {
     pub server_tls: ServerTlsConfig,
     #[serde(default)]
     pub users: Vec<UserConfig>,
+    /// Logins looked up in the database (as PgBouncer's `auth_query`).
+    #[serde(default)]
+    pub auth: AuthConfig,
     #[serde(default)]
     pub shards: Vec<ShardConfig>,
     /// Tenant ranges, inclusive at both ends.

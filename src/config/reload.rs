@@ -23,7 +23,7 @@ pub fn needs_restart(running: &Config, new: &Config) -> Vec<String> {
     changed
 }
 
-/// The `section.key`s outside the live sections (users, shards, ranges, the tenant map
+/// The `section.key`s outside the live sections (users, `[auth]`, shards, ranges, the tenant map
 /// and limits, `[tls]`) that a RELOAD changes for the running proxy: the session
 /// timeouts (`frontend::live`).
 pub const LIVE_KEYS: [&str; 4] = [
@@ -39,6 +39,7 @@ fn fixed_part(config: &Config) -> BTreeMap<String, serde_json::Value> {
     // Read again from their files by every RELOAD.
     c.tls = None;
     c.users.clear();
+    c.auth = Default::default();
     c.shards.clear();
     c.ranges.clear();
     c.tenant_map.clear();

@@ -128,8 +128,26 @@ pub fn validate(config: &Config) -> Vec<String> {
     }
 
     let mut user_names = HashSet::new();
-    if config.users.is_empty() {
-        problems.push("no users are configured".to_string());
+    let auth = &config.auth;
+    if config.users.is_empty() && auth.query.is_none() {
+        problems.push("no users are configured ([[users]] or [auth] query)".to_string());
+    }
+    if let Some(query) = &auth.query {
+        if !query.contains("$1") {
+            problems.push("[auth] query must take the login's name as $1".to_string());
+        }
+        if auth.user.is_none() {
+            problems.push("[auth] query needs [auth] user, the login it runs as".to_string());
+        }
+        if auth.pool_size == 0 {
+            problems.push("[auth] pool_size must be at least 1".to_string());
+        }
+        if let Some(shard) = auth.shard
+            && config.catalog.is_none()
+            && !shard_ids.contains(&shard)
+        {
+            problems.push(format!("[auth] shard {shard} is not a configured shard"));
+        }
     }
     for user in &config.users {
         if !user_names.insert(user.name.as_str()) {

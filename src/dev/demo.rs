@@ -55,7 +55,22 @@ pub fn demo_config(listen: SocketAddr, shard_ports: [u16; 2], tls_dir: Option<&P
         snowflake: SnowflakeConfig::default(),
         health: Default::default(),
         moves: crate::config::MovesConfig { database: Some(DEMO_DATABASE.into()), ..Default::default() },
+        auth: database_logins(),
         observe: Default::default(),
+    }
+}
+
+/// Logins from the shards' roles: a role created with a password on the shards
+/// (`CREATE ROLE x LOGIN PASSWORD '...'`) logs in through the proxy as itself. The
+/// query runs as the local superuser `postgres` (trusted on loopback), which may read
+/// `pg_authid`; superusers do not log in this way.
+pub fn database_logins() -> crate::config::AuthConfig {
+    crate::config::AuthConfig {
+        query: Some(
+            "SELECT rolname, rolpassword FROM pg_catalog.pg_authid WHERE rolname = $1 AND rolcanlogin AND NOT rolsuper AND (rolvaliduntil IS NULL OR rolvaliduntil > now())".into(),
+        ),
+        user: Some("postgres".into()),
+        ..Default::default()
     }
 }
 
@@ -76,6 +91,8 @@ fn login(name: &str, password: &str, admin: bool) -> UserConfig {
         scatter_gather: false,
         see_other_sessions: false,
         max_client_connections: None,
+        passthrough: None,
+        catalog_login: None,
     }
 }
 

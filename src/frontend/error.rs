@@ -16,6 +16,9 @@ pub enum FrontendError {
     Frame(#[from] FrameError),
     #[error("password authentication failed for user \"{user}\"")]
     AuthFailed { user: String },
+    /// The database could not say whether the login exists (`[auth] query`).
+    #[error("cannot check the password of user \"{user}\": {reason}")]
+    AuthSource { user: String, reason: String },
     #[error("too many clients: pgtenant accepts at most {max}")]
     TooManyClients { max: usize },
     #[error("too many clients for user \"{user}\": at most {max} at once (max_user_client_connections)")]
@@ -169,6 +172,7 @@ impl FrontendError {
             Self::Protocol(_)
                 | Self::Frame(_)
                 | Self::AuthFailed { .. }
+                | Self::AuthSource { .. }
                 | Self::TooManyClients { .. }
                 | Self::TooManyUserClients { .. }
                 | Self::DatabaseDisabled { .. }

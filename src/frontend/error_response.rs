@@ -5,7 +5,7 @@ use bytes::BytesMut;
 
 use super::error::FrontendError;
 use crate::admin::scatter::ScatterError;
-use crate::backend::CheckoutError;
+use crate::backend::{BackendError, CheckoutError};
 use crate::directory::DirectoryError;
 use crate::observe::errors::Raiser;
 use crate::protocol::{self, Severity, sqlstate};
@@ -18,6 +18,7 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
     let code = match err {
         E::Protocol(_) | E::Frame(_) | E::StartupTimeout { .. } => sqlstate::PROTOCOL_VIOLATION,
         E::AuthFailed { .. } => sqlstate::INVALID_PASSWORD,
+        E::AuthSource { .. } => sqlstate::UNABLE_TO_CONNECT,
         E::TooManyClients { .. } | E::TooManyUserClients { .. } => sqlstate::TOO_MANY_CONNECTIONS,
         E::DatabaseDisabled { .. } => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
         E::NotAdmin { .. } => sqlstate::INSUFFICIENT_PRIVILEGE,
@@ -76,6 +77,9 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::TenantReadOnly { .. } | E::ReadOnlyWall { .. } => sqlstate::READ_ONLY_SQL_TRANSACTION,
         E::Route(RouteError::OtherTenant { .. }) => sqlstate::INSUFFICIENT_PRIVILEGE,
         E::Checkout(CheckoutError::Exhausted { .. }) => sqlstate::TOO_MANY_CONNECTIONS,
+        E::Checkout(CheckoutError::Unreachable { source: BackendError::Passthrough { .. }, .. }) => {
+            sqlstate::INVALID_AUTHORIZATION_SPECIFICATION
+        }
         E::Checkout(CheckoutError::Unreachable { .. }) => sqlstate::UNABLE_TO_CONNECT,
         E::Checkout(CheckoutError::UnknownShard { .. }) => sqlstate::UNDEFINED_OBJECT,
         E::Checkout(

@@ -170,12 +170,9 @@ async fn login(
         negotiate_protocol_version(&mut client.wbuf, &params.protocol_options);
     }
     let users = shared.users();
-    let user = users.configs.get(&params.user).cloned();
     // Channel binding to the certificate this client's TLS was set up with.
     let binding = client.stream.is_tls().then(|| tls?.end_point.as_deref()).flatten();
-    let auth = users.auth.get(&params.user);
-    authenticate(client, &params.user, auth, binding, config.proxy.max_message_size).await?;
-    let user = user.ok_or_else(|| FrontendError::AuthFailed { user: params.user.clone() })?;
+    let user = authenticated_user(client, shared, &users, &params.user, binding).await?;
     let permit = slots
         .try_acquire_owned()
         .map_err(|_| FrontendError::TooManyClients { max: config.proxy.max_clients })?;
@@ -263,6 +260,56 @@ async fn login(
         }),
         permit,
     ))
+}
+
+/// Authenticates `name` as `[[users]]` has it, or else as the database answers for it
+/// (`[auth] query`: the login then reaches the servers as its own role); after a failed
+/// login, waits as `FailedLogins` says before the error goes out.
+async fn authenticated_user(
+    client: &mut Duplex,
+    shared: &Shared,
+    users: &super::reload::Users,
+    name: &str,
+    binding: Option<&[u8]>,
+) -> Result<Arc<crate::config::UserConfig>, FrontendError> {
+    let max_len = shared.config.proxy.max_message_size;
+    let in_file = users.configs.get(name).cloned();
+    let from_database = match (&in_file, &users.from_database) {
+        (None, Some(source)) => {
+            let shard = source.shard().map_or_else(|| shared.router.default_shard(), Ok)?;
+            let node = primary_now(&shared.health, &shared.router.topology(), shard)?;
+            let answer = source
+                .lookup(name, &node)
+                .await
+                .map_err(|e| FrontendError::AuthSource { user: name.to_string(), reason: e.to_string() })?;
+            Some((source, answer))
+        }
+        _ => None,
+    };
+    let auth = match &from_database {
+        Some((_, answer)) => answer.found.as_ref().map(|found| &found.auth),
+        None => users.auth.get(name),
+    };
+    let failed = || FrontendError::AuthFailed { user: name.to_string() };
+    let keys = match authenticate(client, name, auth, binding, max_len).await {
+        Ok(keys) => keys,
+        Err(err @ FrontendError::AuthFailed { .. }) => {
+            if let Some((source, _)) = &from_database {
+                source.failed(name);
+            }
+            tokio::time::sleep(shared.failed_logins.delay(name)).await;
+            return Err(err);
+        }
+        Err(err) => return Err(err),
+    };
+    match (in_file, from_database) {
+        (Some(user), _) => Ok(user),
+        (None, Some((source, answer))) => match (&answer.found, keys) {
+            (Some(found), Some(keys)) => Ok(source.user(name, found, keys)),
+            _ => Err(failed()),
+        },
+        (None, None) => Err(failed()),
+    }
 }
 
 /// NegotiateProtocolVersion (B): pgtenant speaks 3.0 and none of the `_pq_` options.

@@ -1,7 +1,7 @@
 //! Client side: the listener, the startup phase (TLS, cancel, startup message),
 //! client authentication, and the per-client `Session` loop.
 
-mod auth;
+pub(crate) mod auth;
 mod cancel;
 mod error;
 mod error_response;
@@ -10,7 +10,6 @@ mod live;
 mod login;
 pub(crate) mod params;
 mod reload;
-pub(crate) mod scram;
 mod session;
 mod startup;
 mod strict;
@@ -20,10 +19,10 @@ mod write_hooks;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub use auth::scram::ScramVerifier;
 pub use cancel::CancelRegistry;
 pub use error::FrontendError;
 pub use listener::{Listeners, run_listener};
-pub use scram::ScramVerifier;
 pub use tls::{ClientTls, client_tls};
 
 use crate::backend::health::{HealthView, PrimaryChoice};
@@ -53,7 +52,7 @@ pub(crate) fn primary_now(
 }
 
 /// A control-plane connection to `node`'s database `dbname` with `user`'s server
-/// credentials (no TLS), to read the shard's catalog (`strict`, `write_hooks`).
+/// credentials, or its `catalog_login` (no TLS), to read the shard's catalog (`strict`, `write_hooks`).
 async fn catalog_reader(
     node: &NodeConfig,
     user: &crate::config::UserConfig,
@@ -61,9 +60,13 @@ async fn catalog_reader(
     purpose: &str,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let mut pg = tokio_postgres::Config::new();
-    pg.host(&node.host).port(node.port).user(user.server_user()).dbname(dbname);
+    let (login, password) = match user.catalog_login.as_deref() {
+        Some((login, password)) => (login.as_str(), password.as_deref()),
+        None => (user.server_user(), user.server_password()),
+    };
+    pg.host(&node.host).port(node.port).user(login).dbname(dbname);
     pg.connect_timeout(std::time::Duration::from_secs(5)).application_name(purpose);
-    if let Some(password) = user.server_password() {
+    if let Some(password) = password {
         pg.password(password);
     }
     let (client, connection) = pg.connect(tokio_postgres::NoTls).await?;
@@ -111,6 +114,8 @@ pub struct Shared {
     pub parse_threads: tokio::sync::Semaphore,
     /// The connected clients (the admin console's SHOW CLIENTS).
     pub clients: Arc<crate::observe::conns::ConnRegistry>,
+    /// Recent failed logins per name, which slow the next ones (see `auth`).
+    pub failed_logins: auth::FailedLogins,
     /// Totals sampled for the console's averages, the console's own requests, and the
     /// Prometheus recorder of `/metrics`.
     pub stats_history: crate::admin::StatsHistory,
@@ -195,6 +200,7 @@ impl Shared {
                 std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             ),
             clients: Arc::default(),
+            failed_logins: Default::default(),
             stats_history: Default::default(),
             console_stats: Default::default(),
             exposition: Default::default(),

@@ -14,12 +14,15 @@ use std::sync::Arc;
 
 use super::Shared;
 use super::auth::UserAuth;
+use super::auth::database::DatabaseLogins;
 use crate::config::{Config, ConfigError, UserConfig, needs_restart};
 
 /// The logins in force, and how each authenticates.
 pub struct Users {
     pub configs: HashMap<String, Arc<UserConfig>>,
     pub auth: HashMap<String, UserAuth>,
+    /// The logins looked up in the database (`[auth] query`), with their cache.
+    pub from_database: Option<Arc<DatabaseLogins>>,
 }
 
 impl Users {
@@ -27,6 +30,7 @@ impl Users {
         Self {
             configs: config.users.iter().map(|u| (u.name.clone(), Arc::new(u.clone()))).collect(),
             auth: config.users.iter().map(|u| (u.name.clone(), UserAuth::from_config(u))).collect(),
+            from_database: DatabaseLogins::new(&config.auth).map(Arc::new),
         }
     }
 }

@@ -93,7 +93,7 @@ pub fn scatter_plan(data: &[u8]) {
 
 /// SASL messages: a client-first message, then (after a 0 byte) a client-final one.
 pub fn scram(data: &[u8]) {
-    use crate::frontend::scram::{Binding, ScramExchange, ScramVerifier};
+    use crate::frontend::auth::scram::{Binding, ScramExchange, ScramVerifier};
     let (first, last) = match data.iter().position(|b| *b == 0) {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (data, &[][..]),

@@ -14,6 +14,7 @@ mod build;
 mod describe;
 mod frame;
 mod messages;
+pub mod scram;
 pub mod sqlstate;
 pub mod values;
 

@@ -4,6 +4,7 @@ pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const CONNECTION_FAILURE: &str = "08006";
 pub const UNABLE_TO_CONNECT: &str = "08001";
 pub const INVALID_PASSWORD: &str = "28P01";
+pub const INVALID_AUTHORIZATION_SPECIFICATION: &str = "28000";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const CANNOT_CONNECT_NOW: &str = "57P03";

@@ -9,6 +9,7 @@ mod classifier;
 mod cli;
 mod clients;
 mod copy_errors;
+mod database_logins;
 mod docs;
 mod drivers;
 mod failover;

@@ -63,11 +63,12 @@ impl CheckSettings {
                 .user
                 .clone()
                 .or_else(|| first.map(|u| u.server_user().to_string()))
+                .or_else(|| config.auth.user.clone())
                 .unwrap_or_else(|| "postgres".into()),
-            password: health
-                .password
-                .clone()
-                .or_else(|| first.and_then(|u| u.server_password().map(str::to_string))),
+            password: health.password.clone().or_else(|| match first {
+                Some(u) => u.server_password().map(str::to_string),
+                None => config.auth.password.clone(),
+            }),
             dbname: health.dbname.clone(),
             interval: Duration::from_millis(health.interval_ms.max(10)),
             timeout: Duration::from_millis(health.timeout_ms.max(10)),

@@ -4,10 +4,9 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
-use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
-type HmacSha256 = Hmac<Sha256>;
+use crate::protocol::scram::{ScramKeys, hmac, same_bytes};
 
 /// What the server stores for a user: salt, iterations and the two derived keys.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,12 +15,6 @@ pub struct ScramVerifier {
     pub salt: Vec<u8>,
     pub stored_key: [u8; 32],
     pub server_key: [u8; 32],
-}
-
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(data);
-    mac.finalize().into_bytes().into()
 }
 
 fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
@@ -160,8 +153,10 @@ impl ScramExchange {
         Ok((exchange, server_first))
     }
 
-    /// Checks the client-final message; returns the server-final message on success.
-    pub fn finish(self, client_final: &[u8]) -> Result<String, ScramError> {
+    /// Checks the client-final message; on success returns the server-final message and
+    /// the keys that log in to a server holding the same verifier as this role (SCRAM
+    /// passthrough: the ClientKey the client proved, recovered from its proof).
+    pub fn finish(self, client_final: &[u8]) -> Result<(String, ScramKeys), ScramError> {
         let text = std::str::from_utf8(client_final).map_err(|_| ScramError::Malformed)?;
         let (without_proof, proof) = text.rsplit_once(",p=").ok_or(ScramError::Malformed)?;
         let mut channel = None;
@@ -185,14 +180,22 @@ impl ScramExchange {
         }
         let auth_message = format!("{},{},{}", self.client_first_bare, self.server_first, without_proof);
         let signature = hmac(&self.verifier.stored_key, auth_message.as_bytes());
-        let client_key: Vec<u8> = proof.iter().zip(signature.iter()).map(|(p, s)| p ^ s).collect();
-        let stored: [u8; 32] = Sha256::digest(&client_key).into();
-        // Compare without an early exit on the first differing byte.
-        if stored.iter().zip(self.verifier.stored_key.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+        let mut client_key = [0u8; 32];
+        for ((k, p), s) in client_key.iter_mut().zip(proof.iter()).zip(signature.iter()) {
+            *k = p ^ s;
+        }
+        let stored: [u8; 32] = Sha256::digest(client_key).into();
+        if !same_bytes(&stored, &self.verifier.stored_key) {
             return Err(ScramError::WrongPassword);
         }
         let server_signature = hmac(&self.verifier.server_key, auth_message.as_bytes());
-        Ok(format!("v={}", B64.encode(server_signature)))
+        let keys = ScramKeys {
+            iterations: self.verifier.iterations,
+            salt: self.verifier.salt,
+            client_key,
+            server_key: self.verifier.server_key,
+        };
+        Ok((format!("v={}", B64.encode(server_signature)), keys))
     }
 }
 
@@ -216,7 +219,7 @@ mod tests {
         let (exchange, server_first) =
             ScramExchange::start(verifier, server_binding, client.message(), "SERVERNONCE")?;
         client.update(server_first.as_bytes()).map_err(|_| ScramError::Malformed)?;
-        let server_final = exchange.finish(client.message())?;
+        let (server_final, _) = exchange.finish(client.message())?;
         client.finish(server_final.as_bytes()).map_err(|_| ScramError::Malformed)
     }
 
@@ -305,5 +308,34 @@ mod tests {
             ScramExchange::start(v, Binding::NotOffered, b"\xff\xfe", "x"),
             Err(ScramError::Malformed)
         ));
+    }
+
+    /// SCRAM passthrough: the keys a client's proof gives log in to a server holding
+    /// the same verifier, and to no server whose verifier has another salt.
+    #[test]
+    fn the_recovered_client_key_logs_in_where_the_verifier_is_the_same() {
+        use crate::protocol::scram::{PassthroughError, PassthroughScram};
+        let verifier = ScramVerifier::from_password("pw", b"0123456789abcdef".to_vec(), 4096);
+        let login = |verifier: ScramVerifier, keys: &ScramKeys| {
+            let (mut ours, first) = PassthroughScram::start(keys, "PGTENANTNONCE".into());
+            let (exchange, server_first) =
+                ScramExchange::start(verifier, Binding::NotOffered, &first, "SERVERNONCE").unwrap();
+            let last = ours.proof(server_first.as_bytes())?;
+            let (server_final, again) =
+                exchange.finish(&last).map_err(|_| PassthroughError::ServerSignature)?;
+            assert_eq!(&again, keys, "the server recovers the same ClientKey");
+            ours.finish(server_final.as_bytes())
+        };
+        let mut client = ScramSha256::new(b"pw", ChannelBinding::unsupported());
+        let (exchange, server_first) =
+            ScramExchange::start(verifier.clone(), Binding::NotOffered, client.message(), "N1").unwrap();
+        client.update(server_first.as_bytes()).unwrap();
+        let (_, keys) = exchange.finish(client.message()).unwrap();
+        assert_eq!(login(verifier.clone(), &keys), Ok(()));
+        let elsewhere = ScramVerifier::from_password("pw", b"another salt....".to_vec(), 4096);
+        assert_eq!(login(elsewhere, &keys), Err(PassthroughError::OtherVerifier));
+        let other_password = ScramVerifier { stored_key: [7; 32], ..verifier };
+        assert!(login(other_password, &keys).is_err(), "a server with another password refuses the proof");
+        assert_eq!(format!("{keys:?}"), "ScramKeys { iterations: 4096, .. }", "no key in a log line");
     }
 }

@@ -1,15 +1,22 @@
-//! Client authentication against the configured users: SCRAM-SHA-256, md5,
-//! cleartext or trust. An unknown user goes through the same exchange and fails at
-//! the same point, so the answer does not reveal which users exist.
+//! Client authentication against the configured users (`[[users]]`) or logins from
+//! the database (`database`): SCRAM-SHA-256, md5, cleartext or trust. An unknown user
+//! goes through the same exchange and fails at the same point, so the answer does not
+//! reveal which users exist; repeated failures of a name are answered more slowly.
+
+pub mod database;
+pub mod scram;
+
+use std::time::Duration;
 
 use base64::Engine;
 use bytes::Buf;
 
 use super::error::FrontendError;
-use super::scram::{Binding, ScramExchange, ScramVerifier};
 use crate::config::{AuthMethod, UserConfig};
 use crate::net::Duplex;
 use crate::protocol;
+use crate::protocol::scram::ScramKeys;
+use scram::{Binding, ScramExchange, ScramVerifier};
 
 /// How one user is checked; derived once at start.
 #[derive(Clone)]
@@ -30,16 +37,17 @@ impl UserAuth {
     }
 }
 
-/// Runs the exchange; on success AuthenticationOk has been queued. `binding`: the
-/// channel binding data of the client's TLS connection, which SCRAM-SHA-256-PLUS is
-/// offered with.
+/// Runs the exchange; on success AuthenticationOk has been queued, and a SCRAM login
+/// returns the keys its proof gives (for SCRAM passthrough). `binding`: the channel
+/// binding data of the client's TLS connection, which SCRAM-SHA-256-PLUS is offered with.
 pub async fn authenticate(
     io: &mut Duplex,
     user: &str,
     auth: Option<&UserAuth>,
     binding: Option<&[u8]>,
     max_len: usize,
-) -> Result<(), FrontendError> {
+) -> Result<Option<ScramKeys>, FrontendError> {
+    let mut keys = None;
     let failed = || FrontendError::AuthFailed { user: user.to_string() };
     let method = auth.map(|a| a.method).unwrap_or(AuthMethod::ScramSha256);
     match method {
@@ -68,11 +76,12 @@ pub async fn authenticate(
             protocol::authentication(&mut io.wbuf, 11, server_first.as_bytes());
             io.flush().await?;
             let last = read_password_message(io, max_len).await?;
-            let server_final = exchange.finish(&last).map_err(|_| failed())?;
+            let (server_final, proved) = exchange.finish(&last).map_err(|_| failed())?;
             if auth.is_none() {
                 return Err(failed());
             }
             protocol::authentication(&mut io.wbuf, 12, server_final.as_bytes());
+            keys = Some(proved);
         }
         AuthMethod::Md5 => {
             let salt = rand::random::<[u8; 4]>();
@@ -97,7 +106,35 @@ pub async fn authenticate(
         }
     }
     protocol::authentication(&mut io.wbuf, 0, b"");
-    Ok(())
+    Ok(keys)
+}
+
+/// Names whose recent failed logins are counted, at most.
+const MAX_FAILING_NAMES: u64 = 10_000;
+
+/// Failed logins per name over the last minute: each after the first is answered a
+/// little later (200 ms more each, at most 2 s), which slows guessing a password
+/// without holding anything but the failing client's own connection.
+pub struct FailedLogins(moka::sync::Cache<String, u32>);
+
+impl Default for FailedLogins {
+    fn default() -> Self {
+        Self(
+            moka::sync::Cache::builder()
+                .max_capacity(MAX_FAILING_NAMES)
+                .time_to_live(Duration::from_secs(60))
+                .build(),
+        )
+    }
+}
+
+impl FailedLogins {
+    /// Counts a failed login of `name`; how long to wait before answering it.
+    pub fn delay(&self, name: &str) -> Duration {
+        let before = self.0.get(name).unwrap_or(0);
+        self.0.insert(name.to_string(), before.saturating_add(1));
+        Duration::from_millis(200 * u64::from(before.min(10)))
+    }
 }
 
 async fn read_password_message(io: &mut Duplex, max_len: usize) -> Result<Vec<u8>, FrontendError> {
@@ -123,4 +160,18 @@ fn sasl_initial(body: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = rest.get_i32();
     let data = if len < 0 { &[][..] } else { rest.get(..len as usize)? };
     Some((mechanism, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_failures_of_a_name_are_answered_later_and_capped() {
+        let failed = FailedLogins::default();
+        let delays: Vec<u64> = (0..13).map(|_| failed.delay("mallory").as_millis() as u64).collect();
+        assert_eq!(&delays[..4], &[0, 200, 400, 600]);
+        assert_eq!(delays[12], 2000, "at most 2 s");
+        assert_eq!(failed.delay("alice"), Duration::ZERO, "another name is not slowed");
+    }
 }
