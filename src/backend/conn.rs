@@ -98,6 +98,8 @@ pub struct ServerConn {
     pub home: Option<usize>,
     /// When it last went back to its pool (`coarse_clock::coarse_ms`).
     pub idle_since_ms: u64,
+    /// Its slots of `max_db_connections` / `max_user_connections` (see `caps`).
+    pub cap_slots: super::caps::CapSlots,
     /// Its pool's epoch when it began to open (see `NodePool::epoch`).
     pub pool_epoch: u64,
     /// Its pool's traffic counters, and the byte counts of `io` already added there.
@@ -483,6 +485,7 @@ async fn login(
         opened_ms,
         home: crate::net::client_threads::current(),
         idle_since_ms: opened_ms,
+        cap_slots: Default::default(),
         pool_epoch: 0,
         stats: Arc::default(),
         listed: None,

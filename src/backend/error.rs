@@ -21,6 +21,11 @@ pub enum BackendError {
     /// that way.
     #[error("server {addr} cannot take role {user} passed through: {reason}")]
     Passthrough { addr: String, user: String, reason: crate::protocol::scram::PassthroughError },
+    /// `max_db_connections` / `max_user_connections`: no slot came free in time.
+    #[error(
+        "too many server connections for {what}: at most {max} (max_db_connections / max_user_connections), none came free in time"
+    )]
+    Capped { what: String, max: usize },
     #[error("TLS to server {addr}: {message}")]
     Tls { addr: String, message: String },
     #[error("protocol error from server {addr}: {message}")]

@@ -4,6 +4,7 @@
 
 mod addr;
 mod cancel;
+mod caps;
 pub mod coarse_clock;
 mod conn;
 mod error;

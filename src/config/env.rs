@@ -1,6 +1,8 @@
-//! `${NAME}` in a configuration file stands for environment variable NAME, so that
-//! passwords can come from a Kubernetes Secret or a systemd credential while the file
-//! itself lives in a ConfigMap. `$${` writes a literal `${`.
+//! `${NAME}` in a configuration file's string values stands for environment variable
+//! NAME, so that passwords can come from a Kubernetes Secret or a systemd credential
+//! while the file itself lives in a ConfigMap. `$${` writes a literal `${`. Only values
+//! are expanded, after the TOML is parsed: a comment may name a variable that is not
+//! set, and a value with a quote or a newline cannot change the file's structure.
 
 /// The text with every `${NAME}` replaced; a variable that is not set is an error
 /// (a password silently empty would lock everyone out, or let everyone in).
@@ -36,6 +38,26 @@ pub fn expand(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<Str
     if missing.is_empty() { Ok(out) } else { Err(missing) }
 }
 
+/// Expands every string value of `value`, at any depth.
+pub fn expand_values(
+    value: &mut toml::Value,
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<(), Vec<String>> {
+    let mut missing = Vec::new();
+    let mut each = |v: &mut toml::Value| {
+        if let Err(more) = expand_values(v, lookup) {
+            missing.extend(more);
+        }
+    };
+    match value {
+        toml::Value::String(text) => *text = expand(text, lookup)?,
+        toml::Value::Array(items) => items.iter_mut().for_each(&mut each),
+        toml::Value::Table(table) => table.iter_mut().for_each(|(_, v)| each(v)),
+        _ => {}
+    }
+    if missing.is_empty() { Ok(()) } else { Err(missing) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +74,20 @@ mod tests {
         let err = expand("x = \"${NOPE}\" y = \"${bad-name}\" z = \"${", env).unwrap_err();
         assert_eq!(err.len(), 3, "{err:?}");
         assert!(err[0].contains("NOPE"));
+    }
+
+    #[test]
+    fn only_values_are_expanded_and_cannot_change_the_structure() {
+        let text =
+            "# password = \"${UNSET_IN_A_COMMENT}\"\n[a]\nb = \"${QUOTED}\"\nc = [\"${APP_PASSWORD}\"]\n";
+        let mut value: toml::Value = toml::from_str(text).unwrap();
+        let lookup = |name: &str| match name {
+            "QUOTED" => Some("x\"\n[admin]\ny = \"1".to_string()),
+            other => env(other),
+        };
+        expand_values(&mut value, &lookup).unwrap();
+        assert_eq!(value["a"]["b"].as_str(), Some("x\"\n[admin]\ny = \"1"), "one string, as set");
+        assert_eq!(value["a"]["c"][0].as_str(), Some("s3cret"));
+        assert!(value.get("admin").is_none());
     }
 }

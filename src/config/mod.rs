@@ -467,6 +467,13 @@ pub struct ProxyConfig {
     /// (PgBouncer's `min_pool_size`; at most the pool's size): a burst after a quiet
     /// spell then does not wait for logins. Checked every second; 0 = none.
     pub min_pool_size: usize,
+    /// Server connections per (node, database) at most, over every user's pool
+    /// (PgBouncer's `max_db_connections`); a pool at the cap closes another pool's idle
+    /// connection or waits up to `checkout_timeout_ms` (then 53300). 0 = no cap.
+    pub max_db_connections: usize,
+    /// Server connections per (node, server role) at most, over every database's pool
+    /// (PgBouncer's `max_user_connections`). 0 = no cap.
+    pub max_user_connections: usize,
     /// Read-your-writes for sessions whose reads go to replicas: `"session"` (after a
     /// session's transaction that may have written ends on the primary, its reads go
     /// only to replicas that replayed what the primary had committed by then, else to
@@ -532,6 +539,8 @@ impl Default for ProxyConfig {
             transaction_timeout_ms: 0,
             query_timeout_ms: 0,
             min_pool_size: 0,
+            max_db_connections: 0,
+            max_user_connections: 0,
             read_your_writes: ReadYourWrites::Session,
             max_user_client_connections: 0,
             max_prepared_statements: 1000,
@@ -640,12 +649,18 @@ impl Config {
         toml::from_str(text).map_err(|e| ConfigError::Parse { path: path.into(), source: Box::new(e) })
     }
 
-    /// Reads, parses and validates a file, its `${NAME}`s filled in from the environment.
+    /// Reads, parses and validates a file, the `${NAME}`s of its values filled in from
+    /// the environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| ConfigError::Read { path: path.into(), source: e })?;
-        let text = env::expand(&text, |name| std::env::var(name).ok()).map_err(ConfigError::Invalid)?;
-        let config = Self::from_toml(&text, path)?;
+        // Parsed as it is first, for errors with their line: filling in variables
+        // changes only what strings hold.
+        Self::from_toml(&text, path)?;
+        let parse_error = |e| ConfigError::Parse { path: path.into(), source: Box::new(e) };
+        let mut value: toml::Value = toml::from_str(&text).map_err(parse_error)?;
+        env::expand_values(&mut value, &|name| std::env::var(name).ok()).map_err(ConfigError::Invalid)?;
+        let config: Self = value.try_into().map_err(parse_error)?;
         let problems = validate(&config);
         if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid(problems)) }
     }

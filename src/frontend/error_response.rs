@@ -80,6 +80,9 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Checkout(CheckoutError::Unreachable { source: BackendError::Passthrough { .. }, .. }) => {
             sqlstate::INVALID_AUTHORIZATION_SPECIFICATION
         }
+        E::Checkout(CheckoutError::Unreachable { source: BackendError::Capped { .. }, .. }) => {
+            sqlstate::TOO_MANY_CONNECTIONS
+        }
         E::Checkout(CheckoutError::Unreachable { .. }) => sqlstate::UNABLE_TO_CONNECT,
         E::Checkout(CheckoutError::UnknownShard { .. }) => sqlstate::UNDEFINED_OBJECT,
         E::Checkout(

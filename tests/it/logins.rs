@@ -242,3 +242,86 @@ async fn a_reload_applies_timeouts_and_a_renewed_certificate() {
     assert!(closed.is_some(), "idle past the reloaded client_idle_timeout_ms");
     proxy.shutdown().await;
 }
+
+/// A client of the test's own database `caps` on shard 1, as `user`.
+async fn caps_client(proxy: &crate::harness::Proxy, user: &str) -> tokio_postgres::Client {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user={user} password={user} dbname=caps sslmode=disable options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
+    );
+    crate::harness::connect(&conninfo).await.expect("a client of caps")
+}
+
+/// `max_db_connections` caps a node's server connections to a database over every
+/// user's pool: six clients at once share two, an idle one of another user's pool is
+/// closed to make room, and with both held in transactions the next request gets 53300
+/// naming the cap after `checkout_timeout_ms`; `max_user_connections` caps a server
+/// role's the same way.
+#[tokio::test(flavor = "multi_thread")]
+async fn max_db_connections_caps_every_pool_of_a_database() {
+    let admin = shard_admin(1, "app").await;
+    admin.batch_execute("DROP DATABASE IF EXISTS caps WITH (FORCE)").await.unwrap();
+    admin.batch_execute("CREATE DATABASE caps OWNER app").await.unwrap();
+    let proxy = start_proxy(|c| {
+        c.proxy.max_db_connections = 2;
+        c.proxy.checkout_timeout_ms = 2_000;
+    })
+    .await;
+    let backends = "SELECT count(*) FROM pg_stat_activity WHERE datname = 'caps'";
+    let clients: Vec<_> = futures_util::future::join_all((0..6).map(|_| caps_client(&proxy, "app"))).await;
+    let running = futures_util::future::join_all(
+        clients.iter().map(|c| c.batch_execute("BEGIN; SELECT pg_sleep(0.3); COMMIT")),
+    );
+    let sampling = async {
+        let mut most = 0;
+        for _ in 0..40 {
+            most = most.max(admin.query_one(backends, &[]).await.unwrap().get::<_, i64>(0));
+            tokio::task::yield_now().await;
+        }
+        most
+    };
+    let (done, most) = tokio::join!(running, sampling);
+    assert!(done.iter().all(Result::is_ok), "every client's transaction ran: {done:?}");
+    assert!((1..=2).contains(&most), "at most 2 server connections to caps, saw {most}");
+    // app's pool holds both, idle: the admin login (another server role) gets one by
+    // closing one of them, not by waiting out the checkout timeout.
+    let started = Instant::now();
+    let dba = caps_client(&proxy, "admin").await;
+    let role: String = dba.query_one("SELECT current_user::text WHERE true", &[]).await.unwrap().get(0);
+    assert_eq!(role, "postgres");
+    assert!(started.elapsed() < Duration::from_millis(1500), "room was made: {:?}", started.elapsed());
+    assert!(admin.query_one(backends, &[]).await.unwrap().get::<_, i64>(0) <= 2);
+    // Both held in transactions: a third request waits, then 53300 naming the cap.
+    for c in [&clients[0], &dba] {
+        c.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    }
+    let refused = clients[1].simple_query("SELECT 1 WHERE true").await.expect_err("the cap is full");
+    assert_eq!(sqlstate(&refused), "53300");
+    let message = refused.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+    assert!(message.contains("database caps") && message.contains("max_db_connections"), "{message}");
+    for c in [&clients[0], &dba] {
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    clients[1].simple_query("SELECT 1 WHERE true").await.expect("a slot is free again");
+    proxy.shutdown().await;
+
+    // max_user_connections: one server role's connections to a node, over its pools.
+    let proxy = start_proxy(|c| c.proxy.max_user_connections = 1).await;
+    let clients: Vec<_> = futures_util::future::join_all((0..3).map(|_| caps_client(&proxy, "app"))).await;
+    let running = futures_util::future::join_all(
+        clients.iter().map(|c| c.batch_execute("BEGIN; SELECT pg_sleep(0.2); COMMIT")),
+    );
+    let sampling = async {
+        let mut most = 0;
+        for _ in 0..30 {
+            let sql = format!("{backends} AND usename = 'app'");
+            most = most.max(admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0));
+            tokio::task::yield_now().await;
+        }
+        most
+    };
+    let (done, most) = tokio::join!(running, sampling);
+    assert!(done.iter().all(Result::is_ok), "{done:?}");
+    assert_eq!(most, 1, "one server connection of role app at a time");
+    proxy.shutdown().await;
+}

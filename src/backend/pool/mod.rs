@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
+use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, free_slots, take_slots};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
@@ -77,6 +78,12 @@ struct NodePool {
     being_canceled: AtomicUsize,
     /// A `min_pool_size` warm-up is opening connections.
     warming: std::sync::atomic::AtomicBool,
+    /// The `max_db_connections` / `max_user_connections` it is under (see `caps`).
+    caps: Vec<Arc<Cap>>,
+    cap_wait: std::time::Duration,
+    /// Told when a connection is shelved while caps apply: a checkout waiting for a
+    /// cap's slot takes it instead.
+    came_back: tokio::sync::Notify,
 }
 
 /// A pool's epoch once it was replaced or dropped: none of its connections is reused.
@@ -92,6 +99,7 @@ struct Listing {
     shard: ShardId,
     /// (login, database) as the client gave them.
     login: (String, String),
+    caps: (Vec<Arc<Cap>>, std::time::Duration),
 }
 
 impl ServerPool {
@@ -102,8 +110,8 @@ impl ServerPool {
         lifetime_ms: u64,
         listing: Listing,
     ) -> Self {
-        let Listing { servers, shard, login } = listing;
-        Self(Arc::new(NodePool {
+        let Listing { servers, shard, login, caps: (caps, cap_wait) } = listing;
+        let pool = Self(Arc::new(NodePool {
             shelf: Mutex::new(Vec::with_capacity(gate.size())),
             gate,
             target,
@@ -119,7 +127,14 @@ impl ServerPool {
             epoch: std::sync::atomic::AtomicU64::new(0),
             being_canceled: AtomicUsize::new(0),
             warming: std::sync::atomic::AtomicBool::new(false),
-        }))
+            caps,
+            cap_wait,
+            came_back: tokio::sync::Notify::new(),
+        }));
+        for cap in &pool.0.caps {
+            cap.join(Arc::downgrade(&pool.0) as std::sync::Weak<dyn IdleCloser>);
+        }
+        pool
     }
 
     pub fn is_closed(&self) -> bool {
@@ -254,6 +269,10 @@ impl Home for NodePool {
         if !self.gate.is_closed() {
             shelf.push(conn);
         }
+        drop(shelf);
+        if !self.caps.is_empty() {
+            self.came_back.notify_one();
+        }
     }
 
     fn retire_open(&self) {
@@ -262,6 +281,16 @@ impl Home for NodePool {
 
     fn being_canceled(&self) -> &AtomicUsize {
         &self.being_canceled
+    }
+}
+
+/// A cap it is under asks it for room (see `caps`).
+impl IdleCloser for NodePool {
+    fn close_one_idle(&self) -> bool {
+        let mut shelf = self.lock_shelf();
+        let oldest = (!shelf.is_empty()).then(|| shelf.remove(0));
+        drop(shelf);
+        oldest.is_some()
     }
 }
 
@@ -312,10 +341,11 @@ impl NodePool {
     }
 
     /// A new connection, logged in and listed (SHOW SERVERS), begun in `epoch`.
-    async fn open(&self, epoch: u64) -> Result<Box<ServerConn>, BackendError> {
+    async fn open(&self, epoch: u64, slots: CapSlots) -> Result<Box<ServerConn>, BackendError> {
         // Boxed: the login future is large, and every checkout future would carry its size.
         let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
         conn.pool_epoch = epoch;
+        conn.cap_slots = slots;
         let _ = self.startup_params.set(Arc::new(conn.params.clone()));
         conn.stats = self.stats.clone();
         conn.listed = Some(self.servers.register(
@@ -343,7 +373,8 @@ impl NodePool {
         }
         while self.below(min) {
             let epoch = self.epoch.load(Ordering::Acquire);
-            match self.open(epoch).await {
+            let Some(slots) = free_slots(&self.caps) else { break };
+            match self.open(epoch, slots).await {
                 Ok(conn) => Home::shelve(&*self, conn),
                 Err(e) => {
                     tracing::debug!(addr = %self.target.addr(), error = %e, "min_pool_size: a connection could not be opened");
@@ -369,11 +400,18 @@ impl NodePool {
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, BackendError> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
-        // One that came back while a RECONNECT ran may have been shelved after it.
-        let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
-        let mut conn = match idle {
-            Some(conn) => conn,
-            None => self.open(epoch).await?,
+        let deadline = Instant::now() + self.cap_wait;
+        let mut conn = loop {
+            // One that came back while a RECONNECT ran may have been shelved after it.
+            let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
+            if let Some(conn) = idle {
+                break conn;
+            }
+            let asking = std::ptr::from_ref(&**self) as usize;
+            // `None`: one of ours came back idle while a cap was full; take that.
+            if let Some(slots) = take_slots(&self.caps, asking, deadline, &self.came_back).await? {
+                break self.open(epoch, slots).await?;
+            }
         };
         let home = crate::net::client_threads::current();
         if conn.home != home && conn.io.stream.rehome().is_ok() {
@@ -431,6 +469,7 @@ pub struct Pools {
     generation: std::sync::atomic::AtomicU64,
     /// Every open server connection (the admin console's SHOW SERVERS).
     pub servers: Arc<ConnRegistry>,
+    caps: ServerCaps,
 }
 
 /// The tenant limits in force: the catalog's where it names the tenant, else the file's.
@@ -456,7 +495,11 @@ impl Pools {
             let file = in_file.read().unwrap_or_else(|e| e.into_inner()).clone();
             Arc::new(LimitsInForce { file, catalog }) as Arc<dyn LimitSource>
         });
+        let proxy = &config.proxy;
+        let caps =
+            ServerCaps::new(proxy.max_db_connections, proxy.max_user_connections, proxy.checkout_timeout());
         Self {
+            caps,
             config,
             tls: tls.map(Arc::new),
             pools: RwLock::new(HashMap::new()),
@@ -578,6 +621,10 @@ impl Pools {
             servers: self.servers.clone(),
             shard,
             login: (user.name.clone(), database.to_string()),
+            caps: (
+                self.caps.for_pool(&node.host, node.port, &target.database, &target.user),
+                self.caps.wait(),
+            ),
         };
         let pool =
             ServerPool::new(gate, target, self.tls.clone(), self.config.proxy.server_lifetime_ms, listed);
@@ -726,45 +773,4 @@ impl Pools {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn pools_of_departed_nodes_are_closed() {
-        let config = Arc::new(crate::config::test_layout());
-        let directory = Arc::new(crate::directory::StaticDirectory::from_config(&config).unwrap());
-        let pools = Pools::new(config.clone(), None, directory);
-        let user = UserConfig {
-            name: "app".into(),
-            password: Some("app".into()),
-            scram_secret: None,
-            auth: Default::default(),
-            server_user: None,
-            server_password: None,
-            pool_size: 2,
-            pool_mode: None,
-            allow_tenant_switch: None,
-            target: None,
-            admin: false,
-            scatter_gather: false,
-            see_other_sessions: false,
-            max_client_connections: None,
-            passthrough: None,
-            catalog_login: None,
-        };
-        let node = |port| NodeConfig {
-            host: "127.0.0.1".into(),
-            port,
-            role: crate::config::NodeRole::Primary,
-            priority: 0,
-            dbname: None,
-        };
-        let stays = pools.pool(1, &node(5001), &user, "app");
-        let leaves = pools.pool(2, &node(5002), &user, "app");
-        pools.retain_nodes(|shard, _, port, _| shard == 1 && port == 5001);
-        assert!(!stays.is_closed());
-        assert!(leaves.is_closed());
-        let again = pools.pool(2, &node(5002), &user, "app");
-        assert!(!again.is_closed(), "a node that comes back gets a new pool");
-    }
-}
+mod tests;
