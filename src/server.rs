@@ -317,7 +317,8 @@ async fn close_expired_server_connections(shared: std::sync::Weak<Shared>, short
         every.tick().await;
         let Some(shared) = shared.upgrade() else { return };
         shared.pools.close_expired();
-        shared.pools.keep_warm();
+        let topology = shared.router.topology();
+        shared.pools.keep_warm(|shard| topology.shard(shard).map(|s| s.nodes.clone()).unwrap_or_default());
     }
 }
 

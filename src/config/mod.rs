@@ -465,7 +465,8 @@ pub struct ProxyConfig {
     pub query_timeout_ms: u64,
     /// Server connections each pool keeps open, busy or idle, once it exists
     /// (PgBouncer's `min_pool_size`; at most the pool's size): a burst after a quiet
-    /// spell then does not wait for logins. Checked every second; 0 = none.
+    /// spell then does not wait for logins; on every node of the shard (see
+    /// `backend::pool::warm`). Checked every second; 0 = none.
     pub min_pool_size: usize,
     /// Server connections per (node, database) at most, over every user's pool
     /// (PgBouncer's `max_db_connections`); a pool at the cap closes another pool's idle

@@ -426,3 +426,42 @@ async fn a_request_on_a_connection_that_died_idle_runs_on_the_new_primary() {
     assert_eq!(port, i32::from(replica.port));
     proxy.shutdown().await;
 }
+
+/// `min_pool_size` warms a (login, database)'s pool on every node of the shard, its
+/// replica too; a standby's connections survive its promotion, so the first request
+/// after the failover runs on a connection opened before it: no login paid.
+#[tokio::test(flavor = "multi_thread")]
+async fn min_pool_size_warms_the_replica_and_the_request_after_a_failover_pays_no_login() {
+    let (primary, replica, _admin) = crate::harness::pair_with("warm_failover", "SELECT 1").await;
+    let proxy = start_proxy_on_pair(primary.port, replica.port, |c| {
+        c.proxy.min_pool_size = 3;
+        c.health.fail_after = 1;
+    })
+    .await;
+    let app_backends = |port: u16| async move {
+        let sql = "SELECT pid FROM pg_stat_activity WHERE usename = 'app' AND application_name NOT LIKE 'pgtenant%'";
+        let admin = connect(&format!("host=127.0.0.1 port={port} user=postgres dbname=app")).await.unwrap();
+        admin.query(sql, &[]).await.unwrap().iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<_>>()
+    };
+    let client = proxy.connect(Some(7)).await;
+    client.batch_execute("SELECT 1").await.unwrap();
+    let warm = crate::harness::eventually(Duration::from_secs(10), || async {
+        app_backends(primary.port).await.len() >= 3 && app_backends(replica.port).await.len() >= 3
+    });
+    assert!(warm.await.is_some(), "the pool is warmed to min_pool_size on the primary and its replica");
+    let standby_pids = app_backends(replica.port).await;
+    let killed = primary.clone();
+    tokio::task::spawn_blocking(move || killed.kill()).await.unwrap().expect("kill the primary");
+    let promoted = replica.clone();
+    tokio::task::spawn_blocking(move || promoted.promote()).await.unwrap().expect("promote the replica");
+    let pid = crate::harness::server_pid(&client).await;
+    assert!(
+        standby_pids.contains(&pid),
+        "the request ran on a connection opened before the promotion: {pid} of {standby_pids:?}"
+    );
+    client
+        .batch_execute("CREATE TEMP TABLE written_after (x int); INSERT INTO written_after VALUES (1)")
+        .await
+        .expect("it may write");
+    proxy.shutdown().await;
+}

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
-use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, free_slots, take_slots};
+use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, take_slots};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
@@ -364,34 +364,6 @@ impl NodePool {
         Ok(Box::new(conn))
     }
 
-    /// `min_pool_size`: opens connections until the pool holds `min` (busy or idle; at
-    /// most its size), so that a burst after a quiet spell does not pay the logins. One
-    /// warm-up at a time per pool; a failed connect ends it until the next round.
-    async fn keep_warm(self: Arc<Self>, min: usize) {
-        if self.warming.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        while self.below(min) {
-            let epoch = self.epoch.load(Ordering::Acquire);
-            let Some(slots) = free_slots(&self.caps) else { break };
-            match self.open(epoch, slots).await {
-                Ok(conn) => Home::shelve(&*self, conn),
-                Err(e) => {
-                    tracing::debug!(addr = %self.target.addr(), error = %e, "min_pool_size: a connection could not be opened");
-                    break;
-                }
-            }
-        }
-        self.warming.store(false, Ordering::Release);
-    }
-
-    /// Whether the pool holds fewer than `min` connections (busy or idle; at most its
-    /// size) and is open.
-    fn below(&self, min: usize) -> bool {
-        let held = self.gate.size().saturating_sub(self.gate.free());
-        !self.gate.is_closed() && held + self.lock_shelf().len() < min.min(self.gate.size())
-    }
-
     /// With a permit held: the idle connection that holds the most of `wanted`, or a
     /// new one.
     async fn take(
@@ -528,20 +500,6 @@ impl Pools {
             if !expired.is_empty() {
                 tracing::debug!(closed = expired.len(), addr = %pool.0.target.addr(), "closed expired idle server connections");
             }
-        }
-    }
-
-    /// `min_pool_size`: every pool below it opens connections up to it, in a task each.
-    pub fn keep_warm(&self) {
-        let min = self.config.proxy.min_pool_size;
-        if min == 0 {
-            return;
-        }
-        let pools: Vec<ServerPool> =
-            self.pools.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-        // A task only for a pool that needs one: most rounds find every pool warm.
-        for pool in pools.into_iter().filter(|p| p.0.below(min) && !p.0.warming.load(Ordering::Acquire)) {
-            tokio::spawn(pool.0.clone().keep_warm(min));
         }
     }
 
@@ -774,3 +732,4 @@ impl Pools {
 
 #[cfg(test)]
 mod tests;
+mod warm;
