@@ -4,7 +4,7 @@
 //! the client's channel binding too), so per-role row-level security sees its
 //! `current_user` through transaction pooling; an unknown role and a wrong password get
 //! the same error; a rotated password takes effect on the next attempts; a shard whose
-//! verifier for the role differs is refused with a reason.
+//! verifier for the role differs is refused with a reason; RELOAD turns it on and off.
 
 use std::time::Duration;
 
@@ -156,5 +156,32 @@ async fn a_rotated_password_takes_effect_and_another_verifier_is_named() {
     };
     assert!(elsewhere.starts_with("28000 ") && elsewhere.contains("shard 2"), "{elsewhere}");
     assert!(elsewhere.contains("not the one its client logged in with"), "{elsewhere}");
+    proxy.shutdown().await;
+}
+
+/// `[auth]` changes on RELOAD: logins from the database turned on in the file reach a
+/// running proxy, and turned off again, a role that is not in `[[users]]` no longer
+/// logs in.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_turns_logins_from_the_database_on_and_off() {
+    role_on_both_shards("dbl_dave", "dave-pw").await;
+    let (proxy, file) = crate::harness::start_proxy_from_file("reload_auth", |c| c.auth.query = None).await;
+    let off = refused(&proxy, "dbl_dave", "dave-pw", 7, "not in the file, and no [auth] query").await;
+    assert!(off.starts_with("28P01 "), "{off}");
+    let on = {
+        let mut config = proxy.config.clone();
+        config.auth = pgtenant::dev::demo::database_logins();
+        toml::to_string_pretty(&config).unwrap()
+    };
+    std::fs::write(&file, &on).unwrap();
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    console.simple_query("RELOAD").await.expect("[auth] changes live");
+    let dave = login(&proxy, "dbl_dave", "dave-pw", 7).await.expect("dave logs in after the RELOAD");
+    assert_eq!(who(&dave).await.0, "dbl_dave");
+    let mut config = proxy.config.clone();
+    config.auth.query = None;
+    std::fs::write(&file, toml::to_string_pretty(&config).unwrap()).unwrap();
+    console.simple_query("RELOAD").await.expect("[auth] changes live");
+    refused(&proxy, "dbl_dave", "dave-pw", 7, "turned off again").await;
     proxy.shutdown().await;
 }
