@@ -559,3 +559,35 @@ BEGIN
     PERFORM pg_notify('pgtenant_move', jsonb_build_object('move_id', p_move, 'tenant', mv.tenant_id,
         'epoch', p_epoch, 'action', 'resume', 'switched', true)::text);
 END $$;
+
+-- Fleet batches (DRAIN SHARD, REBALANCE, ISOLATE TENANT in the admin console): a plan of
+-- tenant moves, run at most `parallel` at a time by one proxy (`driver`), taken over by
+-- another when that one's heartbeat in proxy_instance goes stale. It stops at the first
+-- step whose move fails, with the reason; PAUSE REBALANCE lets the running moves finish
+-- and starts no more until RESUME REBALANCE.
+CREATE TABLE IF NOT EXISTS fleet_batch (
+    batch_id   bigserial   PRIMARY KEY,
+    -- The command as the console read it, e.g. 'DRAIN SHARD 3'.
+    command    text        NOT NULL,
+    dbname     text        NOT NULL,
+    state      text        NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'paused', 'done', 'failed')),
+    parallel   integer     NOT NULL DEFAULT 2 CHECK (parallel >= 1),
+    driver     text,
+    error      text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    ended_at   timestamptz
+);
+
+CREATE TABLE IF NOT EXISTS fleet_step (
+    batch_id     bigint   NOT NULL REFERENCES fleet_batch (batch_id) ON DELETE CASCADE,
+    seq          integer  NOT NULL,
+    tenant_id    bigint   NOT NULL,
+    source_shard smallint NOT NULL,
+    target_shard smallint NOT NULL,
+    -- The tenant's load as planned with (transactions pgtenant counted, plus one).
+    load         bigint   NOT NULL,
+    move_id      bigint   REFERENCES tenant_move (move_id),
+    state        text     NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'moving', 'done', 'failed')),
+    PRIMARY KEY (batch_id, seq)
+);

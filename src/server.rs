@@ -145,6 +145,7 @@ pub async fn start_with_file(
     tokio::spawn(sample_stats(Arc::downgrade(&shared)));
     if let Some(moves) = move_service(&shared, addr) {
         moves.start(rx.clone()).await;
+        tokio::spawn(crate::tenancy::fleet::watch(moves.clone(), rx.clone()));
         let _ = shared.moves.set(moves);
     }
     let http = match config.observe.listen {
@@ -196,7 +197,8 @@ pub async fn start_with_file(
 /// the health view, and the sessions through the pause board and the router.
 fn move_service(shared: &Arc<Shared>, addr: SocketAddr) -> Option<Arc<crate::tenancy::moves::MoveService>> {
     use crate::backend::health::PrimaryChoice;
-    let (for_primary, for_forget) = (Arc::downgrade(shared), Arc::downgrade(shared));
+    let (for_primary, for_forget, for_loads) =
+        (Arc::downgrade(shared), Arc::downgrade(shared), Arc::downgrade(shared));
     let hooks = crate::tenancy::moves::MoveHooks {
         primary_of: Box::new(move |id| {
             let shared = for_primary.upgrade()?;
@@ -213,6 +215,16 @@ fn move_service(shared: &Arc<Shared>, addr: SocketAddr) -> Option<Arc<crate::ten
         }),
         pauses: shared.pauses.clone(),
         clients: shared.clients.clone(),
+        tenant_loads: Box::new(move || {
+            let Some(shared) = for_loads.upgrade() else { return Vec::new() };
+            let rows = shared.tenant_stats.rows(None, crate::backend::coarse_clock::coarse_ms());
+            rows.into_iter()
+                .filter_map(|r| match r.tenant {
+                    crate::directory::TenantId::Int(t) => Some((t, r.total.transactions)),
+                    crate::directory::TenantId::Text(_) => None,
+                })
+                .collect()
+        }),
     };
     crate::tenancy::moves::MoveService::new(shared.config.clone(), addr, hooks)
 }

@@ -101,6 +101,7 @@ async fn run(view: &AdminView<'_>, sql: &str) -> Result<Answer, CommandError> {
             moves::start(view, tenant, shard, database).await.map(Answer::Rows)
         }
         Command::MoveRequest { id, step } => moves::request(view, id, step).await.map(Answer::Rows),
+        Command::Fleet(request) => super::fleet::run(view, request).await.map(Answer::Rows),
         Command::Pause { scope, timeout_secs } => {
             pause(view, scope, timeout_secs).await.map(|()| Answer::Done("PAUSE"))
         }
@@ -243,6 +244,7 @@ fn shape_of(command: &Command) -> Option<Table> {
     match command {
         Command::Placement { .. } => Some(placement_table()),
         Command::Move { .. } | Command::MoveRequest { .. } => Some(moves::table()),
+        Command::Fleet(request) => Some(super::fleet::shape(request)),
         _ => None,
     }
 }

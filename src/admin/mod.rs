@@ -7,6 +7,7 @@ mod averages;
 mod command;
 mod console;
 pub mod exposition;
+mod fleet;
 mod moves;
 pub mod scatter;
 mod show;

@@ -1,7 +1,9 @@
 //! Tenancy control: what happens to a tenant's (or a shard's) traffic as a whole,
 //! beside routing it: the pauses of the admin console (`pause`) and the placement of
-//! new tenants (`placement`) and online moves of one tenant to another shard (`moves`).
+//! new tenants (`placement`), online moves of one tenant to another shard (`moves`),
+//! and fleet batches of them: drain, rebalance, isolate (`fleet`).
 
+pub mod fleet;
 pub mod moves;
 pub mod pause;
 pub mod placement;

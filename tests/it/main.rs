@@ -15,6 +15,7 @@ mod drivers;
 mod failover;
 mod failures;
 mod fair_share;
+mod fleet;
 mod lifecycle;
 mod logins;
 mod memory_limits;

@@ -13,7 +13,7 @@ use crate::harness::{Catalog, Proxy, connect, new_catalog, shard_admin, sqlstate
 
 /// Creates database `db` on both shared shards with the tables tenants keep there
 /// (`orders`, `events`: the tenant column in their primary keys) and `pgtenant_shard`.
-async fn tenant_database(db: &str) {
+pub(crate) async fn tenant_database(db: &str) {
     for shard in 1..=2usize {
         let admin = shard_admin(shard, "postgres").await;
         admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).await.unwrap();
@@ -33,7 +33,7 @@ async fn tenant_database(db: &str) {
 }
 
 /// Gives `tenant` `n` orders and `n` events on `shard`.
-async fn seed(db: &str, shard: usize, tenant: i64, n: i64) {
+pub(crate) async fn seed(db: &str, shard: usize, tenant: i64, n: i64) {
     shard_admin(shard, db)
         .await
         .execute(
@@ -45,7 +45,7 @@ async fn seed(db: &str, shard: usize, tenant: i64, n: i64) {
         .unwrap();
 }
 
-async fn start_proxy(
+pub(crate) async fn start_proxy(
     catalog: &Catalog,
     db: &str,
     tweak: impl FnOnce(&mut pgtenant::config::Config),
@@ -58,7 +58,7 @@ async fn start_proxy(
     .await
 }
 
-fn tenant_conninfo(proxy: &Proxy, db: &str, tenant: i64) -> String {
+pub(crate) fn tenant_conninfo(proxy: &Proxy, db: &str, tenant: i64) -> String {
     format!(
         "host=127.0.0.1 port={} user=app password=app dbname={db} sslmode=disable options='-c pgtenant.tenant_id={tenant}'",
         proxy.addr.port()
@@ -68,16 +68,16 @@ fn tenant_conninfo(proxy: &Proxy, db: &str, tenant: i64) -> String {
 /// What a writer saw: the ids of its acknowledged orders, the longest time between two
 /// answered transactions, its errors, and the shard that answered its last read.
 #[derive(Debug, Default)]
-struct Writes {
-    acked: Vec<i64>,
-    longest_gap: Duration,
-    errors: Vec<String>,
-    last_shard: i32,
+pub(crate) struct Writes {
+    pub acked: Vec<i64>,
+    pub longest_gap: Duration,
+    pub errors: Vec<String>,
+    pub last_shard: i32,
 }
 
 /// Writes orders (and events, in one transaction every other time) for `tenant`
 /// through `conninfo` until `stop`, ids from `first`.
-async fn writer(conninfo: String, tenant: i64, first: i64, stop: Arc<AtomicBool>) -> Writes {
+pub(crate) async fn writer(conninfo: String, tenant: i64, first: i64, stop: Arc<AtomicBool>) -> Writes {
     let mut client = connect(&conninfo).await.unwrap();
     let mut w = Writes::default();
     let mut last = Instant::now();
@@ -125,7 +125,7 @@ async fn writer(conninfo: String, tenant: i64, first: i64, stop: Arc<AtomicBool>
     w
 }
 
-async fn ids_on(db: &str, shard: usize, tenant: i64) -> BTreeSet<i64> {
+pub(crate) async fn ids_on(db: &str, shard: usize, tenant: i64) -> BTreeSet<i64> {
     let c = shard_admin(shard, db).await;
     let rows = c.query("SELECT id FROM orders WHERE tenant_id = $1", &[&tenant]).await.unwrap();
     rows.iter().map(|r| r.get(0)).collect()

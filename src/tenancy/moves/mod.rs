@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 pub use catalog::{MoveRow, Phase, Request};
 pub use error::MoveError;
+pub use shard::quote_ident;
 
 use crate::config::{CatalogConfig, Config, NodeConfig};
 use crate::directory::{ShardId, TenantId};
@@ -38,6 +39,9 @@ pub struct MoveHooks {
     pub forget_tenant: Box<dyn Fn(&TenantId) + Send + Sync>,
     pub pauses: Arc<PauseBoard>,
     pub clients: Arc<ConnRegistry>,
+    /// The transactions pgtenant counted for each tenant it keeps figures of, a row per
+    /// shard it was counted on (what fleet plans weigh tenants by).
+    pub tenant_loads: Box<dyn Fn() -> Vec<(i64, u64)> + Send + Sync>,
 }
 
 /// A pause this proxy holds for a move.
@@ -96,11 +100,11 @@ impl MoveService {
         &self.config.moves
     }
 
-    fn tenant_column(&self) -> &str {
+    pub(in crate::tenancy) fn tenant_column(&self) -> &str {
         &self.config.proxy.tenant_column
     }
 
-    async fn catalog_client(&self) -> Result<tokio_postgres::Client, MoveError> {
+    pub(in crate::tenancy) async fn catalog_client(&self) -> Result<tokio_postgres::Client, MoveError> {
         let mut pg = self.catalog.pg_config();
         pg.application_name("pgtenant move");
         let (client, conn) =
@@ -130,7 +134,11 @@ impl MoveService {
     }
 
     /// A connection to `shard`'s primary, database `dbname` (unless the node fixes one).
-    async fn shard_client(&self, shard: u16, dbname: &str) -> Result<tokio_postgres::Client, MoveError> {
+    pub(in crate::tenancy) async fn shard_client(
+        &self,
+        shard: u16,
+        dbname: &str,
+    ) -> Result<tokio_postgres::Client, MoveError> {
         let node = self.primary(shard)?;
         let (user, password) = self.shard_login()?;
         let mut pg = tokio_postgres::Config::new();
@@ -204,6 +212,26 @@ impl MoveService {
         catalog::load(&client, id).await
     }
 
+    /// Move `id`'s row.
+    pub async fn move_row(&self, id: i64) -> Result<MoveRow, MoveError> {
+        catalog::load(&self.catalog_client().await?, id).await
+    }
+
+    /// The load pgtenant counted for each tenant it keeps figures of, over every shard
+    /// it was counted on (a tenant moved takes its load along).
+    pub(in crate::tenancy) fn tenant_loads(&self) -> std::collections::HashMap<i64, u64> {
+        let mut loads = std::collections::HashMap::new();
+        for (tenant, n) in (self.hooks.tenant_loads)() {
+            *loads.entry(tenant).or_insert(0) += n;
+        }
+        loads
+    }
+
+    /// `[moves] proxy_stale_ms`.
+    pub(in crate::tenancy) fn stale_ms(&self) -> i64 {
+        self.config.moves.proxy_stale_ms as i64
+    }
+
     /// Every move the catalog knows.
     pub async fn list(&self) -> Result<Vec<MoveRow>, MoveError> {
         catalog::list(&self.catalog_client().await?).await
@@ -221,7 +249,7 @@ impl MoveService {
         rows
     }
 
-    fn is_stopping(&self) -> bool {
+    pub(in crate::tenancy) fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }
 }
