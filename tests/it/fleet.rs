@@ -67,6 +67,7 @@ async fn drain_shard_empties_it_under_writes_and_placement_skips_it() {
     let writes = writing.await.unwrap();
     assert_eq!(row["state"], "done", "{row:?}");
     assert_eq!((row["moves"].as_str(), row["done"].as_str()), ("3", "3"));
+    assert!(row["rows_copied"].parse::<i64>().unwrap() >= 120, "3 tenants of 40 rows: {row:?}");
     for tenant in [11, 13] {
         assert_eq!(holders(db, tenant).await, vec![2], "tenant {tenant} lives on shard 2 only");
     }

@@ -22,6 +22,9 @@ pub struct BatchRow {
     pub done: i64,
     pub failed: i64,
     pub longest_pause_ms: Option<i64>,
+    /// Rows its moves copied, and how long it ran (so far).
+    pub rows_copied: i64,
+    pub seconds: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -43,7 +46,10 @@ const BATCH_COLUMNS: &str = "b.batch_id, b.command, b.dbname, b.state, b.paralle
     (SELECT count(*) FROM pgtenant.fleet_step s WHERE s.batch_id = b.batch_id AND s.state = 'done'),
     (SELECT count(*) FROM pgtenant.fleet_step s WHERE s.batch_id = b.batch_id AND s.state = 'failed'),
     (SELECT max(m.pause_ms) FROM pgtenant.fleet_step s JOIN pgtenant.tenant_move m USING (move_id)
-     WHERE s.batch_id = b.batch_id)";
+     WHERE s.batch_id = b.batch_id),
+    (SELECT coalesce(sum(m.rows_copied), 0)::bigint FROM pgtenant.fleet_step s JOIN pgtenant.tenant_move m USING (move_id)
+     WHERE s.batch_id = b.batch_id),
+    extract(epoch FROM coalesce(b.ended_at, now()) - b.created_at)::float8";
 
 fn batch_of(row: &tokio_postgres::Row) -> BatchRow {
     BatchRow {
@@ -60,6 +66,8 @@ fn batch_of(row: &tokio_postgres::Row) -> BatchRow {
         done: row.get(10),
         failed: row.get(11),
         longest_pause_ms: row.get(12),
+        rows_copied: row.get(13),
+        seconds: row.get(14),
     }
 }
 
