@@ -78,20 +78,11 @@ async fn a_role_created_on_the_shards_logs_in_as_itself_with_no_entry_in_the_fil
     assert!(wrong.starts_with("28P01 "), "{wrong}");
     assert_eq!(wrong.replace("dbl_alice", "X"), unknown.replace("dbl_nobody", "X"));
     // Over TLS with channel binding required, as psql offers it.
-    let out = crate::harness::run_with_stdin(
-        std::process::Command::new("psql").args([
-            "-X",
-            "-At",
-            "-d",
-            &format!(
-                "host=127.0.0.1 port={} user=dbl_alice password=alice-pw dbname=app sslmode=require channel_binding=require options='-c pgtenant.tenant_id=7'",
-                proxy.addr.port()
-            ),
-            "-c",
-            "SELECT current_user WHERE true",
-        ]),
-        "",
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=dbl_alice password=alice-pw dbname=app sslmode=require channel_binding=require options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
     );
+    let out = crate::harness::psql_at(&conninfo, "SELECT current_user WHERE true");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "dbl_alice");
     proxy.shutdown().await;

@@ -185,20 +185,11 @@ fn write_self_signed(cert: &std::path::Path, key: &std::path::Path) {
 /// psql over TLS verifying the proxy's certificate against `root` (its own self-signed
 /// one): whether it connected.
 fn verified_by(port: u16, root: &std::path::Path) -> bool {
-    let out = crate::harness::run_with_stdin(
-        std::process::Command::new("psql").args([
-            "-X",
-            "-At",
-            "-d",
-            &format!(
-                "host=localhost hostaddr=127.0.0.1 port={port} user=app password=app dbname=app sslmode=verify-full sslrootcert={} options='-c pgtenant.tenant_id=7'",
-                root.display()
-            ),
-            "-c",
-            "SELECT 1",
-        ]),
-        "",
+    let conninfo = format!(
+        "host=localhost hostaddr=127.0.0.1 port={port} user=app password=app dbname=app sslmode=verify-full sslrootcert={} options='-c pgtenant.tenant_id=7'",
+        root.display()
     );
+    let out = crate::harness::psql_at(&conninfo, "SELECT 1");
     out.status.success()
 }
 

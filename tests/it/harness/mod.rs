@@ -152,6 +152,11 @@ pub async fn connect(conninfo: &str) -> Result<tokio_postgres::Client, tokio_pos
 }
 
 /// Runs a command, writing `stdin` to it, and returns its output.
+/// `psql -X -At -d conninfo -c sql`, as a user runs it.
+pub fn psql_at(conninfo: &str, sql: &str) -> Output {
+    run_with_stdin(Command::new("psql").args(["-X", "-At", "-d", conninfo, "-c", sql]), "")
+}
+
 pub fn run_with_stdin(cmd: &mut Command, stdin: &str) -> Output {
     use std::io::Write;
     use std::process::Stdio;
