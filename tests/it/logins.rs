@@ -161,19 +161,6 @@ async fn a_pool_keeps_min_pool_size_connections_open() {
     proxy.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn scratch_raw_transaction_timeout() {
-    let proxy = start_proxy(|c| c.proxy.transaction_timeout_ms = 400).await;
-    let mut raw =
-        crate::harness::raw::RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
-    let a = raw.query("BEGIN; SELECT 1").await;
-    eprintln!("answer: {:?}", a.iter().map(|m| m.tag as char).collect::<String>());
-    while let Some(m) = raw.recv().await {
-        eprintln!("then: {} {:?}", m.tag as char, m.sqlstate());
-    }
-    eprintln!("EOF");
-}
-
 /// Writes a self-signed certificate for `localhost` and its key to `cert` and `key`.
 fn write_self_signed(cert: &std::path::Path, key: &std::path::Path) {
     let pair = rcgen::KeyPair::generate().unwrap();

@@ -372,7 +372,8 @@ impl NodePool {
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, BackendError> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
-        let deadline = Instant::now() + self.cap_wait;
+        // Read only when a cap makes a new connection wait (not per checkout).
+        let mut deadline = None;
         let mut conn = loop {
             // One that came back while a RECONNECT ran may have been shelved after it.
             let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
@@ -381,6 +382,7 @@ impl NodePool {
             }
             let asking = std::ptr::from_ref(&**self) as usize;
             // `None`: one of ours came back idle while a cap was full; take that.
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.cap_wait);
             if let Some(slots) = take_slots(&self.caps, asking, deadline, &self.came_back).await? {
                 break self.open(epoch, slots).await?;
             }
@@ -596,7 +598,15 @@ impl Pools {
                 tracing::info!(shard, user = %user.name, size = user.pool_size, "pool replaced after a configuration change");
                 pool
             }
-            entry => entry.or_insert(pool).clone(),
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                // `min_pool_size`: warmed from its first login on, not a round later.
+                let min = self.config.proxy.min_pool_size;
+                if min > 0 {
+                    tokio::spawn(pool.0.clone().keep_warm(min));
+                }
+                vacant.insert(pool).clone()
+            }
+            std::collections::hash_map::Entry::Occupied(held) => held.get().clone(),
         }
     }
 
