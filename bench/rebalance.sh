@@ -55,12 +55,14 @@ for t in tenants:
 # Load: reads, tenant of rank r picked with weight 1/r.
 weights = [1 / rank[t] for t in tenants]
 stop = threading.Event()
+counted = {t: 0 for t in tenants}  # the reads each tenant got (the load it has)
 def warm():
     c = app()
     while not stop.is_set():
         t = random.choices(tenants, weights)[0]
         c.execute(f"SET pgtenant.tenant_id = {t}")
         c.execute("SELECT count(*) FROM rb_orders WHERE tenant_id = %s", (t,))
+        counted[t] += 1
 threads = [threading.Thread(target=warm) for _ in range(4)]
 for th in threads: th.start()
 time.sleep(float(os.environ["WARMUP_S"]))
@@ -110,18 +112,20 @@ stop.set()
 for th in threads: th.join()
 
 moved = {r[2]: (r[3], r[4], r[5]) for r in rows}  # tenant -> (source, target, load)
-# Load per shard as planned: moved tenants at the plan's load, the others at 1 (the
-# console shows every tenant's load only for the ones it moves).
-planned = {r[2]: r[5] for r in rows}
+# Each shard's load: the reads its tenants got in the warm-up (what the proxy counted
+# for the heaviest tenant_stats_top_k of each shard; the plan weighed the rest as 1).
 before = {1: 0, 2: 0, 3: 0}
 for t in tenants:
-    before[1 if t < 1000 else 2] += planned.get(t, 1)
+    before[1 if t < 1000 else 2] += 1 + counted[t]
 after = dict(before)
-for t, (s, d, l) in moved.items():
-    after[s] -= l; after[d] += l
+for t, (s, d, _) in moved.items():
+    after[s] -= 1 + counted[t]; after[d] += 1 + counted[t]
 print(f"plan: {len(rows)} moves of {n} tenants (PARALLEL {parallel}); batch {batch} {state} "
       f"in {ended - started:.1f} s")
-print(f"  load per shard (moved tenants at their planned load, others 1): before {before}, after {after}")
+print(f"  reads per shard in the warm-up: before {before} (max/min {max(before.values())}/{min(before.values())}), "
+      f"after {after} (max/min {max(after.values())}/{min(after.values())})")
+for t, (s, d, l) in sorted(moved.items(), key=lambda m: -m[1][2]):
+    print(f"  tenant {t} (rank {rank[t]}, {max(5, 3000 // rank[t])} rows): shard {s} -> {d}, planned load {l}, counted {counted[t]}")
 gaps = []
 for t in moved:
     times = [d for _, d in acked[t] if started - 1 <= d <= ended + 1]

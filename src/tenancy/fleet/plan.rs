@@ -9,10 +9,11 @@
 //!   fill is lowest after taking it.
 //! - REBALANCE [SHARDS a, b, ...]: among those shards (all active ones by default),
 //!   repeatedly the heaviest tenant of the fullest shard that, moved to the emptiest,
-//!   lowers the higher of the two fills. It stops when none does: then the spread of
-//!   loads between the fullest and the emptiest shard is at most the load of the
-//!   lightest tenant on the fullest (one tenant is never split), the bound SHOW PLAN
-//!   states. At most `MAX_STEPS` moves per plan.
+//!   lowers the higher of the two fills. A move costs a copy and a pause, so only
+//!   tenants carrying at least `MIN_SHARE` of the mean shard load move (a crowd of
+//!   light tenants is not moved to shave a few percent), and it stops once the fullest
+//!   shard's fill is within `TOLERANCE` of the mean, or when no such move lowers it.
+//!   At most `MAX_STEPS` moves per plan.
 //! - ISOLATE TENANT t [TO SHARD n]: t to n, which must hold no tenant, or to the first
 //!   active shard that holds none (a spare).
 
@@ -20,6 +21,12 @@ use crate::directory::ShardId;
 
 /// Moves one plan makes at most (a REBALANCE of a very uneven fleet is run in rounds).
 pub const MAX_STEPS: usize = 1000;
+
+/// REBALANCE is done once the fullest shard is at most this far above the mean fill.
+pub const TOLERANCE: f64 = 0.10;
+
+/// REBALANCE moves no tenant lighter than this share of the mean shard load.
+pub const MIN_SHARE: f64 = 0.01;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShardStatus {
@@ -113,6 +120,10 @@ pub fn rebalance(shards: &[ShardLoad], among: Option<&[ShardId]>) -> Result<Vec<
         .cloned()
         .collect();
     let mut steps = Vec::new();
+    let total: u64 = pool.iter().map(ShardLoad::load).sum();
+    let capacity: u64 = pool.iter().map(|s| s.capacity.max(1)).sum();
+    let good_enough = fill(total, capacity) * (1.0 + TOLERANCE);
+    let lightest_worth_moving = (total as f64 / pool.len().max(1) as f64 * MIN_SHARE).ceil() as u64;
     while steps.len() < MAX_STEPS && pool.len() >= 2 {
         let by_fill = |s: &ShardLoad| fill(s.load(), s.capacity);
         let hot =
@@ -125,11 +136,15 @@ pub fn rebalance(shards: &[ShardLoad], among: Option<&[ShardId]>) -> Result<Vec<
         }
         let (hot_load, cold_load) = (pool[hot].load(), pool[cold].load());
         let before = by_fill(&pool[hot]);
+        if before <= good_enough {
+            break;
+        }
         // The heaviest tenant whose move lowers the higher fill of the two.
         let pick = pool[hot]
             .tenants
             .iter()
             .enumerate()
+            .filter(|(_, (_, l))| *l >= lightest_worth_moving)
             .filter(|(_, (_, l))| {
                 let after_hot = fill(hot_load - l, pool[hot].capacity);
                 let after_cold = fill(cold_load + l, pool[cold].capacity);
@@ -145,8 +160,9 @@ pub fn rebalance(shards: &[ShardLoad], among: Option<&[ShardId]>) -> Result<Vec<
     Ok(steps)
 }
 
-/// The spread a REBALANCE leaves, and its stated bound: (highest load - lowest load,
-/// the lightest tenant's load on the most loaded shard) among `among`'s active shards.
+/// (highest load - lowest load, the lightest tenant's load on the most loaded shard)
+/// over the active shards: what a REBALANCE that found no further move leaves, and
+/// its bound.
 pub fn spread(shards: &[ShardLoad]) -> (u64, u64) {
     let active: Vec<&ShardLoad> = shards.iter().filter(|s| s.status == ShardStatus::Active).collect();
     let Some(hot) = active.iter().max_by_key(|s| s.load()) else { return (0, 0) };
@@ -224,6 +240,21 @@ mod tests {
         assert_eq!(rebalance(&shards, Some(&[7])), Err(PlanError::UnknownShard(7)));
         // Even already: nothing to do.
         assert!(rebalance(&[shard(1, &[(1, 10)]), shard(2, &[(2, 10)])], None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn rebalance_stops_within_the_tolerance_instead_of_moving_many_light_tenants() {
+        // A heavy tenant and 100 light ones per shard, a new empty shard.
+        let many = |base: i64| -> Vec<(i64, u64)> {
+            std::iter::once((base, 300)).chain((1..=100).map(|i| (base + i, 1))).collect()
+        };
+        let shards = vec![shard(1, &many(1000)), shard(2, &many(2000)), shard(3, &[])];
+        let steps = rebalance(&shards, None).unwrap();
+        let moved: Vec<(i64, u64)> = steps.iter().map(|s| (s.tenant, s.load)).collect();
+        assert_eq!(moved, vec![(1000, 300)], "a heavy tenant moves to the new shard, no crowd of light ones");
+        // Within the tolerance of the mean: done at once.
+        let even = vec![shard(1, &[(1, 100), (2, 5)]), shard(2, &[(3, 100)]), shard(3, &[(4, 98)])];
+        assert!(rebalance(&even, None).unwrap().is_empty());
     }
 
     #[test]
