@@ -1,6 +1,6 @@
 //! Fleet commands (issue 53): DRAIN SHARD empties a shard under writes, losing no
 //! acknowledged write, and placement skips it; REBALANCE evens the tenants out onto an
-//! empty shard (its DRY RUN plans without moving); a batch whose move fails stops with
+//! empty shard under writes, losing none (its DRY RUN plans without moving); a batch whose move fails stops with
 //! the reason and every tenant served; a batch whose driver is gone is taken over by
 //! another proxy, and PAUSE / RESUME REBALANCE hold and release it.
 
@@ -118,9 +118,23 @@ async fn rebalance_moves_tenants_onto_an_empty_shard_and_its_dry_run_moves_nothi
     assert!(dry[0]["load"].parse::<u64>().unwrap() > 50, "31's counted transactions weigh it: {dry:?}");
     assert!(dry.iter().all(|r| r["batch_id"].is_empty() && r["state"] == "planned"), "{dry:?}");
     assert_eq!(console_rows(&console, "SHOW BATCHES").await.len(), 0, "a dry run records nothing");
+    // Writers of a tenant that moves and of one that stays, through the batch.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = [31, 33]
+        .into_iter()
+        .map(|t| tokio::spawn(writer(tenant_conninfo(&proxy, db, t), t, 1000, stop.clone())))
+        .collect();
     let plan = console_rows(&console, "REBALANCE").await;
     let row = ended(&console, &plan[0]["batch_id"], Duration::from_secs(120)).await;
+    stop.store(true, Ordering::Relaxed);
     assert_eq!(row["state"], "done", "{row:?}");
+    for (tenant, written) in [31, 33].into_iter().zip(writers) {
+        let written = written.await.unwrap();
+        let shard = if tenant == 31 { 2 } else { 1 };
+        let stored = ids_on(db, shard, tenant).await;
+        let lost: Vec<&i64> = written.acked.iter().filter(|id| !stored.contains(id)).collect();
+        assert!(!written.acked.is_empty() && lost.is_empty(), "tenant {tenant}: lost {lost:?}");
+    }
     assert_eq!(holders(db, 31).await, vec![2]);
     for tenant in [32, 33, 34] {
         assert_eq!(holders(db, tenant).await, vec![1], "tenant {tenant} stays");
