@@ -591,3 +591,15 @@ CREATE TABLE IF NOT EXISTS fleet_step (
     state        text     NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'moving', 'done', 'failed')),
     PRIMARY KEY (batch_id, seq)
 );
+
+-- Fleet batches not ended whose driver's heartbeat is older than p_stale_ms (or that
+-- have none), now driven by p_me; their ids. Each proxy's move agent calls it on its
+-- own catalog connection.
+CREATE OR REPLACE FUNCTION take_over_fleet_batches(p_me text, p_stale_ms bigint) RETURNS SETOF bigint
+LANGUAGE sql AS $$
+    UPDATE pgtenant.fleet_batch b SET driver = p_me, updated_at = now()
+    WHERE b.state IN ('running', 'paused') AND (b.driver IS NULL OR b.driver <> p_me)
+      AND NOT EXISTS (SELECT 1 FROM pgtenant.proxy_instance p WHERE p.proxy_id = b.driver
+                      AND p.seen_at > clock_timestamp() - make_interval(secs => p_stale_ms / 1000.0))
+    RETURNING b.batch_id
+$$;

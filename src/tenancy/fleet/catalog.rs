@@ -211,23 +211,6 @@ pub async fn set_paused(client: &Client, batch: i64, paused: bool) -> Result<boo
     Ok(n == 1)
 }
 
-/// Batches not ended whose driver's heartbeat is older than `stale_ms` (or that have
-/// none), now driven by `me`; their ids.
-pub async fn take_over(client: &Client, me: &str, stale_ms: i64) -> Result<Vec<i64>, FleetError> {
-    let rows = client
-        .query(
-            "UPDATE pgtenant.fleet_batch b SET driver = $1, updated_at = now()
-             WHERE b.state IN ('running', 'paused') AND (b.driver IS NULL OR b.driver <> $1)
-               AND NOT EXISTS (SELECT 1 FROM pgtenant.proxy_instance p WHERE p.proxy_id = b.driver
-                               AND p.seen_at > now() - make_interval(secs => $2::bigint / 1000.0))
-             RETURNING b.batch_id",
-            &[&me, &stale_ms],
-        )
-        .await
-        .map_err(err)?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
-}
-
 /// The shards as the catalog has them, with the tenants its map places on each.
 pub async fn shards(client: &Client) -> Result<Vec<ShardLoad>, FleetError> {
     let rows = client

@@ -16,10 +16,19 @@ use crate::tenancy::moves::{MoveService, Phase, Request};
 /// Between two rounds of a batch.
 const ROUND: Duration = Duration::from_millis(500);
 
-/// Drives batch `id` until it ends, another proxy drives it, or the proxy stops.
+/// Drives batch `id` until it ends, another proxy drives it, or the proxy stops, on
+/// one catalog connection (made again when it breaks).
 pub(super) async fn drive(svc: Arc<MoveService>, id: i64) {
+    let mut client: Option<tokio_postgres::Client> = None;
     loop {
-        match round(&svc, id).await {
+        if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            client = svc.catalog_client().await.inspect_err(|e| tracing::warn!(batch = id, error = %e, "fleet batch: no catalog connection; retrying")).ok();
+        }
+        let result = match &client {
+            Some(client) => round(&svc, client, id).await,
+            None => Ok(Round::Going),
+        };
+        match result {
             Ok(Round::Over) => return,
             Ok(Round::Going) => {}
             // The catalog or a shard did not answer: the next round tries again.
@@ -37,22 +46,25 @@ enum Round {
     Over,
 }
 
-async fn round(svc: &Arc<MoveService>, id: i64) -> Result<Round, FleetError> {
-    let client = svc.catalog_client().await?;
-    let batch = catalog::batch(&client, id).await?;
+async fn round(
+    svc: &Arc<MoveService>,
+    client: &tokio_postgres::Client,
+    id: i64,
+) -> Result<Round, FleetError> {
+    let batch = catalog::batch(client, id).await?;
     let ours = batch.driver.as_deref() == Some(svc.proxy_id.as_str());
     if !ours || !matches!(batch.state.as_str(), "running" | "paused") {
         return Ok(Round::Over);
     }
-    let steps = catalog::steps(&client, id).await?;
+    let steps = catalog::steps(client, id).await?;
     let mut moving = 0;
     for step in steps.iter().filter(|s| s.state == "moving") {
         let Some(move_id) = step.move_id else { continue };
-        let mv = svc.move_row(move_id).await?;
+        let mv = MoveService::move_row_on(client, move_id).await?;
         match mv.phase {
-            Phase::Cleaned => catalog::set_step(&client, id, step.seq, "done", None).await?,
+            Phase::Cleaned => catalog::set_step(client, id, step.seq, "done", None).await?,
             Phase::RolledBack => {
-                catalog::set_step(&client, id, step.seq, "failed", None).await?;
+                catalog::set_step(client, id, step.seq, "failed", None).await?;
                 let reason = format!(
                     "move {move_id} of tenant {} from shard {} to shard {} rolled back: {}",
                     mv.tenant,
@@ -60,10 +72,10 @@ async fn round(svc: &Arc<MoveService>, id: i64) -> Result<Round, FleetError> {
                     mv.target,
                     mv.error.as_deref().unwrap_or("asked for")
                 );
-                return fail(svc, &client, id, &reason).await;
+                return fail(svc, client, id, &reason).await;
             }
             Phase::Switched if mv.requested == Request::None => {
-                svc.request(move_id, Request::Cleanup).await?;
+                MoveService::request_on(client, move_id, Request::Cleanup).await?;
                 moving += 1;
             }
             _ => moving += 1,
@@ -71,7 +83,7 @@ async fn round(svc: &Arc<MoveService>, id: i64) -> Result<Round, FleetError> {
     }
     let pending: Vec<&StepRow> = steps.iter().filter(|s| s.state == "pending").collect();
     if pending.is_empty() && moving == 0 {
-        catalog::finish(&client, id, &svc.proxy_id, "done", None).await?;
+        catalog::finish(client, id, &svc.proxy_id, "done", None).await?;
         tracing::info!(batch = id, moves = steps.len(), "fleet batch done");
         return Ok(Round::Over);
     }
@@ -81,22 +93,22 @@ async fn round(svc: &Arc<MoveService>, id: i64) -> Result<Round, FleetError> {
     let room = (batch.parallel.max(1) as usize).saturating_sub(moving);
     // A move a driver started but did not record (it stopped in between) is adopted.
     let open: Vec<_> = if room > 0 {
-        svc.list().await?.into_iter().filter(|m| !m.phase.has_ended()).collect()
+        MoveService::moves_on(client).await?.into_iter().filter(|m| !m.phase.has_ended()).collect()
     } else {
         Vec::new()
     };
     for step in pending.into_iter().take(room) {
         let (tenant, target) = (step.step.tenant, step.step.target);
         if let Some(mv) = open.iter().find(|m| m.tenant == tenant && m.target == target) {
-            catalog::set_step(&client, id, step.seq, "moving", Some(mv.id)).await?;
+            catalog::set_step(client, id, step.seq, "moving", Some(mv.id)).await?;
             continue;
         }
         match svc.start_move(tenant, target, Some(batch.dbname.clone())).await {
-            Ok(mv) => catalog::set_step(&client, id, step.seq, "moving", Some(mv.id)).await?,
+            Ok(mv) => catalog::set_step(client, id, step.seq, "moving", Some(mv.id)).await?,
             Err(e) => {
-                catalog::set_step(&client, id, step.seq, "failed", None).await?;
+                catalog::set_step(client, id, step.seq, "failed", None).await?;
                 let reason = format!("tenant {tenant} to shard {target}: {e}");
-                return fail(svc, &client, id, &reason).await;
+                return fail(svc, client, id, &reason).await;
             }
         }
     }

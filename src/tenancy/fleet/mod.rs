@@ -14,7 +14,6 @@ mod driver;
 pub mod plan;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use catalog::{BatchRow, StepRow};
 pub use plan::{PlanError, Step};
@@ -206,24 +205,19 @@ pub async fn set_paused(
     Ok(changed)
 }
 
-/// Every proxy with a catalog: takes over the batches whose driver is gone, every
-/// `[moves] proxy_stale_ms`, until `stop`.
+/// Every proxy with a catalog: drives the batches its move agent took over from a
+/// driver that is gone (the agent asks the catalog on its own connection, every
+/// `[moves] proxy_stale_ms`), until `stop`.
 pub async fn watch(svc: Arc<MoveService>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let every = Duration::from_millis(svc.stale_ms().max(100) as u64);
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = svc.batches_orphaned.notified() => {}
             _ = stop.changed() => return,
         }
-        let Ok(client) = svc.catalog_client().await else { continue };
-        match catalog::take_over(&client, &svc.proxy_id, svc.stale_ms()).await {
-            Ok(ids) => {
-                for id in ids {
-                    tracing::warn!(batch = id, "fleet batch taken over: its driver is gone");
-                    tokio::spawn(driver::drive(svc.clone(), id));
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "fleet batches: could not look for orphans"),
+        let ids: Vec<i64> = std::mem::take(&mut *crate::tenancy::moves::lock(&svc.orphaned_batches));
+        for id in ids {
+            tracing::warn!(batch = id, "fleet batch taken over: its driver is gone");
+            tokio::spawn(driver::drive(svc.clone(), id));
         }
     }
 }

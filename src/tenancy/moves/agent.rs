@@ -79,6 +79,8 @@ async fn session(
         let _ = ready.send(());
     }
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let fleet_every = Duration::from_millis(svc.moves_config().proxy_stale_ms.max(500));
+    let mut fleet_checked = std::time::Instant::now();
     loop {
         tokio::select! {
             n = rx.recv() => {
@@ -96,6 +98,10 @@ async fn session(
                 heartbeat(svc, &client).await?;
                 take_over(svc, &client).await?;
                 reconcile_pauses(svc, &client).await?;
+                if fleet_checked.elapsed() >= fleet_every {
+                    fleet_checked = std::time::Instant::now();
+                    take_over_batches(svc, &client).await?;
+                }
             }
             _ = stopped(stop) => return Ok(()),
         }
@@ -227,6 +233,20 @@ async fn take_over(svc: &Arc<MoveService>, client: &Client) -> Result<(), MoveEr
         }
         tracing::info!(move_id = id, proxy = %svc.proxy_id, "driving a tenant move whose driver is gone");
         tokio::spawn(driver::drive(svc.clone(), id));
+    }
+    Ok(())
+}
+
+/// Takes over the fleet batches whose driver is gone; `tenancy::fleet` drives them.
+async fn take_over_batches(svc: &MoveService, client: &Client) -> Result<(), MoveError> {
+    let stale_ms = svc.moves_config().proxy_stale_ms as i64;
+    let rows = client
+        .query("SELECT pgtenant.take_over_fleet_batches($1, $2)", &[&svc.proxy_id, &stale_ms])
+        .await
+        .map_err(|e| MoveError::from_catalog(&e))?;
+    if !rows.is_empty() {
+        lock(&svc.orphaned_batches).extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+        svc.batches_orphaned.notify_one();
     }
     Ok(())
 }

@@ -64,6 +64,10 @@ pub struct MoveService {
     /// final phase; a handful per process).
     seen: Mutex<HashMap<i64, MoveRow>>,
     stopping: AtomicBool,
+    /// Fleet batches the agent took over from a driver that is gone, for
+    /// `tenancy::fleet::watch` to drive; told through `batches_orphaned`.
+    pub(in crate::tenancy) orphaned_batches: Mutex<Vec<i64>>,
+    pub(in crate::tenancy) batches_orphaned: tokio::sync::Notify,
 }
 
 impl MoveService {
@@ -84,6 +88,8 @@ impl MoveService {
             held: Mutex::default(),
             seen: Mutex::default(),
             stopping: AtomicBool::new(false),
+            orphaned_batches: Mutex::default(),
+            batches_orphaned: tokio::sync::Notify::new(),
         }))
     }
 
@@ -212,9 +218,28 @@ impl MoveService {
         catalog::load(&client, id).await
     }
 
-    /// Move `id`'s row.
-    pub async fn move_row(&self, id: i64) -> Result<MoveRow, MoveError> {
-        catalog::load(&self.catalog_client().await?, id).await
+    /// Move `id`'s row, read on `client` (a catalog connection the caller keeps).
+    pub(in crate::tenancy) async fn move_row_on(
+        client: &tokio_postgres::Client,
+        id: i64,
+    ) -> Result<MoveRow, MoveError> {
+        catalog::load(client, id).await
+    }
+
+    /// Every move, read on `client`.
+    pub(in crate::tenancy) async fn moves_on(
+        client: &tokio_postgres::Client,
+    ) -> Result<Vec<MoveRow>, MoveError> {
+        catalog::list(client).await
+    }
+
+    /// A cleanup or rollback request, made on `client`.
+    pub(in crate::tenancy) async fn request_on(
+        client: &tokio_postgres::Client,
+        id: i64,
+        request: Request,
+    ) -> Result<MoveRow, MoveError> {
+        catalog::request(client, id, request).await
     }
 
     /// The load pgtenant counted for each tenant it keeps figures of, over every shard
@@ -225,11 +250,6 @@ impl MoveService {
             *loads.entry(tenant).or_insert(0) += n;
         }
         loads
-    }
-
-    /// `[moves] proxy_stale_ms`.
-    pub(in crate::tenancy) fn stale_ms(&self) -> i64 {
-        self.config.moves.proxy_stale_ms as i64
     }
 
     /// Every move the catalog knows.
@@ -254,6 +274,6 @@ impl MoveService {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(in crate::tenancy) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
