@@ -446,6 +446,10 @@ CREATE TABLE IF NOT EXISTS tenant_move (
 -- At most one move of a tenant that has not ended.
 CREATE UNIQUE INDEX IF NOT EXISTS tenant_move_one_open ON tenant_move (tenant_id)
     WHERE phase NOT IN ('cleaned', 'rolled_back');
+-- The size of the tenant's rows on the target as the copy went (sum of pg_column_size
+-- of each row): what a fleet batch's copy-bandwidth budget counts. Added after the
+-- table, so a catalog made by an earlier version gains it too.
+ALTER TABLE tenant_move ADD COLUMN IF NOT EXISTS bytes_copied bigint NOT NULL DEFAULT 0;
 
 CREATE TABLE IF NOT EXISTS move_ack (
     move_id  bigint      NOT NULL REFERENCES tenant_move (move_id) ON DELETE CASCADE,
@@ -572,6 +576,9 @@ CREATE TABLE IF NOT EXISTS fleet_batch (
     dbname     text        NOT NULL,
     state      text        NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'paused', 'done', 'failed')),
     parallel   integer     NOT NULL DEFAULT 2 CHECK (parallel >= 1),
+    -- The copy-bandwidth budget (bytes a second over the batch's run; NULL: none): the
+    -- next move starts only while the batch has copied at most this times its age.
+    bandwidth  bigint      CHECK (bandwidth > 0),
     driver     text,
     error      text,
     created_at timestamptz NOT NULL DEFAULT now(),
@@ -587,9 +594,27 @@ CREATE TABLE IF NOT EXISTS fleet_step (
     target_shard smallint NOT NULL,
     -- The tenant's load as planned with (transactions pgtenant counted, plus one).
     load         bigint   NOT NULL,
+    -- With a copy-bandwidth budget: the size of the tenant's rows on the source,
+    -- measured before its move starts (what the budget charges it).
+    est_bytes    bigint,
     move_id      bigint   REFERENCES tenant_move (move_id),
     state        text     NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'moving', 'done', 'failed')),
     PRIMARY KEY (batch_id, seq)
+);
+
+-- What every proxy counted for each tenant, gathered when a fleet command plans: the
+-- planning proxy takes a request id and sends {"action": "report_loads"} on
+-- pgtenant_move; each proxy's move agent answers with one row (its per-tenant
+-- transaction counts as two arrays), and the plan weighs tenants by the sum. Nothing
+-- is written between plans; a request's rows are deleted once it is read.
+CREATE SEQUENCE IF NOT EXISTS load_request;
+CREATE TABLE IF NOT EXISTS tenant_load_report (
+    request_id   bigint      NOT NULL,
+    proxy_id     text        NOT NULL,
+    tenants      bigint[]    NOT NULL,
+    transactions bigint[]    NOT NULL,
+    reported_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (request_id, proxy_id)
 );
 
 -- Fleet batches not ended whose driver's heartbeat is older than p_stale_ms (or that

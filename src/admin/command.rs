@@ -1,6 +1,7 @@
 //! The admin console's commands, parsed from a statement's text: PgBouncer's words
 //! (case-insensitive, a trailing `;` allowed) and pgtenant's own.
 
+pub use super::fleet_request::FleetRequest;
 use crate::tenancy::PlacementStep;
 
 /// What a `SHOW` asks for.
@@ -102,91 +103,6 @@ pub enum Command {
     Fleet(FleetRequest),
     /// An empty statement (only blanks or `;`).
     Empty,
-}
-
-/// A fleet command as the console read it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FleetRequest {
-    /// `DRAIN SHARD n`, `REBALANCE [SHARDS a, b, ...]`, `ISOLATE TENANT id [TO SHARD n]`,
-    /// each `[DATABASE name] [PARALLEL k] [DRY RUN]`.
-    Run {
-        command: crate::tenancy::fleet::FleetCommand,
-        database: Option<String>,
-        parallel: u32,
-        dry_run: bool,
-    },
-    /// `PAUSE REBALANCE [batch]`, `RESUME REBALANCE [batch]`.
-    Pause { batch: Option<i64>, paused: bool },
-    /// `SHOW PLAN [batch]`: a batch's steps (the newest batch's by default).
-    Plan(Option<i64>),
-    /// `SHOW BATCHES`.
-    Batches,
-}
-
-/// Moves a batch runs at once unless PARALLEL says.
-pub const DEFAULT_PARALLEL: u32 = 2;
-
-/// A fleet command, if `words` (lower case, commas apart) are one; `Err` with the text
-/// when they start as one but do not read.
-fn fleet(words: &[&str]) -> Option<Result<FleetRequest, ()>> {
-    use crate::tenancy::fleet::FleetCommand;
-    let number = |w: &str| w.parse::<i64>().map_err(|_| ());
-    let shard = |w: &str| w.parse::<u16>().map_err(|_| ());
-    let optional_batch = |rest: &[&str]| match rest {
-        [] => Ok(None),
-        [id] => number(id).map(Some),
-        _ => Err(()),
-    };
-    let (command, mut rest) = match words {
-        ["pause" | "resume", "rebalance", rest @ ..] => {
-            let paused = words[0] == "pause";
-            return Some(optional_batch(rest).map(|batch| FleetRequest::Pause { batch, paused }));
-        }
-        ["show", "plan", rest @ ..] => return Some(optional_batch(rest).map(FleetRequest::Plan)),
-        ["show", "batches"] => return Some(Ok(FleetRequest::Batches)),
-        ["drain", "shard", n, rest @ ..] => (shard(n).map(|shard| FleetCommand::Drain { shard }), rest),
-        ["drain", ..] => return Some(Err(())),
-        ["isolate", "tenant", t, "to", "shard", n, rest @ ..] => {
-            (number(t).and_then(|tenant| Ok(FleetCommand::Isolate { tenant, to: Some(shard(n)?) })), rest)
-        }
-        ["isolate", "tenant", t, rest @ ..] => {
-            (number(t).map(|tenant| FleetCommand::Isolate { tenant, to: None }), rest)
-        }
-        ["isolate", ..] => return Some(Err(())),
-        ["rebalance", "shards", rest @ ..] => {
-            let ids: Vec<u16> = rest.iter().map_while(|w| w.parse().ok()).collect();
-            let rest = &rest[ids.len()..];
-            let command =
-                if ids.is_empty() { Err(()) } else { Ok(FleetCommand::Rebalance { shards: Some(ids) }) };
-            (command, rest)
-        }
-        ["rebalance", rest @ ..] => (Ok(FleetCommand::Rebalance { shards: None }), rest),
-        _ => return None,
-    };
-    let Ok(command) = command else { return Some(Err(())) };
-    let (mut database, mut parallel, mut dry_run) = (None, DEFAULT_PARALLEL, false);
-    loop {
-        rest = match rest {
-            ["database", name, more @ ..] => {
-                database = Some(name.to_string());
-                more
-            }
-            ["parallel", k, more @ ..] => {
-                parallel = match k.parse() {
-                    Ok(k) if k >= 1 => k,
-                    _ => return Some(Err(())),
-                };
-                more
-            }
-            ["dry", "run", more @ ..] => {
-                dry_run = true;
-                more
-            }
-            [] => break,
-            _ => return Some(Err(())),
-        };
-    }
-    Some(Ok(FleetRequest::Run { command, database, parallel, dry_run }))
 }
 
 /// What an operator asks of a running move.
@@ -299,17 +215,13 @@ pub fn parse(sql: &str) -> Result<Command, CommandError> {
     let spaced = text.replace(',', " ");
     let lower: Vec<String> = spaced.split_whitespace().map(str::to_ascii_lowercase).collect();
     let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
-    if let Some(request) = fleet(&lower) {
-        let request = request.map_err(|()| CommandError::BadScope(text.chars().take(80).collect()))?;
+    if let Some(request) = super::fleet_request::parse(&lower) {
+        let mut request = request.map_err(|()| CommandError::BadScope(text.chars().take(80).collect()))?;
         // A database name keeps its case, as MOVE TENANT's does.
-        let request = match request {
-            FleetRequest::Run { command, database: Some(_), parallel, dry_run } => {
-                let at = lower.iter().position(|w| *w == "database").map_or(0, |i| i + 1);
-                let name = spaced.split_whitespace().nth(at).map(unquote);
-                FleetRequest::Run { command, database: name, parallel, dry_run }
-            }
-            other => other,
-        };
+        if let FleetRequest::Run { database: database @ Some(_), .. } = &mut request {
+            let at = lower.iter().position(|w| *w == "database").map_or(0, |i| i + 1);
+            *database = spaced.split_whitespace().nth(at).map(unquote);
+        }
         return Ok(Command::Fleet(request));
     }
     if first == "pause" || first == "resume" {
@@ -546,19 +458,22 @@ pub const HELP: &[(&str, &str)] = &[
     ("ROLLBACK MOVE id", "before cleanup: route the tenant back to its source, nothing lost"),
     ("CANCEL MOVE id", "before the switch: stop the move and drop its copy"),
     (
-        "DRAIN SHARD n [DATABASE name] [PARALLEL k] [DRY RUN]",
-        "move every tenant off shard n (it takes no new ones), k moves at a time; DRY RUN shows the plan only",
+        "DRAIN SHARD n [DATABASE name] [PARALLEL k] [BANDWIDTH n MB] [DRY RUN]",
+        "move every tenant off shard n (it takes no new ones), k moves at a time within a copy budget a second; DRY RUN shows the plan only",
     ),
     (
-        "REBALANCE [SHARDS a, b, ...] [DATABASE name] [PARALLEL k] [DRY RUN]",
-        "even out the shards' load (pgtenant's per-tenant counts), a new empty shard included",
+        "REBALANCE [SHARDS a, b, ...] [DATABASE name] [PARALLEL k] [BANDWIDTH n MB] [DRY RUN]",
+        "even out the shards' load (every proxy's per-tenant counts), a new empty shard included",
     ),
     (
         "ISOLATE TENANT id [TO SHARD n] [DATABASE name] [DRY RUN]",
         "move one tenant to a shard of its own: n, or an active shard that holds no tenant",
     ),
     ("SHOW PLAN [batch]", "a fleet batch's moves (the newest batch's by default)"),
-    ("SHOW BATCHES", "fleet batches: command, state, moves done and failed, longest pause, error"),
+    (
+        "SHOW BATCHES",
+        "fleet batches: command, state, moves done and failed, longest pause, bytes copied, budget, error",
+    ),
     ("PAUSE REBALANCE [batch]", "start no more moves of a batch (or of all); running ones finish"),
     ("RESUME REBALANCE [batch]", "go on with a paused batch"),
 ];
@@ -644,55 +559,14 @@ mod tests {
     }
 
     #[test]
-    fn parses_fleet_commands() {
-        use crate::tenancy::fleet::FleetCommand as F;
-        let run = |command, database: Option<&str>, parallel, dry_run| {
-            Ok(Command::Fleet(FleetRequest::Run {
-                command,
-                database: database.map(Into::into),
-                parallel,
-                dry_run,
-            }))
+    fn fleet_commands_keep_the_database_name_as_written() {
+        let Ok(Command::Fleet(FleetRequest::Run { database, .. })) =
+            parse("drain shard 3 database App dry run;")
+        else {
+            panic!("not read as a fleet command")
         };
-        assert_eq!(parse("DRAIN SHARD 3"), run(F::Drain { shard: 3 }, None, DEFAULT_PARALLEL, false));
-        assert_eq!(
-            parse("drain shard 3 database App parallel 4 dry run;"),
-            run(F::Drain { shard: 3 }, Some("App"), 4, true)
-        );
-        assert_eq!(parse("REBALANCE"), run(F::Rebalance { shards: None }, None, DEFAULT_PARALLEL, false));
-        assert_eq!(
-            parse("REBALANCE SHARDS 1, 2,3 DRY RUN"),
-            run(F::Rebalance { shards: Some(vec![1, 2, 3]) }, None, DEFAULT_PARALLEL, true)
-        );
-        assert_eq!(
-            parse("ISOLATE TENANT 42 TO SHARD 5"),
-            run(F::Isolate { tenant: 42, to: Some(5) }, None, DEFAULT_PARALLEL, false)
-        );
-        assert_eq!(
-            parse("isolate tenant 42"),
-            run(F::Isolate { tenant: 42, to: None }, None, DEFAULT_PARALLEL, false)
-        );
-        assert_eq!(
-            parse("PAUSE REBALANCE"),
-            Ok(Command::Fleet(FleetRequest::Pause { batch: None, paused: true }))
-        );
-        assert_eq!(
-            parse("resume rebalance 7"),
-            Ok(Command::Fleet(FleetRequest::Pause { batch: Some(7), paused: false }))
-        );
-        assert_eq!(parse("SHOW PLAN"), Ok(Command::Fleet(FleetRequest::Plan(None))));
-        assert_eq!(parse("SHOW PLAN 2"), Ok(Command::Fleet(FleetRequest::Plan(Some(2)))));
-        assert_eq!(parse("SHOW BATCHES"), Ok(Command::Fleet(FleetRequest::Batches)));
-        for bad in [
-            "DRAIN 3",
-            "DRAIN SHARD x",
-            "REBALANCE SHARDS",
-            "ISOLATE 4",
-            "DRAIN SHARD 1 PARALLEL 0",
-            "REBALANCE now",
-        ] {
-            assert!(matches!(parse(bad), Err(CommandError::BadScope(_))), "{bad}");
-        }
+        assert_eq!(database.as_deref(), Some("App"));
+        assert!(matches!(parse("REBALANCE now"), Err(CommandError::BadScope(_))));
         // PAUSE of a shard is still the pause it was.
         assert!(matches!(parse("PAUSE SHARD 1"), Ok(Command::Pause { .. })));
     }

@@ -107,9 +107,26 @@ const GAUGES: &[(&str, &str)] = &[
         "A tenant move's phase: 0 planned, 1 copying, 2 catching_up, 3 cutover, 4 switched, 5 cleaned, 6 rolled_back.",
     ),
     ("pgtenant_move_rows_copied", "Rows a tenant move has copied."),
+    ("pgtenant_move_bytes_copied", "Size of the rows a tenant move has copied (sum of pg_column_size)."),
     ("pgtenant_move_cutover_attempts", "Cutover attempts of a tenant move."),
     ("pgtenant_move_lag_seconds", "How far the move's catch-up trails the source."),
     ("pgtenant_move_pause_seconds", "How long the move's cutover paused the tenant's writes."),
+    (
+        "pgtenant_fleet_batch_state",
+        "A fleet batch this proxy drives or drove: 1 running, 2 paused, 3 done, 4 failed.",
+    ),
+    ("pgtenant_fleet_batch_moves", "A fleet batch's moves: planned in all, done, failed (outcome)."),
+    ("pgtenant_fleet_batch_rows_copied", "Rows a fleet batch's moves have copied."),
+    ("pgtenant_fleet_batch_bytes_copied", "Size of the rows a fleet batch's moves have copied."),
+    ("pgtenant_fleet_batch_seconds", "How long a fleet batch has run (to its end once ended)."),
+    (
+        "pgtenant_fleet_batch_longest_pause_seconds",
+        "The longest cutover pause a tenant of a fleet batch had.",
+    ),
+    (
+        "pgtenant_fleet_batch_bandwidth_bytes",
+        "A fleet batch's copy-bandwidth budget, bytes a second (absent: none).",
+    ),
 ];
 
 impl Exposition {
@@ -230,6 +247,7 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
         ];
         gauge!("pgtenant_move_phase", &labels).set(f64::from(m.phase.code()));
         gauge!("pgtenant_move_rows_copied", &labels).set(m.rows_copied as f64);
+        gauge!("pgtenant_move_bytes_copied", &labels).set(m.bytes_copied as f64);
         gauge!("pgtenant_move_cutover_attempts", &labels).set(f64::from(m.attempts));
         if let Some(ms) = m.lag_ms {
             gauge!("pgtenant_move_lag_seconds", &labels).set(ms as f64 / 1000.0);
@@ -238,12 +256,41 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
             gauge!("pgtenant_move_pause_seconds", &labels).set(ms as f64 / 1000.0);
         }
     }
+    for b in view.moves.map(|moves| moves.batches_driven()).unwrap_or_default() {
+        record_batch(&b);
+    }
     let scatter = crate::observe::scatter::snapshot();
     for (outcome, n) in scatter.outcomes {
         counter!("pgtenant_scatter_statements_total", "outcome" => outcome.name()).absolute(n);
     }
     for (shard, parts, _) in scatter.shards {
         counter!("pgtenant_scatter_shard_parts_total", "shard" => shard.to_string()).absolute(parts);
+    }
+}
+
+/// One fleet batch's series, labelled with its id and command.
+fn record_batch(b: &crate::tenancy::fleet::BatchRow) {
+    let labels = [("batch", b.id.to_string()), ("command", b.command.clone())];
+    let state = match b.state.as_str() {
+        "running" => 1.0,
+        "paused" => 2.0,
+        "done" => 3.0,
+        _ => 4.0,
+    };
+    gauge!("pgtenant_fleet_batch_state", &labels).set(state);
+    for (outcome, n) in [("planned", b.steps), ("done", b.done), ("failed", b.failed)] {
+        let labels = [("batch", b.id.to_string()), ("outcome", outcome.to_string())];
+        gauge!("pgtenant_fleet_batch_moves", &labels).set(n as f64);
+    }
+    let labels = [("batch", b.id.to_string())];
+    gauge!("pgtenant_fleet_batch_rows_copied", &labels).set(b.rows_copied as f64);
+    gauge!("pgtenant_fleet_batch_bytes_copied", &labels).set(b.bytes_copied as f64);
+    gauge!("pgtenant_fleet_batch_seconds", &labels).set(b.seconds);
+    if let Some(ms) = b.longest_pause_ms {
+        gauge!("pgtenant_fleet_batch_longest_pause_seconds", &labels).set(ms as f64 / 1000.0);
+    }
+    if let Some(bytes) = b.bandwidth {
+        gauge!("pgtenant_fleet_batch_bandwidth_bytes", &labels).set(bytes as f64);
     }
 }
 

@@ -36,6 +36,8 @@ pub fn batch_table() -> Table {
         ("failed", Kind::Int8),
         ("longest_pause_ms", Kind::Int8),
         ("rows_copied", Kind::Int8),
+        ("bytes_copied", Kind::Int8),
+        ("bandwidth_mb", Kind::Float8),
         ("seconds", Kind::Float8),
         ("driver", Kind::Text),
         ("error", Kind::Text),
@@ -75,6 +77,8 @@ fn batch_rows(batches: Vec<BatchRow>) -> Table {
             int(b.failed),
             b.longest_pause_ms.map_or(Value::Null, int),
             int(b.rows_copied),
+            int(b.bytes_copied),
+            b.bandwidth.map_or(Value::Null, |b| Value::Float8(b as f64 / 1e6)),
             Value::Float8(b.seconds),
             opt_text(b.driver),
             opt_text(b.error),
@@ -88,7 +92,7 @@ fn batch_rows(batches: Vec<BatchRow>) -> Table {
 pub async fn run(view: &AdminView<'_>, request: FleetRequest) -> Result<Table, CommandError> {
     let svc = view.moves.ok_or(CommandError::Move(MoveError::NoCatalog))?;
     match request {
-        FleetRequest::Run { command, database, parallel, dry_run } => {
+        FleetRequest::Run { command, database, options, dry_run } => {
             let dbname = database
                 .or_else(|| view.config.moves.database.clone())
                 .ok_or(fleet::FleetError::NoDatabase)?;
@@ -103,13 +107,14 @@ pub async fn run(view: &AdminView<'_>, request: FleetRequest) -> Result<Table, C
                         step,
                         move_id: None,
                         state: "planned".into(),
+                        est_bytes: None,
                     })
                     .collect();
                 let mut table = plan_rows(&rows);
                 table.rows.iter_mut().for_each(|r| r[0] = Value::Null);
                 return Ok(table);
             }
-            let id = fleet::start(svc, &command, &dbname, parallel).await?;
+            let id = fleet::start(svc, &command, &dbname, &options).await?;
             Ok(plan_rows(&fleet::steps(svc, Some(id)).await?))
         }
         FleetRequest::Plan(batch) => Ok(plan_rows(&fleet::steps(svc, batch).await?)),

@@ -8,6 +8,7 @@ mod command;
 mod console;
 pub mod exposition;
 mod fleet;
+mod fleet_request;
 mod moves;
 pub mod scatter;
 mod show;

@@ -2,7 +2,8 @@
 //! acknowledged write, and placement skips it; REBALANCE evens the tenants out onto an
 //! empty shard under writes, losing none (its DRY RUN plans without moving); a batch whose move fails stops with
 //! the reason and every tenant served; a batch whose driver is gone is taken over by
-//! another proxy, and PAUSE / RESUME REBALANCE hold and release it.
+//! another proxy, and PAUSE / RESUME REBALANCE hold and release it; plans weigh what
+//! every proxy counted, and a copy-bandwidth budget spaces a batch's moves.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -229,4 +230,65 @@ async fn another_proxy_takes_over_a_batch_whose_driver_is_gone() {
         assert_eq!(holders(db, tenant).await, vec![2], "tenant {tenant}: {moves:?} {plan:?}");
     }
     second.shutdown().await;
+}
+
+/// A plan weighs each tenant by what every proxy on the catalog counted (the traffic
+/// here goes through the proxy that does not plan), and a batch with a copy-bandwidth
+/// budget starts its next move only once the budget has caught up with the bytes the
+/// earlier moves copied; SHOW BATCHES and `/metrics` show the batch's figures.
+#[tokio::test(flavor = "multi_thread")]
+async fn plans_weigh_every_proxys_counts_and_a_bandwidth_budget_spaces_the_moves() {
+    let db = "fleet_budget";
+    tenant_database(db).await;
+    seed(db, 1, 61, 40).await;
+    seed(db, 1, 62, 1).await;
+    let catalog = new_catalog("fleet_budget").await;
+    let planner =
+        start_proxy(&catalog, db, |c| c.observe.listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let serving = start_proxy(&catalog, db, |_| {}).await;
+    let busy = connect(&tenant_conninfo(&serving, db, 61)).await.unwrap();
+    for _ in 0..60 {
+        busy.query("SELECT count(*) FROM orders", &[]).await.unwrap();
+    }
+    let console = console_of(&planner).await;
+    let dry = console_rows(&console, "DRAIN SHARD 1 DRY RUN").await;
+    assert_eq!(dry[0]["tenant_id"], "61", "the busiest tenant goes first: {dry:?}");
+    let load: u64 = dry[0]["load"].parse().unwrap();
+    assert!(load > 60, "61 weighs what the other proxy counted: {dry:?}");
+    // 500 bytes a second: the second move waits until the first one's bytes are paid.
+    let plan = console_rows(&console, "DRAIN SHARD 1 PARALLEL 2 BANDWIDTH 0.5 KB").await;
+    let batch = plan[0]["batch_id"].clone();
+    let row = ended(&console, &batch, Duration::from_secs(120)).await;
+    assert_eq!(row["state"], "done", "{row:?}");
+    assert_eq!(row["bandwidth_mb"], "0.0005", "{row:?}");
+    let moves = catalog
+        .admin
+        .query(
+            "SELECT m.bytes_copied, extract(epoch FROM m.created_at - b.created_at)::float8
+             FROM pgtenant.fleet_step s JOIN pgtenant.tenant_move m USING (move_id)
+             JOIN pgtenant.fleet_batch b USING (batch_id) WHERE s.batch_id = $1 ORDER BY m.move_id",
+            &[&batch.parse::<i64>().unwrap()],
+        )
+        .await
+        .unwrap();
+    let moves: Vec<(i64, f64)> = moves.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    let (first_bytes, second_started) = (moves[0].0, moves[1].1);
+    assert!(first_bytes > 2_000, "40 orders and 40 events: {moves:?}");
+    // The budget charged the first move its rows' size on the source, measured before
+    // it started: the bytes it copied, give or take the rows' headers on either side.
+    assert!(
+        second_started >= 0.9 * first_bytes as f64 / 500.0,
+        "the second move started {second_started:.2} s in, before {first_bytes} bytes at 500 a second: {moves:?}"
+    );
+    let total: i64 = moves.iter().map(|m| m.0).sum();
+    assert_eq!(row["bytes_copied"], total.to_string(), "{row:?}");
+    let metrics = crate::harness::http_get(planner.http_addr().unwrap(), "/metrics").await.1;
+    let missing = crate::harness::dashboard_series_missing("fleet", &metrics);
+    assert!(missing.is_empty(), "fleet series the dashboard uses, not on /metrics: {missing:?}");
+    let series = format!("pgtenant_fleet_batch_bytes_copied{{batch=\"{batch}\"}} ");
+    let reported = metrics.lines().find_map(|l| l.strip_prefix(series.as_str())?.parse::<f64>().ok());
+    assert_eq!(reported, Some(total as f64), "{series}in:\n{metrics}");
+    serving.shutdown().await;
+    planner.shutdown().await;
 }

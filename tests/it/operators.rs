@@ -103,9 +103,9 @@ fn the_shipped_alert_rules_pass_promtool_and_every_series_used_has_a_live_check(
     let (ok, out) = promtool(&["check", "rules", rules], "");
     assert!(ok && out.contains("SUCCESS"), "promtool check rules:\n{out}");
     // Each area is checked live by the test that brings it about (operators, moves,
-    // admin's catalog readiness, replica reads): none is left out.
+    // fleet batches, admin's catalog readiness, replica reads): none is left out.
     let areas: Vec<&str> = crate::harness::dashboard_series().keys().copied().collect();
-    assert_eq!(areas, ["catalog", "moves", "proxy", "replica"]);
+    assert_eq!(areas, ["catalog", "fleet", "moves", "proxy", "replica"]);
 }
 
 /// The console's row of `view` whose `column` is `value`, as text by column name.

@@ -5,27 +5,7 @@ use tokio_postgres::Client;
 
 use super::FleetError;
 use super::plan::{ShardLoad, ShardStatus, Step};
-
-#[derive(Clone, Debug)]
-pub struct BatchRow {
-    pub id: i64,
-    pub command: String,
-    pub dbname: String,
-    pub state: String,
-    pub parallel: i32,
-    pub driver: Option<String>,
-    pub error: Option<String>,
-    pub created_at: String,
-    pub ended_at: Option<String>,
-    /// Steps in all, done, failed; the longest pause of a tenant of its moves (ms).
-    pub steps: i64,
-    pub done: i64,
-    pub failed: i64,
-    pub longest_pause_ms: Option<i64>,
-    /// Rows its moves copied, and how long it ran (so far).
-    pub rows_copied: i64,
-    pub seconds: f64,
-}
+pub use super::row::BatchRow;
 
 #[derive(Clone, Debug)]
 pub struct StepRow {
@@ -34,6 +14,8 @@ pub struct StepRow {
     pub step: Step,
     pub move_id: Option<i64>,
     pub state: String,
+    /// The size of the tenant's rows as a copy budget charges it (measured once).
+    pub est_bytes: Option<i64>,
 }
 
 fn err(e: tokio_postgres::Error) -> FleetError {
@@ -49,7 +31,10 @@ const BATCH_COLUMNS: &str = "b.batch_id, b.command, b.dbname, b.state, b.paralle
      WHERE s.batch_id = b.batch_id),
     (SELECT coalesce(sum(m.rows_copied), 0)::bigint FROM pgtenant.fleet_step s JOIN pgtenant.tenant_move m USING (move_id)
      WHERE s.batch_id = b.batch_id),
-    extract(epoch FROM coalesce(b.ended_at, now()) - b.created_at)::float8";
+    extract(epoch FROM coalesce(b.ended_at, now()) - b.created_at)::float8,
+    (SELECT coalesce(sum(m.bytes_copied), 0)::bigint FROM pgtenant.fleet_step s JOIN pgtenant.tenant_move m USING (move_id)
+     WHERE s.batch_id = b.batch_id),
+    b.bandwidth";
 
 fn batch_of(row: &tokio_postgres::Row) -> BatchRow {
     BatchRow {
@@ -68,6 +53,8 @@ fn batch_of(row: &tokio_postgres::Row) -> BatchRow {
         longest_pause_ms: row.get(12),
         rows_copied: row.get(13),
         seconds: row.get(14),
+        bytes_copied: row.get(15),
+        bandwidth: row.get(16),
     }
 }
 
@@ -91,7 +78,7 @@ pub async fn newest(client: &Client) -> Result<Option<i64>, FleetError> {
 pub async fn steps(client: &Client, batch: i64) -> Result<Vec<StepRow>, FleetError> {
     let rows = client
         .query(
-            "SELECT batch_id, seq, tenant_id, source_shard, target_shard, load, move_id, state
+            "SELECT batch_id, seq, tenant_id, source_shard, target_shard, load, move_id, state, est_bytes
              FROM pgtenant.fleet_step WHERE batch_id = $1 ORDER BY seq",
             &[&batch],
         )
@@ -110,8 +97,36 @@ pub async fn steps(client: &Client, batch: i64) -> Result<Vec<StepRow>, FleetErr
             },
             move_id: r.get(6),
             state: r.get(7),
+            est_bytes: r.get(8),
         })
         .collect())
+}
+
+/// Records the size a copy budget charges step `seq`.
+pub async fn set_step_bytes(client: &Client, batch: i64, seq: i32, bytes: i64) -> Result<(), FleetError> {
+    client
+        .execute(
+            "UPDATE pgtenant.fleet_step SET est_bytes = $3 WHERE batch_id = $1 AND seq = $2",
+            &[&batch, &seq, &bytes],
+        )
+        .await
+        .map_err(err)?;
+    Ok(())
+}
+
+/// What batch `id`'s started steps are charged against its copy budget: each its
+/// measured size or the bytes its move copied, whichever is more.
+pub async fn charged_bytes(client: &Client, batch: i64) -> Result<i64, FleetError> {
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(greatest(s.est_bytes, m.bytes_copied, 0)), 0)::bigint
+             FROM pgtenant.fleet_step s LEFT JOIN pgtenant.tenant_move m USING (move_id)
+             WHERE s.batch_id = $1 AND s.state <> 'pending'",
+            &[&batch],
+        )
+        .await
+        .map_err(err)?;
+    Ok(row.get(0))
 }
 
 /// Records a batch and its steps, driven by `driver`; its id.
@@ -119,16 +134,16 @@ pub async fn create(
     client: &mut Client,
     command: &str,
     dbname: &str,
-    parallel: i32,
+    (parallel, bandwidth): (i32, Option<i64>),
     plan: &[Step],
     driver: &str,
 ) -> Result<i64, FleetError> {
     let tx = client.transaction().await.map_err(err)?;
     let row = tx
         .query_one(
-            "INSERT INTO pgtenant.fleet_batch (command, dbname, parallel, driver) VALUES ($1, $2, $3, $4)
+            "INSERT INTO pgtenant.fleet_batch (command, dbname, parallel, bandwidth, driver) VALUES ($1, $2, $3, $4, $5)
              RETURNING batch_id",
-            &[&command, &dbname, &parallel, &driver],
+            &[&command, &dbname, &parallel, &bandwidth, &driver],
         )
         .await
         .map_err(err)?;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::FleetError;
+use super::budget;
 use super::catalog::{self, StepRow};
 use crate::tenancy::moves::{MoveService, Phase, Request};
 
@@ -56,6 +57,7 @@ async fn round(
     if !ours || !matches!(batch.state.as_str(), "running" | "paused") {
         return Ok(Round::Over);
     }
+    svc.saw_batch(&batch);
     let steps = catalog::steps(client, id).await?;
     let mut moving = 0;
     for step in steps.iter().filter(|s| s.state == "moving") {
@@ -84,6 +86,7 @@ async fn round(
     let pending: Vec<&StepRow> = steps.iter().filter(|s| s.state == "pending").collect();
     if pending.is_empty() && moving == 0 {
         catalog::finish(client, id, &svc.proxy_id, "done", None).await?;
+        svc.saw_batch(&catalog::batch(client, id).await?);
         tracing::info!(batch = id, moves = steps.len(), "fleet batch done");
         return Ok(Round::Over);
     }
@@ -97,11 +100,31 @@ async fn round(
     } else {
         Vec::new()
     };
+    let mut charged = match batch.bandwidth {
+        Some(_) => catalog::charged_bytes(client, id).await?,
+        None => 0,
+    };
     for step in pending.into_iter().take(room) {
         let (tenant, target) = (step.step.tenant, step.step.target);
         if let Some(mv) = open.iter().find(|m| m.tenant == tenant && m.target == target) {
             catalog::set_step(client, id, step.seq, "moving", Some(mv.id)).await?;
             continue;
+        }
+        if let Some(bytes_a_second) = batch.bandwidth {
+            let bytes = match step.est_bytes {
+                Some(bytes) => bytes,
+                None => {
+                    let bytes = budget::tenant_bytes(svc, step.step.source, &batch.dbname, tenant).await?;
+                    catalog::set_step_bytes(client, id, step.seq, bytes).await?;
+                    bytes
+                }
+            };
+            let allowed = bytes_a_second as f64 * batch.seconds;
+            if !budget::may_start(allowed, charged, moving, bytes) {
+                break;
+            }
+            charged += bytes;
+            moving += 1;
         }
         match svc.start_move(tenant, target, Some(batch.dbname.clone())).await {
             Ok(mv) => catalog::set_step(client, id, step.seq, "moving", Some(mv.id)).await?,
@@ -123,5 +146,6 @@ async fn fail(
 ) -> Result<Round, FleetError> {
     tracing::warn!(batch = id, reason, "fleet batch stopped");
     catalog::finish(client, id, &svc.proxy_id, "failed", Some(reason)).await?;
+    svc.saw_batch(&catalog::batch(client, id).await?);
     Ok(Round::Over)
 }

@@ -1,17 +1,22 @@
 //! Fleet commands (issue 53): DRAIN SHARD, REBALANCE and ISOLATE TENANT, each a plan of
 //! tenant moves (`plan`) worked out from the shards in the catalog, the tenants each
 //! holds (its map rows, and the tenants its tables hold that route to it) and the load
-//! pgtenant counted for each (`observe::tenants`), then run as a batch (`driver`):
-//! at most `parallel` online moves at a time, through the moves' own machinery, its
-//! state in the catalog (`catalog`), taken over by another proxy if its driver dies.
+//! every proxy counted for each (`loads`, from each one's `observe::tenants`), then run
+//! as a batch (`driver`): at most `parallel` online moves at a time within a copy
+//! budget, through the moves' own machinery, its state in the catalog (`catalog`),
+//! taken over by another proxy if its driver dies.
 //!
-//! - `plan`: who moves where, a pure function.
-//! - `catalog`: the batch and its steps.
-//! - `driver`: runs one batch; `watch` takes over batches whose driver is gone.
+//! - `plan`: who moves where, a pure function; `loads`: the fleet's counts it weighs.
+//! - `catalog`: the batch and its steps; `row`, a batch as read from there.
+//! - `driver`: runs one batch; `watch` takes over batches whose driver is gone;
+//!   `budget`: when its next move may start under a copy-bandwidth budget.
 
+mod budget;
 pub mod catalog;
 mod driver;
+mod loads;
 pub mod plan;
+pub mod row;
 
 use std::sync::Arc;
 
@@ -48,6 +53,22 @@ impl std::fmt::Display for FleetCommand {
     }
 }
 
+/// How a batch runs: at most `parallel` moves at once, and, with a copy-bandwidth
+/// budget (bytes a second), the next move starts only while the batch has copied at
+/// most `bandwidth` times its age (PostgreSQL's copy has no throttle of its own, so
+/// the budget spaces the moves out: an average over the batch, not a cap per second).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunOptions {
+    pub parallel: u32,
+    pub bandwidth: Option<u64>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self { parallel: 2, bandwidth: None }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FleetError {
     #[error("{0}")]
@@ -72,7 +93,7 @@ pub enum FleetError {
 pub async fn plan(svc: &MoveService, command: &FleetCommand, dbname: &str) -> Result<Vec<Step>, FleetError> {
     let catalog = svc.catalog_client().await?;
     let mut shards = catalog::shards(&catalog).await?;
-    let counted = svc.tenant_loads();
+    let counted = loads::gather(svc, &catalog).await?.transactions;
     for shard in &mut shards {
         if shard.status == plan::ShardStatus::Disabled {
             continue;
@@ -106,20 +127,7 @@ pub async fn plan(svc: &MoveService, command: &FleetCommand, dbname: &str) -> Re
 async fn tenants_in_tables(svc: &MoveService, shard: ShardId, dbname: &str) -> Result<Vec<i64>, FleetError> {
     let failed = |e: tokio_postgres::Error| FleetError::Shard { shard, reason: e.to_string() };
     let client = svc.shard_client(shard, dbname).await?;
-    let tables: Vec<String> = client
-        .query(
-            "SELECT format('%I.%I', n.nspname, c.relname)
-             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-             WHERE a.attname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
-               AND NOT c.relispartition AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pgtenant')",
-            &[&svc.tenant_column()],
-        )
-        .await
-        .map_err(failed)?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let tables = budget::tenant_tables(&client, svc.tenant_column()).await.map_err(failed)?;
     if tables.is_empty() {
         return Ok(Vec::new());
     }
@@ -144,16 +152,17 @@ pub async fn start(
     svc: &Arc<MoveService>,
     command: &FleetCommand,
     dbname: &str,
-    parallel: u32,
+    options: &RunOptions,
 ) -> Result<i64, FleetError> {
     let mut catalog = svc.catalog_client().await?;
     if let FleetCommand::Drain { shard } = command {
         catalog::set_draining(&catalog, *shard).await?;
     }
     let steps = plan(svc, command, dbname).await?;
-    let parallel = parallel.clamp(1, 64) as i32;
-    let id =
-        catalog::create(&mut catalog, &command.to_string(), dbname, parallel, &steps, &svc.proxy_id).await?;
+    let parallel = options.parallel.clamp(1, 64) as i32;
+    let bandwidth = options.bandwidth.map(|b| b.min(i64::MAX as u64) as i64);
+    let how = (parallel, bandwidth);
+    let id = catalog::create(&mut catalog, &command.to_string(), dbname, how, &steps, &svc.proxy_id).await?;
     tracing::info!(batch = id, command = %command, moves = steps.len(), "fleet batch planned");
     tokio::spawn(driver::drive(svc.clone(), id));
     Ok(id)

@@ -17,13 +17,19 @@ use crate::tenancy::{PauseOutcome, PauseScope};
 
 pub const CHANNEL: &str = "pgtenant_move";
 
-/// A move's message to the proxies (sent by the catalog's move functions).
+/// A move's message to the proxies (sent by the catalog's move functions), or a fleet
+/// plan's request for every proxy's per-tenant counts (`report_loads`, with `request`).
 #[derive(Debug, Deserialize)]
 struct Message {
+    #[serde(default)]
     move_id: i64,
+    #[serde(default)]
     tenant: i64,
+    #[serde(default)]
     epoch: i32,
     action: String,
+    #[serde(default)]
+    request: i64,
 }
 
 pub(super) async fn run(svc: Arc<MoveService>, mut stop: watch::Receiver<bool>, ready: oneshot::Sender<()>) {
@@ -87,6 +93,7 @@ async fn session(
                 let Some(n) = n else { return Err(MoveError::Catalog("the connection ended".into())) };
                 match serde_json::from_str::<Message>(n.payload()) {
                     Ok(m) if m.action == "pause" => hold(svc, &client, m.move_id, TenantId::Int(m.tenant), m.epoch),
+                    Ok(m) if m.action == "report_loads" => report_loads(svc, &client, m.request),
                     Ok(m) => release(svc, m.move_id, &TenantId::Int(m.tenant)),
                     Err(e) => tracing::warn!(payload = n.payload(), error = %e, "unreadable move message"),
                 }
@@ -160,6 +167,26 @@ fn hold(svc: &Arc<MoveService>, client: &Arc<Client>, id: i64, tenant: TenantId,
 
 /// Lifts move `id`'s pause of `tenant`: its cached placement is forgotten first, so
 /// the transactions held until now look it up again (the target after a switch).
+/// Answers a fleet plan's request `request` with this proxy's per-tenant transaction
+/// counts (one row, off the notification loop).
+fn report_loads(svc: &Arc<MoveService>, client: &Arc<Client>, request: i64) {
+    let (svc, client) = (svc.clone(), client.clone());
+    tokio::spawn(async move {
+        let (tenants, counts): (Vec<i64>, Vec<i64>) =
+            svc.tenant_loads().into_iter().map(|(t, n)| (t, n.min(i64::MAX as u64) as i64)).unzip();
+        let written = client
+            .execute(
+                "INSERT INTO pgtenant.tenant_load_report (request_id, proxy_id, tenants, transactions)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&request, &svc.proxy_id, &tenants, &counts],
+            )
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(request, error = %e, "could not report this proxy's tenant loads to a fleet plan");
+        }
+    });
+}
+
 fn release(svc: &MoveService, id: i64, tenant: &TenantId) {
     (svc.hooks.forget_tenant)(tenant);
     svc.hooks.pauses.resume(&PauseScope::Tenant(tenant.clone()));

@@ -92,6 +92,8 @@ pub struct MoveRow {
     /// Quoted `schema.table` names.
     pub tables: Vec<String>,
     pub rows_copied: i64,
+    /// The size of those rows (sum of `pg_column_size`), what copy budgets count.
+    pub bytes_copied: i64,
     pub lag_ms: Option<i64>,
     pub pause_ms: Option<i64>,
     pub attempts: i32,
@@ -113,7 +115,7 @@ impl MoveRow {
 
 const COLUMNS: &str = "move_id, tenant_id, source_shard, target_shard, dbname, phase, requested, driver, \
      pause_epoch, paused, tables, rows_copied, lag_ms, pause_ms, attempts, error, created_at::text, \
-     switched_at::text, ended_at::text, token";
+     switched_at::text, ended_at::text, token, bytes_copied";
 
 fn row_of(row: &tokio_postgres::Row) -> Result<MoveRow, MoveError> {
     let phase: String = row.get(5);
@@ -144,6 +146,7 @@ fn row_of(row: &tokio_postgres::Row) -> Result<MoveRow, MoveError> {
         switched_at: row.get(17),
         ended_at: row.get(18),
         token: row.get(19),
+        bytes_copied: row.get(20),
     })
 }
 
@@ -201,20 +204,21 @@ pub async fn advance(
     Ok(n == 1)
 }
 
-/// Records progress (rows copied, lag) and the last problem seen.
+/// Records progress (rows and bytes copied, lag) and the last problem seen.
 pub async fn progress(
     client: &Client,
     mv: &MoveRow,
-    rows_copied: Option<i64>,
+    copied: Option<(i64, i64)>,
     lag_ms: Option<i64>,
     error: Option<&str>,
 ) -> Result<(), MoveError> {
+    let (rows, bytes) = (copied.map(|c| c.0), copied.map(|c| c.1));
     client
         .execute(
-            "UPDATE pgtenant.tenant_move SET rows_copied = coalesce($2, rows_copied), lag_ms = coalesce($3, lag_ms),
-                 error = coalesce($4, error), updated_at = now()
+            "UPDATE pgtenant.tenant_move SET rows_copied = coalesce($2, rows_copied), bytes_copied = coalesce($5, bytes_copied),
+                 lag_ms = coalesce($3, lag_ms), error = coalesce($4, error), updated_at = now()
              WHERE move_id = $1",
-            &[&mv.id, &rows_copied, &lag_ms, &error],
+            &[&mv.id, &rows, &lag_ms, &error, &bytes],
         )
         .await
         .map_err(catalog_error)?;

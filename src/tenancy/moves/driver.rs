@@ -144,7 +144,7 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
                 )
                 .await;
             }
-            catalog::progress(&l.catalog, &mv, Some(state.rows), None, None).await?;
+            catalog::progress(&l.catalog, &mv, Some((state.rows, state.bytes)), None, None).await?;
             if state.ready {
                 catalog::advance(&l.catalog, &mv, me, Phase::Copying, Phase::CatchingUp, "copied_at = now()")
                     .await?;
@@ -163,8 +163,14 @@ async fn step(svc: &Arc<MoveService>, id: i64, links: &mut Option<Links>) -> Res
                 );
                 return fail(l, &mv, me, reason).await;
             }
-            catalog::progress(&l.catalog, &mv, Some(state.rows), lag.map(|d| d.as_millis() as i64), None)
-                .await?;
+            catalog::progress(
+                &l.catalog,
+                &mv,
+                Some((state.rows, state.bytes)),
+                lag.map(|d| d.as_millis() as i64),
+                None,
+            )
+            .await?;
             match lag {
                 Some(lag) if lag <= Duration::from_millis(svc.moves_config().catch_up_ms) => {
                     if cutover(svc, l, &mv).await? {
@@ -244,14 +250,30 @@ async fn copy_state(svc: &MoveService, l: &Links, mv: &MoveRow) -> Result<shard:
     shard::copy_state(&l.target, mv.target, &mv.replication_name(), rows).await
 }
 
+/// The catalog's advisory lock that set-ups take in turn (`set_up`).
+const SET_UP_LOCK: i64 = 0x7067_7465_6e61_6e74; // "pgtenant"
+
 /// Preflight, then the publication and subscription; the move is then copying. The
 /// subscription's slot waits for the transactions writing on the source to end (as any
-/// logical slot does), so this takes as long as the longest of them.
+/// logical slot does), so this takes as long as the longest of them. One set-up at a
+/// time in the whole fleet (an advisory lock on the catalog, held by this driver's
+/// connection): two moves in opposite directions between the same shards, set up at
+/// once, would each wait for the other's CREATE SUBSCRIPTION to end, forever.
 pub(super) async fn set_up(
     svc: &MoveService,
     catalog_client: &Client,
     mv: &MoveRow,
 ) -> Result<(), MoveError> {
+    let catalog_error = |e: tokio_postgres::Error| MoveError::from_catalog(&e);
+    catalog_client.execute("SELECT pg_advisory_lock($1)", &[&SET_UP_LOCK]).await.map_err(catalog_error)?;
+    let done = set_up_in_turn(svc, catalog_client, mv).await;
+    let unlocked = catalog_client.execute("SELECT pg_advisory_unlock($1)", &[&SET_UP_LOCK]).await;
+    done?;
+    unlocked.map_err(catalog_error)?;
+    Ok(())
+}
+
+async fn set_up_in_turn(svc: &MoveService, catalog_client: &Client, mv: &MoveRow) -> Result<(), MoveError> {
     let source = svc.shard_client(mv.source, &mv.dbname).await?;
     let target = svc.shard_client(mv.target, &mv.dbname).await?;
     let tables = check(svc, catalog_client, mv, &source, &target).await?;

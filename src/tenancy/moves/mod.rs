@@ -6,7 +6,8 @@
 //! - `driver`: the state machine one proxy runs per move (copy, catch up, cutover,
 //!   cleanup, rollback).
 //! - `agent`: every proxy's part: its heartbeat, the tenant pauses it is asked for and
-//!   acknowledges, and taking over moves whose driver is gone.
+//!   acknowledges, taking over moves and fleet batches whose driver is gone, and
+//!   answering a fleet plan's request for this proxy's per-tenant counts.
 //!
 //! The service below ties them to the proxy: the console starts moves and asks for
 //! cleanups and rollbacks through it.
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use agent::CHANNEL;
 pub use catalog::{MoveRow, Phase, Request};
 pub use error::MoveError;
 pub use shard::quote_ident;
@@ -30,6 +32,10 @@ use crate::config::{CatalogConfig, Config, NodeConfig};
 use crate::directory::{ShardId, TenantId};
 use crate::observe::conns::ConnRegistry;
 use crate::tenancy::PauseBoard;
+use crate::tenancy::fleet::row::BatchRow;
+
+/// Fleet batches whose figures `/metrics` shows (the newest ones this proxy drove).
+const BATCHES_KEPT: usize = 8;
 
 /// What a move needs of the rest of the proxy.
 pub struct MoveHooks {
@@ -67,6 +73,9 @@ pub struct MoveService {
     /// Fleet batches the agent took over from a driver that is gone, for
     /// `tenancy::fleet::watch` to drive; told through `batches_orphaned`.
     pub(in crate::tenancy) orphaned_batches: Mutex<Vec<i64>>,
+    /// The fleet batches this proxy drives or drove, as its driver last read them, for
+    /// the metrics (the newest `BATCHES_KEPT`).
+    batches_seen: Mutex<std::collections::BTreeMap<i64, BatchRow>>,
     pub(in crate::tenancy) batches_orphaned: tokio::sync::Notify,
 }
 
@@ -89,6 +98,7 @@ impl MoveService {
             seen: Mutex::default(),
             stopping: AtomicBool::new(false),
             orphaned_batches: Mutex::default(),
+            batches_seen: Mutex::default(),
             batches_orphaned: tokio::sync::Notify::new(),
         }))
     }
@@ -102,7 +112,7 @@ impl MoveService {
         let _ = tokio::time::timeout(self.catalog.connect_timeout(), registered).await;
     }
 
-    fn moves_config(&self) -> &crate::config::MovesConfig {
+    pub(in crate::tenancy) fn moves_config(&self) -> &crate::config::MovesConfig {
         &self.config.moves
     }
 
@@ -267,6 +277,20 @@ impl MoveService {
         let mut rows: Vec<MoveRow> = lock(&self.seen).values().cloned().collect();
         rows.sort_by_key(|m| m.id);
         rows
+    }
+
+    /// The fleet batches this proxy drives or drove, as last seen (for `/metrics`).
+    pub fn batches_driven(&self) -> Vec<BatchRow> {
+        lock(&self.batches_seen).values().cloned().collect()
+    }
+
+    /// A batch as its driver here just read it.
+    pub(in crate::tenancy) fn saw_batch(&self, batch: &BatchRow) {
+        let mut seen = lock(&self.batches_seen);
+        seen.insert(batch.id, batch.clone());
+        while seen.len() > BATCHES_KEPT {
+            seen.pop_first();
+        }
     }
 
     pub(in crate::tenancy) fn is_stopping(&self) -> bool {

@@ -232,7 +232,9 @@ pub struct CopyState {
     pub ready: bool,
     /// Errors the subscription's workers met (each is retried; any means a problem).
     pub errors: i64,
+    /// The tenant's rows on the target, and their size (sum of `pg_column_size`).
     pub rows: i64,
+    pub bytes: i64,
 }
 
 pub async fn copy_state(
@@ -254,12 +256,17 @@ pub async fn copy_state(
         .await
         .map_err(&on_target)?;
     let (pending, total, errors): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-    let mut rows = 0;
+    let (mut rows, mut bytes) = (0, 0);
     for table in tables {
-        let sql = format!("SELECT count(*) FROM {table} WHERE {}", tenant_filter(column, tenant));
-        rows += target.query_one(&sql, &[]).await.map_err(&on_target)?.get::<_, i64>(0);
+        let sql = format!(
+            "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {table} t WHERE {}",
+            tenant_filter(column, tenant)
+        );
+        let counted = target.query_one(&sql, &[]).await.map_err(&on_target)?;
+        rows += counted.get::<_, i64>(0);
+        bytes += counted.get::<_, i64>(1);
     }
-    Ok(CopyState { ready: total > 0 && pending == 0, errors, rows })
+    Ok(CopyState { ready: total > 0 && pending == 0, errors, rows, bytes })
 }
 
 /// Writes marker `token` of move `id` on the source. Its commit is flushed at once

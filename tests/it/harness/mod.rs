@@ -358,10 +358,12 @@ pub fn dashboard_series() -> std::collections::BTreeMap<&'static str, std::colle
     by_area
 }
 
-/// Which test brings a series to life: "moves", "catalog", "replica" or "proxy".
+/// Which test brings a series to life: "moves", "fleet", "catalog", "replica" or "proxy".
 fn series_area(name: &str) -> &'static str {
     if name.starts_with("pgtenant_move_") {
         "moves"
+    } else if name.starts_with("pgtenant_fleet_") {
+        "fleet"
     } else if name.starts_with("pgtenant_catalog_") {
         "catalog"
     } else if name.starts_with("pgtenant_replica_lag_") && !name.contains("_bound_") {
