@@ -52,6 +52,15 @@ const MAX_TO_CLOSE: usize = 64;
 
 /// Messages larger than this from a server are treated as a broken connection.
 pub const MAX_SERVER_MESSAGE: usize = 1 << 30;
+/// Rows `query_first_column` keeps at most (the calls that use it ask for fewer).
+const MAX_KEPT_ROWS: usize = 100_000;
+
+/// A DataRow's first value as text (`None`: NULL, or not text).
+pub fn first_text_value(body: &[u8]) -> Option<String> {
+    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
+    let len = usize::try_from(len).ok()?;
+    String::from_utf8(body.get(6..6 + len)?.to_vec()).ok()
+}
 
 pub struct ServerConn {
     pub io: Duplex,
@@ -157,6 +166,26 @@ impl ServerConn {
     /// Runs `sql` as a simple query outside the relay, for login, reset and rollback.
     /// ParameterStatus messages update `params`; the server's error, if any, is returned.
     pub async fn run_sql(&mut self, sql: &str) -> Result<Option<ErrorFields>, BackendError> {
+        self.run_sql_into(sql, None).await
+    }
+
+    /// `run_sql`, keeping each row's first value as text (at most `MAX_KEPT_ROWS`).
+    pub async fn query_first_column(
+        &mut self,
+        sql: &str,
+    ) -> Result<Result<Vec<String>, ErrorFields>, BackendError> {
+        let mut values = Vec::new();
+        Ok(match self.run_sql_into(sql, Some(&mut values)).await? {
+            Some(error) => Err(error),
+            None => Ok(values),
+        })
+    }
+
+    async fn run_sql_into(
+        &mut self,
+        sql: &str,
+        mut values: Option<&mut Vec<String>>,
+    ) -> Result<Option<ErrorFields>, BackendError> {
         protocol::query(&mut self.io.wbuf, sql);
         let addr = self.addr.clone();
         let io_err = |source| BackendError::Io { addr: addr.clone(), source };
@@ -169,6 +198,11 @@ impl ServerConn {
             };
             match frame.tag {
                 b'E' => error = Some(protocol::error_fields(frame.body())),
+                b'D' => {
+                    if let Some(values) = values.as_deref_mut().filter(|v| v.len() < MAX_KEPT_ROWS) {
+                        values.extend(first_text_value(frame.body()));
+                    }
+                }
                 b'S' => {
                     if let Some((name, value)) = protocol::parameter_status(frame.body()) {
                         self.set_param(name, value);

@@ -217,6 +217,10 @@ pub struct SnowflakeConfig {
     /// How long a leased instance number lasts without renewal (renewed every third).
     #[serde(default = "default_lease_ttl_ms")]
     pub lease_ttl_ms: u64,
+    /// A leased number is given back after this long without minting (taken again at
+    /// the next call), so that only proxies that mint hold one.
+    #[serde(default = "default_lease_idle_ms")]
+    pub lease_idle_ms: u64,
     /// How far back the clock may jump and be waited out; further is an error.
     #[serde(default = "default_max_clock_backwards_ms")]
     pub max_clock_backwards_ms: u64,
@@ -228,6 +232,7 @@ impl Default for SnowflakeConfig {
             instance_bits: default_instance_bits(),
             instance: default_instance(),
             lease_ttl_ms: default_lease_ttl_ms(),
+            lease_idle_ms: default_lease_idle_ms(),
             max_clock_backwards_ms: default_max_clock_backwards_ms(),
         }
     }
@@ -241,6 +246,9 @@ fn default_instance() -> i64 {
 }
 fn default_lease_ttl_ms() -> u64 {
     30_000
+}
+fn default_lease_idle_ms() -> u64 {
+    300_000
 }
 fn default_max_clock_backwards_ms() -> u64 {
     1_000

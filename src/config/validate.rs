@@ -65,6 +65,9 @@ pub fn validate(config: &Config) -> Vec<String> {
     if sf.lease_ttl_ms < 300 {
         problems.push("[snowflake] lease_ttl_ms must be at least 300".to_string());
     }
+    if sf.lease_idle_ms < 1000 {
+        problems.push("[snowflake] lease_idle_ms must be at least 1000".to_string());
+    }
     for shard in &config.shards {
         if shard.id > MAX_SHARD_ID {
             problems.push(format!("shard id {} is outside 0..{MAX_SHARD_ID}", shard.id));

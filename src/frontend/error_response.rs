@@ -105,6 +105,8 @@ pub fn to_error_info(err: &FrontendError) -> (String, String) {
         E::Snowflake(
             SnowflakeError::NoInstance
             | SnowflakeError::LeaseExpired { .. }
+            | SnowflakeError::NoneFree
+            | SnowflakeError::NotOnShard { .. }
             | SnowflakeError::ClockBackwards { .. }
             | SnowflakeError::ClockOutOfRange { .. },
         ) => sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,

@@ -14,6 +14,13 @@ pub enum SnowflakeError {
         "the lease on snowflake instance {instance} expired or was taken; minting stopped until a new lease"
     )]
     LeaseExpired { instance: i64 },
+    #[error("no snowflake instance number is free (or the catalog is unreachable)")]
+    NoneFree,
+    /// The proxy holds no number and the shard could not mint either.
+    #[error(
+        "no snowflake instance number is free to this proxy, and shard {shard} could not mint instead: {reason} (install sql/snowflake.sql there, or raise [snowflake] instance_bits)"
+    )]
+    NotOnShard { shard: i64, reason: String },
     #[error(
         "the clock went back {behind_ms} ms, more than the {bound_ms} ms pgtenant waits out; not minting"
     )]

@@ -1,8 +1,13 @@
 //! The instance number, leased from the catalog (`snowflake_lease` in
-//! `sql/catalog.sql`) and renewed every third of its lifetime. A renewal that finds
-//! the lease gone revokes it at once; one that cannot reach the catalog lets the
-//! grant run out at its local deadline. Either way minting stops before another
-//! proxy could be given the same number, and resumes with the next lease.
+//! `sql/catalog.sql`) when this proxy first mints, renewed every third of its
+//! lifetime while it mints, and given back once it has not minted for `lease_idle_ms`:
+//! of a fleet of hundreds of proxies, only those minting hold one of the
+//! 2^instance_bits - 1 numbers. A renewal that finds the lease gone revokes it at
+//! once; one that cannot reach the catalog lets the grant run out at its local
+//! deadline. Either way minting with that number stops before another proxy could be
+//! given it. With no number to be had, the minter says so at once (`NoneFree`) and the
+//! session mints on the shard; the keeper tries again every third of the lifetime
+//! while minting is asked for.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,6 +23,7 @@ pub struct LeaseKeeper {
     addr: String,
     holder: String,
     ttl: Duration,
+    idle: Duration,
     max_instance: i64,
     minter: Arc<Minter>,
 }
@@ -34,50 +40,70 @@ impl LeaseKeeper {
             addr: catalog.addr(),
             holder,
             ttl: Duration::from_millis(snowflake.lease_ttl_ms),
+            idle: Duration::from_millis(snowflake.lease_idle_ms),
             max_instance: minter.layout().max_instance(),
             minter,
         }
     }
 
-    /// Takes the first lease (so that a proxy mints from its first client on) and
-    /// keeps it renewed in a task until `shutdown`, then gives it back.
+    /// Keeps the lease in a task until `shutdown`, then gives it back: taken when
+    /// minting is first asked for, given back when it is not asked for in `idle`.
     pub async fn start(self, shutdown: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
-        let client = self.connect().await.ok();
-        let held = match &client {
-            Some(c) => self.keep(c, None).await,
-            None => None,
-        };
-        tokio::spawn(self.run(client, held, shutdown))
+        tokio::spawn(self.run(shutdown))
     }
 
-    async fn run(
-        self,
-        mut client: Option<Client>,
-        mut held: Option<i64>,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
+    async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut client: Option<Client> = None;
+        let mut held: Option<i64> = None;
+        // After a try that found no number, the next one waits (calls keep asking).
+        let mut next_try = Instant::now();
         loop {
+            let wanted = self.minter.idle_for() < self.idle;
             tokio::select! {
-                _ = tokio::time::sleep(self.ttl / 3) => {}
+                // Held, or none to be had while minting is asked for: every third of
+                // the lifetime. Otherwise when a call asks.
+                _ = tokio::time::sleep(self.ttl / 3), if held.is_some() || wanted => {}
+                _ = self.minter.demand.notified() => {}
                 _ = shutdown.changed() => break,
+            }
+            if held.is_some() && self.minter.idle_for() >= self.idle {
+                if let (Some(instance), Some(c)) = (held.take(), &client) {
+                    self.minter.release();
+                    self.give_back(c, instance).await;
+                    tracing::info!(instance, "snowflake instance given back: not minted with for a while");
+                }
+                continue;
+            }
+            if held.is_none() && (self.minter.idle_for() >= self.idle || Instant::now() < next_try) {
+                continue;
             }
             if client.as_ref().is_none_or(|c| c.is_closed()) {
                 client = self.connect().await.ok();
             }
-            if let Some(c) = &client {
-                held = self.keep(c, held).await;
+            match &client {
+                Some(c) => held = self.keep(c, held).await,
+                None if held.is_none() => self.minter.unavailable(),
+                None => {}
+            }
+            if held.is_none() {
+                next_try = Instant::now() + self.ttl / 3;
             }
         }
         if let (Some(instance), Some(c)) = (held, &client) {
             self.minter.revoke();
-            // Expire now rather than delete: the expiry tells the next holder where our IDs end.
-            let _ = c
-                .execute(
-                    "UPDATE pgtenant.snowflake_lease SET expires_at = now() WHERE instance = $1 AND holder = $2",
-                    &[&(instance as i16), &self.holder],
-                )
-                .await;
+            self.give_back(c, instance).await;
         }
+    }
+
+    /// Expires the lease now rather than deleting it: the expiry tells the next holder
+    /// where this proxy's IDs end.
+    async fn give_back(&self, client: &Client, instance: i64) {
+        let _ = client
+            .execute(
+                "UPDATE pgtenant.snowflake_lease SET expires_at = now() WHERE instance = $1 AND holder = $2",
+                &[&(instance as i16), &self.holder],
+            )
+            .await;
     }
 
     async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
@@ -131,14 +157,16 @@ impl LeaseKeeper {
                 Some(instance)
             }
             Ok(None) => {
-                tracing::error!(
+                self.minter.unavailable();
+                tracing::warn!(
                     max = self.max_instance,
-                    "snowflake: every instance number is leased; not minting"
+                    "snowflake: every instance number is leased; the shards mint this proxy's IDs meanwhile"
                 );
                 None
             }
             Err(e) => {
-                tracing::warn!(error = %e, "snowflake: cannot lease an instance number");
+                self.minter.unavailable();
+                tracing::warn!(error = %e, "snowflake: cannot lease an instance number; the shards mint meanwhile");
                 None
             }
         }

@@ -1,7 +1,10 @@
 //! Minting: per shard, a (millisecond, counter) pair that only moves forward. A
 //! millisecond's counters exhausted means waiting for the next millisecond; a clock
 //! that went back means waiting for it to catch up (up to a bound, then an error);
-//! no timestamp is ever reused. Minting needs a valid instance grant (see `lease`).
+//! no timestamp is ever reused. Minting needs a valid instance grant (see `lease`):
+//! with a catalog, the first call asks the lease keeper for one (`demand`) and waits
+//! for it a little; when none can be had (every number leased, or no catalog), the
+//! call fails at once with `Unavailable`, and the session mints on the shard instead.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -26,13 +29,20 @@ pub struct Grant {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum GrantState {
-    /// Waiting for the first lease.
+    /// No number held: none asked for yet, or the last one given back (idle).
     Pending,
     Held(Grant),
     Lost {
         instance: i64,
     },
+    /// The keeper's last try found no free number or no catalog; it tries again while
+    /// minting is asked for, and calls meanwhile fail at once.
+    Unavailable,
 }
+
+/// How long a call waits for the keeper's first lease (a catalog round trip, or a
+/// connection to the catalog first).
+const LEASE_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Default)]
 struct Sequence {
@@ -49,6 +59,13 @@ pub struct Minter {
     shards: Box<[Mutex<Sequence>]>,
     /// IDs minted so far (the metrics).
     minted: std::sync::atomic::AtomicU64,
+    /// Told when a call wants a number and holds none; `granted`, when one is given.
+    pub(super) demand: tokio::sync::Notify,
+    granted: tokio::sync::Notify,
+    /// When minting was last asked for, in ms since `born` (how the keeper tells an
+    /// idle proxy, whose number it gives back).
+    born: Instant,
+    last_asked_ms: std::sync::atomic::AtomicU64,
 }
 
 /// What one attempt produced besides IDs.
@@ -69,6 +86,32 @@ impl Minter {
             grant: RwLock::new(GrantState::Pending),
             shards: (0..=MAX_SHARD).map(|_| Mutex::new(Sequence::default())).collect(),
             minted: std::sync::atomic::AtomicU64::new(0),
+            demand: tokio::sync::Notify::new(),
+            granted: tokio::sync::Notify::new(),
+            born: Instant::now(),
+            last_asked_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// How long since minting was last asked for (forever: never).
+    pub fn idle_for(&self) -> Duration {
+        let last = self.last_asked_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if last == 0 {
+            return Duration::MAX;
+        }
+        self.born.elapsed().saturating_sub(Duration::from_millis(last))
+    }
+
+    /// The number held was given back (idle): the next call asks for one again.
+    pub fn release(&self) {
+        *self.grant.write().unwrap_or_else(|e| e.into_inner()) = GrantState::Pending;
+    }
+
+    /// No number could be had: calls fail at once until the keeper finds one.
+    pub fn unavailable(&self) {
+        let mut state = self.grant.write().unwrap_or_else(|e| e.into_inner());
+        if !matches!(*state, GrantState::Held(_)) {
+            *state = GrantState::Unavailable;
         }
     }
 
@@ -84,6 +127,7 @@ impl Minter {
     /// A new or renewed grant.
     pub fn grant(&self, grant: Grant) {
         *self.grant.write().unwrap_or_else(|e| e.into_inner()) = GrantState::Held(grant);
+        self.granted.notify_waiters();
     }
 
     /// The lease is gone: minting stops until the next grant.
@@ -108,6 +152,7 @@ impl Minter {
             GrantState::Held(g) => Err(SnowflakeError::LeaseExpired { instance: g.instance }),
             GrantState::Lost { instance } => Err(SnowflakeError::LeaseExpired { instance }),
             GrantState::Pending => Err(SnowflakeError::NoInstance),
+            GrantState::Unavailable => Err(SnowflakeError::NoneFree),
         }
     }
 
@@ -157,8 +202,23 @@ impl Minter {
     pub async fn mint(&self, shard: i64, n: i64) -> Result<Vec<i64>, SnowflakeError> {
         let n = check_batch(n)?;
         let mut out = Vec::with_capacity(n);
+        let asked = self.born.elapsed().as_millis().max(1) as u64;
+        self.last_asked_ms.store(asked, std::sync::atomic::Ordering::Relaxed);
+        let mut waited = false;
         loop {
-            match self.try_mint(shard, n, &mut out)? {
+            let attempt = match self.try_mint(shard, n, &mut out) {
+                Err(SnowflakeError::NoInstance | SnowflakeError::LeaseExpired { .. }) if !waited => {
+                    waited = true;
+                    self.wait_for_grant().await;
+                    continue;
+                }
+                Err(SnowflakeError::NoneFree) => {
+                    self.demand.notify_one();
+                    return Err(SnowflakeError::NoneFree);
+                }
+                attempt => attempt?,
+            };
+            match attempt {
                 Attempt::Done => return Ok(out),
                 Attempt::WaitUntil(unix_ms) => {
                     let wait_ms = unix_ms - self.clock.now_unix_ms();
@@ -174,6 +234,20 @@ impl Minter {
                 }
             }
         }
+    }
+}
+
+impl Minter {
+    /// Asks the keeper for a number and waits `LEASE_WAIT` at most for it.
+    async fn wait_for_grant(&self) {
+        let granted = self.granted.notified();
+        tokio::pin!(granted);
+        granted.as_mut().enable();
+        if self.current_grant().is_ok() {
+            return;
+        }
+        self.demand.notify_one();
+        let _ = tokio::time::timeout(LEASE_WAIT, granted).await;
     }
 }
 

@@ -1,6 +1,8 @@
 //! Snowflake IDs minted by the proxy: both protocols, inside transactions, bad input,
-//! three proxies leasing instance numbers from one catalog, a lost lease, and the
-//! servers' own SQL function (`sql/snowflake.sql`) agreeing with the proxy.
+//! three proxies leasing instance numbers from one catalog when they mint, a lost
+//! lease (the shard mints meanwhile) and an idle one given back, more proxies than
+//! instance numbers, and the servers' own SQL function (`sql/snowflake.sql`) agreeing
+//! with the proxy.
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,24 +23,23 @@ async fn minted(client: &tokio_postgres::Client, sql: &str, times: usize) -> Vec
     ids
 }
 
-/// Whether `next_id()` is refused for want of a lease (55000) within `within`.
-async fn minting_stops(client: &tokio_postgres::Client, within: Duration) -> bool {
+/// The instance number of the next `next_id()` within `within` that `wanted` accepts,
+/// and that ID.
+async fn next_id_from(
+    client: &tokio_postgres::Client,
+    within: Duration,
+    wanted: impl Fn(i64) -> bool,
+) -> Option<(i64, i64)> {
+    let found = std::sync::Mutex::new(None);
     eventually(within, || async {
-        matches!(client.query_one("SELECT pgtenant.next_id()", &[]).await, Err(e) if sqlstate(&e) == "55000")
+        let Ok(row) = client.query_one("SELECT pgtenant.next_id()", &[]).await else { return false };
+        let id: i64 = row.get(0);
+        let instance = Layout::default().decode(id).instance;
+        *found.lock().unwrap() = Some((instance, id));
+        wanted(instance)
     })
-    .await
-    .is_some()
-}
-
-/// Whether `next_id()` works again within `within`, with IDs above `before`.
-async fn minting_resumes(client: &tokio_postgres::Client, within: Duration, before: i64) -> bool {
-    let works =
-        eventually(within, || async { client.query_one("SELECT pgtenant.next_id()", &[]).await.is_ok() });
-    if works.await.is_none() {
-        return false;
-    }
-    let next: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
-    next > before
+    .await?;
+    found.into_inner().unwrap()
 }
 
 fn unix_ms_now() -> i64 {
@@ -198,15 +199,17 @@ async fn three_proxies_on_one_catalog_never_mint_the_same_id() {
     for _ in 0..3 {
         proxies.push(start_catalog_proxy(catalog.config.clone(), |_| {}).await);
     }
-    let leased: Vec<i32> = catalog
-        .admin
-        .query("SELECT instance::int FROM pgtenant.snowflake_lease WHERE expires_at > now() ORDER BY 1", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(leased, vec![1, 2, 3], "one instance number each");
+    let leased = || async {
+        catalog
+            .admin
+            .query("SELECT instance::int FROM pgtenant.snowflake_lease WHERE expires_at > now() ORDER BY 1", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get::<_, i32>(0))
+            .collect::<Vec<i32>>()
+    };
+    assert_eq!(leased().await, Vec::<i32>::new(), "a proxy that has not minted holds no number");
     // Every proxy mints for the same shard (tenant 42, shard 2) at once: 3 x 1,000,000 IDs.
     let mut tasks = Vec::new();
     for proxy in &proxies {
@@ -231,7 +234,8 @@ async fn three_proxies_on_one_catalog_never_mint_the_same_id() {
         instances.insert(Layout::default().decode(ids[0]).instance);
         all.extend(ids);
     }
-    assert_eq!(instances.len(), 3, "three different instance numbers: {instances:?}");
+    assert_eq!(instances, HashSet::from([1, 2, 3]), "one instance number each, leased to mint");
+    assert_eq!(leased().await, vec![1, 2, 3]);
     all.sort_unstable();
     let total = all.len();
     all.dedup();
@@ -240,22 +244,20 @@ async fn three_proxies_on_one_catalog_never_mint_the_same_id() {
         p.shutdown().await;
     }
     // Shutdown gave the numbers back (expired now), for the next proxies.
-    let live: i64 = catalog
-        .admin
-        .query_one("SELECT count(*) FROM pgtenant.snowflake_lease WHERE expires_at > now()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(live, 0);
+    assert_eq!(leased().await, Vec::<i32>::new());
 }
 
 // On worker threads of its own: with a 600 ms lease renewed every 200 ms, a
 // single-threaded runtime shared with the proxy's other tasks (health checks, the
-// catalog watcher) can miss a renewal on a loaded machine, and the first ID then fails.
+// catalog watcher) can miss a renewal on a loaded machine.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_lost_lease_stops_minting_until_a_new_one() {
+async fn a_lost_lease_hands_minting_to_the_shard_until_a_new_one_and_an_idle_one_is_given_back() {
     let catalog = new_catalog("snowflake_lease").await;
-    let proxy = start_catalog_proxy(catalog.config.clone(), |c| c.snowflake.lease_ttl_ms = 600).await;
+    let proxy = start_catalog_proxy(catalog.config.clone(), |c| {
+        c.snowflake.lease_ttl_ms = 600;
+        c.snowflake.lease_idle_ms = 1500;
+    })
+    .await;
     let client = proxy.connect(Some(7)).await;
     let first: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
     assert_eq!(Layout::default().decode(first).instance, 1);
@@ -269,19 +271,90 @@ async fn a_lost_lease_stops_minting_until_a_new_one() {
         )
         .await
         .unwrap();
-    assert!(minting_stops(&client, Duration::from_secs(3)).await, "minting must stop once the lease is gone");
-    let err = client.simple_query("SELECT pgtenant.next_id()").await.unwrap_err();
+    // The shard (tenant 7's, shard 1) mints instead: instance 0, its own shard id, later.
+    let (_, on_shard) = next_id_from(&client, Duration::from_secs(3), |instance| instance == 0)
+        .await
+        .expect("the shard mints once the lease is gone");
+    let decoded = Layout::default().decode(on_shard);
+    assert_eq!((decoded.shard, decoded.instance), (1, 0), "{decoded:?}");
+    assert!(on_shard > first);
+    let batch: Vec<i64> = client
+        .query("SELECT * FROM pgtenant.next_ids(500)", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(batch.len() == 500 && batch.windows(2).all(|w| w[0] < w[1]), "500 ascending IDs from the shard");
+    // A shard id no shard of the directory has: nobody can mint it, and says so.
+    let err = client.query_one("SELECT pgtenant.next_id(999)", &[]).await.unwrap_err();
+    assert_eq!(sqlstate(&err), "55000");
     let message = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
-    assert!(message.contains("lease"), "{message}");
-    // Other statements are not affected.
-    assert_eq!(harness::shard_of(&client).await, 1);
-    // Numbers free again: the proxy leases one and mints after the old holder's expiry.
+    assert!(message.contains("shard 999 could not mint"), "{message}");
+    assert_eq!(harness::shard_of(&client).await, 1, "the session goes on");
+    // Numbers free again: the proxy leases one and mints with it, after the old holder's expiry.
     catalog.admin.batch_execute("DELETE FROM pgtenant.snowflake_lease WHERE holder = 'thief'").await.unwrap();
-    assert!(
-        minting_resumes(&client, Duration::from_secs(3), first).await,
-        "minting resumes with a new lease"
-    );
+    let (instance, again) = next_id_from(&client, Duration::from_secs(5), |instance| instance > 0)
+        .await
+        .expect("minting with a leased number resumes");
+    assert!(again > on_shard && instance > 0);
+    // Not minting for lease_idle_ms: the number is given back while the proxy runs.
+    let given_back = eventually(Duration::from_secs(5), || async {
+        let live: i64 = catalog
+            .admin
+            .query_one("SELECT count(*) FROM pgtenant.snowflake_lease WHERE expires_at > now()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        live == 0
+    })
+    .await;
+    assert!(given_back.is_some(), "an idle proxy gives its number back");
+    let after: i64 = client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap().get(0);
+    assert!(Layout::default().decode(after).instance > 0 && after > again, "and leases one again to mint");
     proxy.shutdown().await;
+}
+
+/// Seventeen proxies on one catalog, more than the 15 instance numbers of the default
+/// layout, mint at once: the first to ask lease the numbers, the others' shards mint
+/// for them, and no ID repeats.
+#[tokio::test(flavor = "multi_thread")]
+async fn more_proxies_than_instance_numbers_all_mint_unique_ids() {
+    let catalog = new_catalog("snowflake_fleet").await;
+    let mut proxies = Vec::new();
+    for _ in 0..17 {
+        proxies.push(start_catalog_proxy(catalog.config.clone(), |_| {}).await);
+    }
+    let mut tasks = Vec::new();
+    for proxy in &proxies {
+        let client = proxy.connect(Some(42)).await;
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for _ in 0..20 {
+                let rows = client.query("SELECT * FROM pgtenant.next_ids(200)", &[]).await.unwrap();
+                ids.extend(rows.iter().map(|r| r.get::<_, i64>(0)));
+            }
+            ids
+        }));
+    }
+    let mut all = Vec::new();
+    let mut instances = HashSet::new();
+    for t in tasks {
+        let ids = t.await.unwrap();
+        assert_eq!(ids.len(), 4000);
+        instances.extend(ids.iter().map(|id| Layout::default().decode(*id).instance));
+        assert!(ids.iter().all(|id| Layout::default().decode(*id).shard == 2), "tenant 42's shard");
+        all.extend(ids);
+    }
+    assert!(instances.contains(&0), "some were minted by the shard: {instances:?}");
+    assert!(instances.len() >= 15, "the leased numbers were used too: {instances:?}");
+    let total = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), total, "no duplicate among {total} IDs");
+    for p in proxies {
+        p.shutdown().await;
+    }
 }
 
 /// The servers' SQL function mints as instance 0 with the same layout: IDs from both
@@ -328,9 +401,10 @@ async fn the_sql_function_and_the_proxy_agree_and_never_collide() {
     proxy.shutdown().await;
 }
 
-/// A proxy that cannot reach the catalog cannot renew its lease: minting stops when
-/// the lease runs out (another proxy could be given the number), and resumes once
-/// the catalog is back.
+/// A proxy that cannot reach the catalog cannot renew its lease: minting with its
+/// number stops when the lease runs out (another proxy could be given the number),
+/// the shard mints meanwhile, and the proxy's own minting resumes once the catalog is
+/// back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_catalog_lets_the_lease_run_out() {
     let cluster = harness::private_cluster("snowflake-catalog", 0);
@@ -342,17 +416,17 @@ async fn an_unreachable_catalog_lets_the_lease_run_out() {
     harness::connect(&conninfo).await.unwrap().batch_execute("CHECKPOINT").await.unwrap();
 
     cluster.kill().unwrap();
-    assert!(
-        minting_stops(&client, Duration::from_secs(3)).await,
-        "minting stops once the lease cannot be renewed"
-    );
+    let (_, on_shard) = next_id_from(&client, Duration::from_secs(3), |instance| instance == 0)
+        .await
+        .expect("the shard mints once the lease cannot be renewed");
+    assert!(on_shard > first);
     assert_eq!(harness::shard_of(&client).await, 2, "routing a cached tenant goes on");
 
     cluster.start().unwrap();
-    assert!(
-        minting_resumes(&client, Duration::from_secs(10), first).await,
-        "minting resumes once the catalog is back"
-    );
+    let (_, again) = next_id_from(&client, Duration::from_secs(10), |instance| instance > 0)
+        .await
+        .expect("minting with a leased number resumes once the catalog is back");
+    assert!(again > on_shard);
     proxy.shutdown().await;
     cluster.stop().unwrap();
 }

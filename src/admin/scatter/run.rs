@@ -21,8 +21,8 @@ use super::plan::{Merge, ProbeFacts, Scatter};
 use super::request::{Link, Outcome, Policy, Prepared, Request, timeout_reason};
 use super::wire::{FLUSH_BYTES, io_error, read_until_ready, type_section};
 use crate::backend::{
-    BackendError, MAX_SERVER_MESSAGE, ServerConn, Settings, TenantContext, TenantGuc, settings_sql,
-    tenant_sql,
+    BackendError, MAX_SERVER_MESSAGE, ServerConn, Settings, TenantContext, TenantGuc, first_text_value,
+    settings_sql, tenant_sql,
 };
 use crate::directory::ShardId;
 use crate::net::Duplex;
@@ -172,12 +172,6 @@ pub async fn prepare(
         }
     };
     Ok(Prepared { sql: scatter.text().to_string(), plan, param_types, row_description, final_sql })
-}
-
-fn first_text_value(body: &[u8]) -> Option<String> {
-    let len = i32::from_be_bytes(body.get(2..6)?.try_into().ok()?);
-    let len = usize::try_from(len).ok()?;
-    String::from_utf8(body.get(6..6 + len)?.to_vec()).ok()
 }
 
 /// What a shard's task reports.

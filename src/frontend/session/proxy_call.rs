@@ -188,8 +188,42 @@ impl Session {
                 return Ok(VecDeque::from([row]).into());
             }
         };
-        let ids = minter.mint(shard, count).await?;
+        let ids = match minter.mint(shard, count).await {
+            Err(
+                SnowflakeError::NoneFree | SnowflakeError::NoInstance | SnowflakeError::LeaseExpired { .. },
+            ) => self.mint_on_shard(shard, count).await?,
+            minted => minted?,
+        };
         Ok(ids.into_iter().map(|id| vec![Value::Int8(id)]).collect::<VecDeque<_>>().into())
+    }
+
+    /// `count` IDs of `shard` minted by that shard's own `pgtenant.next_id` (instance 0,
+    /// `sql/snowflake.sql`), for when this proxy holds no instance number: every number
+    /// leased to other proxies, or the catalog out of reach. Unique as the proxy's are,
+    /// since a shard mints only its own shard id here; one round trip per call.
+    async fn mint_on_shard(&mut self, shard: i64, count: i64) -> Result<Vec<i64>, FrontendError> {
+        let refused = |reason: String| FrontendError::from(SnowflakeError::NotOnShard { shard, reason });
+        let known =
+            ShardId::try_from(shard).ok().filter(|id| self.shared.router.topology().shard(*id).is_some());
+        let Some(id) = known else {
+            return Err(refused("it is not a shard of this proxy's directory".into()));
+        };
+        let mut conn = self.scatter_conn(id, false).await?.map_err(refused)?;
+        let sql = format!("SELECT pgtenant.next_id({shard}) FROM generate_series(1, {count})");
+        let minted = conn.query_first_column(&sql).await;
+        let values = match minted {
+            Ok(Ok(values)) => values,
+            Ok(Err(error)) => return Err(refused(error.message)),
+            Err(e) => {
+                conn.discard();
+                return Err(refused(e.to_string()));
+            }
+        };
+        let ids: Vec<i64> = values.iter().filter_map(|v| v.parse().ok()).collect();
+        if ids.len() as i64 != count {
+            return Err(refused(format!("it answered {} IDs of {count}", ids.len())));
+        }
+        Ok(ids)
     }
 
     /// `pg_cancel_backend(pid)` / `pg_terminate_backend(pid)`: see the module comment.

@@ -124,7 +124,7 @@ impl Session {
     /// A connection to `shard` with this client's settings and no tenant, on
     /// `scatter_node`'s node; the inner error says why that shard gave none. The outer
     /// one ends the session: the client left (or was KILLed) while the checkout waited.
-    async fn scatter_conn(
+    pub(super) async fn scatter_conn(
         &mut self,
         shard: ShardId,
         replica: bool,
