@@ -100,8 +100,14 @@ pub async fn start_with_file(
         None => None,
     };
     let server_tls = ServerTls::from_config(&config.server_tls).map_err(StartError::Tls)?;
+    // The catalog connection the routing watcher and the moves' agent share.
+    let mut catalog_link = None;
     let directory: Arc<dyn Directory> = match &config.catalog {
-        Some(catalog) => Arc::new(CatalogDirectory::connect(catalog, config.proxy.tenant_key).await?),
+        Some(catalog) => {
+            let directory = CatalogDirectory::connect(catalog, config.proxy.tenant_key).await?;
+            catalog_link = Some(directory.link());
+            Arc::new(directory)
+        }
         None => Arc::new(StaticDirectory::from_config(&config).map_err(|e| StartError::Invalid(vec![e]))?),
     };
     let pools = Pools::new(config.clone(), server_tls, directory.clone());
@@ -143,7 +149,7 @@ pub async fn start_with_file(
         let _ = shared.config_path.set(file);
     }
     tokio::spawn(sample_stats(Arc::downgrade(&shared)));
-    if let Some(moves) = move_service(&shared, addr) {
+    if let Some(moves) = catalog_link.and_then(|link| move_service(&shared, addr, link)) {
         moves.start(rx.clone()).await;
         tokio::spawn(crate::tenancy::fleet::watch(moves.clone(), rx.clone()));
         let _ = shared.moves.set(moves);
@@ -195,7 +201,11 @@ pub async fn start_with_file(
 
 /// Tenant moves, when the proxy has a catalog: they reach the shards' primaries through
 /// the health view, and the sessions through the pause board and the router.
-fn move_service(shared: &Arc<Shared>, addr: SocketAddr) -> Option<Arc<crate::tenancy::moves::MoveService>> {
+fn move_service(
+    shared: &Arc<Shared>,
+    addr: SocketAddr,
+    link: Arc<crate::directory::CatalogLink>,
+) -> Option<Arc<crate::tenancy::moves::MoveService>> {
     use crate::backend::health::PrimaryChoice;
     let (for_primary, for_forget, for_loads) =
         (Arc::downgrade(shared), Arc::downgrade(shared), Arc::downgrade(shared));
@@ -215,6 +225,7 @@ fn move_service(shared: &Arc<Shared>, addr: SocketAddr) -> Option<Arc<crate::ten
         }),
         pauses: shared.pauses.clone(),
         clients: shared.clients.clone(),
+        catalog_link: link,
         tenant_loads: Box::new(move || {
             let Some(shared) = for_loads.upgrade() else { return Vec::new() };
             let rows = shared.tenant_stats.rows(None, crate::backend::coarse_clock::coarse_ms());

@@ -15,7 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 pub use crate::config::TenantKey;
-pub use catalog::listen::{CatalogListener, listen_to_catalog};
+pub use catalog::listen::{CatalogLink, CatalogListener};
 pub use catalog::{CatalogDirectory, CatalogError};
 pub use limits::{MAX_WEIGHT, TenantLimit, TenantLimits};
 pub use static_dir::StaticDirectory;

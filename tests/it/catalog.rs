@@ -356,3 +356,51 @@ async fn text_tenant_keys_route_by_map_and_hash_groups_and_stay_isolated() {
     assert!(took.is_some(), "acme did not move within {NOTIFY_WAIT:?}");
     proxy.shutdown().await;
 }
+
+/// A proxy's catalog connections once it is up and routing (issue 56): the one
+/// connection its routing watcher and moves' agent both LISTEN on, and one lookup
+/// connection; the snowflake lease adds its own only once the proxy mints.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_holds_two_catalog_connections_its_listeners_sharing_one() {
+    let catalog = new_catalog("connections").await;
+    let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
+    let connections = || async {
+        catalog
+            .admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'pgtenant-catalog'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    // Both listeners work on the shared connection: the agent heartbeats, and a
+    // routing change reaches the watcher.
+    let heartbeating = eventually(Duration::from_secs(10), || async {
+        let n: i64 = catalog
+            .admin
+            .query_one("SELECT count(*) FROM pgtenant.proxy_instance", &[])
+            .await
+            .unwrap()
+            .get(0);
+        n == 1
+    })
+    .await;
+    assert!(heartbeating.is_some(), "the moves' agent heartbeats");
+    assert_eq!(lands_on(&proxy, 42).await, Ok(2));
+    catalog
+        .admin
+        .execute("UPDATE pgtenant.tenant_shard_map SET shard_id = 1 WHERE tenant_id = 42", &[])
+        .await
+        .unwrap();
+    let followed =
+        eventually(Duration::from_secs(10), || async { lands_on(&proxy, 42).await == Ok(1) }).await;
+    assert!(followed.is_some(), "the routing watcher applied the change");
+    assert_eq!(connections().await, 2, "the shared LISTEN connection and one lookup connection");
+    let client = proxy.connect(Some(42)).await;
+    client.query_one("SELECT pgtenant.next_id()", &[]).await.unwrap();
+    assert_eq!(connections().await, 3, "and the snowflake lease's, now that it mints");
+    proxy.shutdown().await;
+}

@@ -202,7 +202,10 @@ async fn three_proxies_on_one_catalog_never_mint_the_same_id() {
     let leased = || async {
         catalog
             .admin
-            .query("SELECT instance::int FROM pgtenant.snowflake_lease WHERE expires_at > now() ORDER BY 1", &[])
+            .query(
+                "SELECT instance::int FROM pgtenant.snowflake_lease WHERE expires_at > now() ORDER BY 1",
+                &[],
+            )
             .await
             .unwrap()
             .iter()

@@ -14,6 +14,8 @@ pub enum LoadError {
     Db(#[from] tokio_postgres::Error),
     #[error("the catalog holds an unusable layout: {0}")]
     Invalid(String),
+    #[error("no catalog connection: {0}")]
+    Unavailable(String),
 }
 
 /// A tokio-postgres error with the server's SQLSTATE and message, which its own

@@ -34,6 +34,8 @@ struct Inner {
     /// The watcher holds a live LISTEN connection.
     listening: AtomicBool,
     lookups: deadpool_postgres::Pool,
+    /// The LISTEN connection the watcher and the moves' agent share.
+    link: Arc<listen::CatalogLink>,
     /// bigint or text keys: which map table is read, and how NOTIFY payloads parse.
     kind: TenantKey,
     /// Where the catalog is (`host:port/dbname`), for operators.
@@ -87,6 +89,7 @@ impl CatalogDirectory {
             generation: AtomicU64::new(0),
             listening: AtomicBool::new(false),
             lookups,
+            link: listen::CatalogLink::new(pg),
             kind,
             // `addr` names the database already (host:port/dbname).
             source: addr.clone(),
@@ -94,8 +97,13 @@ impl CatalogDirectory {
             misses: AtomicU64::new(0),
             change_lag_ms: AtomicU64::new(u64::MAX),
         });
-        tokio::spawn(watch::run(Arc::downgrade(&inner), pg, addr));
+        tokio::spawn(watch::run(Arc::downgrade(&inner), inner.link.clone(), addr));
         Ok(Self { inner })
+    }
+
+    /// The catalog connection this proxy LISTENs on, for the other listeners to share.
+    pub fn link(&self) -> Arc<listen::CatalogLink> {
+        self.inner.link.clone()
     }
 
     /// Whether changes in the catalog are reaching this proxy right now.
@@ -116,7 +124,16 @@ fn describe_pool_error(e: &deadpool_postgres::PoolError) -> String {
     }
 }
 
+/// A lookup connection unused this long is closed: after a burst of cache misses,
+/// the proxy goes back to its one shared catalog connection.
+const LOOKUP_IDLE: Duration = Duration::from_secs(60);
+
 impl Inner {
+    /// Closes the lookup connections idle for `LOOKUP_IDLE`.
+    fn close_idle_lookups(&self) {
+        self.lookups.retain(|_, metrics| metrics.last_used() < LOOKUP_IDLE);
+    }
+
     fn topology(&self) -> Arc<Topology> {
         self.topology.read().unwrap_or_else(|e| e.into_inner()).clone()
     }

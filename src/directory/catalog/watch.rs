@@ -1,16 +1,16 @@
-//! The watcher: a dedicated connection that LISTENs for routing changes (pooled
-//! connections would drop notifications) and applies them in version order. It
+//! The watcher: LISTENs for routing changes on the proxy's shared catalog link
+//! (pooled connections would drop notifications) and applies them in version order. It
 //! reconnects with backoff; after every (re)connect it reloads the topology and,
 //! when the version moved meanwhile, empties the tenant cache.
 
-use std::sync::Weak;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio_postgres::Client;
 
 use super::Inner;
+use super::listen::CatalogLink;
 use super::load::{self, LoadError};
 use crate::directory::TenantId;
 
@@ -33,10 +33,10 @@ struct Change {
 }
 
 /// Runs until the directory is dropped.
-pub async fn run(inner: Weak<Inner>, pg: tokio_postgres::Config, addr: String) {
+pub async fn run(inner: Weak<Inner>, link: Arc<CatalogLink>, addr: String) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match listen(&inner, &pg).await {
+        match listen(&inner, &link).await {
             Ok(Ended::DirectoryDropped) => return,
             Ok(Ended::ConnectionLost) => {
                 tracing::warn!(catalog = %addr, "catalog connection lost; cached tenants keep routing");
@@ -58,30 +58,38 @@ enum Ended {
     ConnectionLost,
 }
 
-async fn listen(inner: &Weak<Inner>, pg: &tokio_postgres::Config) -> Result<Ended, LoadError> {
+async fn listen(inner: &Weak<Inner>, link: &CatalogLink) -> Result<Ended, LoadError> {
     // Bounded: the catalog cannot make this proxy hold more than this many changes.
-    let listener = super::listen::listen_to_catalog(pg, CHANNEL, 4096).await?;
-    let (client, mut rx) = (listener.client, listener.notifications);
+    let listener = link.listen(CHANNEL, 4096).await?;
+    let mut rx = listener.notifications;
     // Subscribed first, then read: a change committed in between is both in the
     // snapshot and notified, and the notification is then skipped by its version.
     let Some(strong) = inner.upgrade() else { return Ok(Ended::DirectoryDropped) };
-    resync(&strong, &client).await?;
+    resync(&strong).await?;
     strong.listening.store(true, Ordering::Release);
     drop(strong);
     loop {
         let message = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await;
         let Some(strong) = inner.upgrade() else { return Ok(Ended::DirectoryDropped) };
         match message {
-            Ok(Some(n)) => apply(&strong, &client, n.payload()).await?,
+            Ok(Some(n)) => apply(&strong, n.payload()).await?,
             Ok(None) => return Ok(Ended::ConnectionLost),
-            Err(_idle) => {}
+            Err(_idle) => strong.close_idle_lookups(),
         }
     }
 }
 
+/// The topology now, read on a lookup connection: the snapshot's transaction must
+/// not take in the queries others send on the shared LISTEN connection.
+async fn snapshot(inner: &Inner) -> Result<load::Snapshot, LoadError> {
+    let client =
+        inner.lookups.get().await.map_err(|e| LoadError::Unavailable(super::describe_pool_error(&e)))?;
+    load::snapshot(&client, inner.kind).await
+}
+
 /// Reloads the topology; when the version is not the one served, empties the cache too.
-async fn resync(inner: &Inner, client: &Client) -> Result<(), LoadError> {
-    let snapshot = load::snapshot(client, inner.kind).await?;
+async fn resync(inner: &Inner) -> Result<(), LoadError> {
+    let snapshot = snapshot(inner).await?;
     let served = inner.version.load(Ordering::Acquire);
     if snapshot.version != served {
         tracing::info!(from = served, to = snapshot.version, "routing resynchronised from the catalog");
@@ -92,10 +100,10 @@ async fn resync(inner: &Inner, client: &Client) -> Result<(), LoadError> {
     Ok(())
 }
 
-async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), LoadError> {
+async fn apply(inner: &Inner, payload: &str) -> Result<(), LoadError> {
     let Ok(change) = serde_json::from_str::<Change>(payload) else {
         tracing::warn!(payload, "unreadable routing change; resynchronising");
-        return resync(inner, client).await;
+        return resync(inner).await;
     };
     if let Some(at_ms) = change.at_ms {
         let now_ms = std::time::SystemTime::now()
@@ -110,7 +118,7 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
     }
     if change.version != served + 1 {
         tracing::warn!(served, got = change.version, "routing changes were missed; resynchronising");
-        return resync(inner, client).await;
+        return resync(inner).await;
     }
     match change.table.as_str() {
         "tenant_shard_map" | "tenant_shard_map_text" if change.all_tenants => {
@@ -126,7 +134,7 @@ async fn apply(inner: &Inner, client: &Client, payload: &str) -> Result<(), Load
             inner.version.store(change.version, Ordering::Release);
         }
         _ => {
-            let snapshot = load::snapshot(client, inner.kind).await?;
+            let snapshot = snapshot(inner).await?;
             inner.replace_topology(snapshot.topology);
             // Not the snapshot's version: later tenant changes still need their invalidations.
             inner.version.store(change.version, Ordering::Release);

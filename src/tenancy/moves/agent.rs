@@ -1,7 +1,10 @@
 //! Every proxy's part in the moves: a heartbeat row (`proxy_instance`), the tenant
 //! pauses a cutover asks for (held, drained, acknowledged in `move_ack`) and lifted
 //! when told, and taking over moves whose driver stopped heartbeating. It LISTENs on
-//! a connection of its own; after every (re)connect it applies the pauses in force.
+//! the proxy's shared catalog connection (`directory::CatalogLink`, the routing
+//! watcher's too); after every (re)connect it applies the pauses in force. Its tick,
+//! the heartbeat's period, is a fifth of `proxy_stale_ms` (1 s by default): a proxy
+//! is stale after missing four.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +15,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_postgres::Client;
 
 use super::{Held, MoveError, MoveService, driver, lock};
-use crate::directory::{TenantId, listen_to_catalog};
+use crate::directory::TenantId;
 use crate::tenancy::{PauseOutcome, PauseScope};
 
 pub const CHANNEL: &str = "pgtenant_move";
@@ -67,10 +70,9 @@ async fn session(
     stop: &mut watch::Receiver<bool>,
     ready: &mut Option<oneshot::Sender<()>>,
 ) -> Result<(), MoveError> {
-    let catalog = svc.catalog.pg_config();
     let listener =
-        listen_to_catalog(&catalog, CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
-    let (client, mut rx) = (Arc::new(listener.client), listener.notifications);
+        svc.hooks.catalog_link.listen(CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
+    let (client, mut rx) = (listener.client, listener.notifications);
     let catalog_error = |e: tokio_postgres::Error| MoveError::from_catalog(&e);
     heartbeat(svc, &client).await?;
     // Pauses in force now (a proxy starting mid-cutover holds the tenant too).
@@ -84,7 +86,7 @@ async fn session(
     if let Some(ready) = ready.take() {
         let _ = ready.send(());
     }
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut tick = tokio::time::interval(tick_of(svc.moves_config().proxy_stale_ms));
     let fleet_every = Duration::from_millis(svc.moves_config().proxy_stale_ms.max(500));
     let mut fleet_checked = std::time::Instant::now();
     loop {
@@ -113,6 +115,11 @@ async fn session(
             _ = stopped(stop) => return Ok(()),
         }
     }
+}
+
+/// The agent's period for a fleet whose proxies are stale after `stale_ms`.
+fn tick_of(stale_ms: u64) -> Duration {
+    Duration::from_millis((stale_ms / 5).clamp(100, 2000))
 }
 
 async fn heartbeat(svc: &MoveService, client: &Client) -> Result<(), MoveError> {
