@@ -602,6 +602,68 @@ CREATE TABLE IF NOT EXISTS fleet_step (
     PRIMARY KEY (batch_id, seq)
 );
 
+-- A shard's server connections for one server role, shared by every proxy on the
+-- catalog (issue 56): each proxy leases a slice (connection_lease), renewed every
+-- agent tick (proxy_stale_ms / 5) with what it holds and wants, and expiring after
+-- proxy_stale_ms. A grant never makes the fleet's slices, or the connections a proxy
+-- still holds above its slice after a shrink, exceed max_connections on any node; a
+-- proxy that wants more than it has makes those above an even share shrink to it.
+CREATE TABLE IF NOT EXISTS connection_budget (
+    shard_id        smallint NOT NULL REFERENCES shard_config (shard_id) ON DELETE CASCADE,
+    username        text     NOT NULL,
+    max_connections integer  NOT NULL CHECK (max_connections >= 0),
+    PRIMARY KEY (shard_id, username)
+);
+CREATE TABLE IF NOT EXISTS connection_lease (
+    shard_id   smallint    NOT NULL,
+    username   text        NOT NULL,
+    proxy_id   text        NOT NULL,
+    granted    integer     NOT NULL,
+    holding    integer     NOT NULL,
+    wanted     integer     NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (shard_id, username, proxy_id)
+);
+
+-- Proxy p_proxy's slice of (p_shard, p_user)'s budget, for p_ttl_ms: it holds
+-- p_holding connections, of which p_busy are in use or asked for by waiting requests,
+-- and would keep p_wanted (its idle ones too). NULL: no budget.
+CREATE OR REPLACE FUNCTION lease_connections(p_proxy text, p_shard smallint, p_user text,
+    p_wanted integer, p_busy integer, p_holding integer, p_ttl_ms bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    budget   integer;
+    others   integer;
+    starving boolean;
+    proxies  integer;
+    slice    integer;
+BEGIN
+    -- One lease at a time per budget: the row lock orders them.
+    SELECT max_connections INTO budget FROM pgtenant.connection_budget
+    WHERE shard_id = p_shard AND username = p_user FOR UPDATE;
+    IF budget IS NULL THEN
+        DELETE FROM pgtenant.connection_lease WHERE shard_id = p_shard AND username = p_user AND proxy_id = p_proxy;
+        RETURN NULL;
+    END IF;
+    DELETE FROM pgtenant.connection_lease
+    WHERE shard_id = p_shard AND username = p_user AND expires_at < clock_timestamp();
+    SELECT coalesce(sum(greatest(granted, holding)), 0), coalesce(bool_or(wanted > granted), false), count(*)
+    INTO others, starving, proxies
+    FROM pgtenant.connection_lease WHERE shard_id = p_shard AND username = p_user AND proxy_id <> p_proxy;
+    slice := least(p_wanted, budget - others);
+    IF starving THEN
+        -- Another wants more than it has: keep no idle connection, and no more than
+        -- an even share.
+        slice := least(slice, p_busy, greatest(budget / (proxies + 1), 1));
+    END IF;
+    slice := greatest(slice, 0);
+    INSERT INTO pgtenant.connection_lease AS l (shard_id, username, proxy_id, granted, holding, wanted, expires_at)
+    VALUES (p_shard, p_user, p_proxy, slice, p_holding, p_wanted, clock_timestamp() + make_interval(secs => p_ttl_ms / 1000.0))
+    ON CONFLICT (shard_id, username, proxy_id) DO UPDATE
+    SET granted = EXCLUDED.granted, holding = EXCLUDED.holding, wanted = EXCLUDED.wanted, expires_at = EXCLUDED.expires_at;
+    RETURN slice;
+END $$;
+
 -- What every proxy counted for each tenant, gathered when a fleet command plans: the
 -- planning proxy takes a request id and sends {"action": "report_loads"} on
 -- pgtenant_move; each proxy's move agent answers with one row (its per-tenant

@@ -226,6 +226,7 @@ fn move_service(
         pauses: shared.pauses.clone(),
         clients: shared.clients.clone(),
         catalog_link: link,
+        server_caps: shared.pools.caps(),
         tenant_loads: Box::new(move || {
             let Some(shared) = for_loads.upgrade() else { return Vec::new() };
             let rows = shared.tenant_stats.rows(None, crate::backend::coarse_clock::coarse_ms());

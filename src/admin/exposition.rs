@@ -106,6 +106,10 @@ const GAUGES: &[(&str, &str)] = &[
         "pgtenant_move_phase",
         "A tenant move's phase: 0 planned, 1 copying, 2 catching_up, 3 cutover, 4 switched, 5 cleaned, 6 rolled_back.",
     ),
+    (
+        "pgtenant_connection_slice",
+        "This proxy's slice of a shard's connection budget for a role (the catalog's connection_budget): size, held, waiting (new connections waiting for a slot).",
+    ),
     ("pgtenant_move_rows_copied", "Rows a tenant move has copied."),
     ("pgtenant_move_bytes_copied", "Size of the rows a tenant move has copied (sum of pg_column_size)."),
     ("pgtenant_move_cutover_attempts", "Cutover attempts of a tenant move."),
@@ -254,6 +258,16 @@ fn record(view: &AdminView<'_>, pools: &[PoolView]) {
         }
         if let Some(ms) = m.pause_ms {
             gauge!("pgtenant_move_pause_seconds", &labels).set(ms as f64 / 1000.0);
+        }
+    }
+    for slice in view.pools.caps().slices() {
+        for (state, n) in [("size", slice.size), ("held", slice.held), ("waiting", slice.waiting)] {
+            let labels = [
+                ("shard", slice.shard.to_string()),
+                ("role", slice.role.clone()),
+                ("state", state.to_string()),
+            ];
+            gauge!("pgtenant_connection_slice", &labels).set(n as f64);
         }
     }
     for b in view.moves.map(|moves| moves.batches_driven()).unwrap_or_default() {

@@ -23,6 +23,7 @@ mod tls;
 
 pub use addr::ServerAddr;
 pub use cancel::CancelTarget;
+pub use caps::{ServerCaps, SliceUse};
 pub use conn::{MAX_SERVER_MESSAGE, ServerConn, first_text_value, record_param};
 pub use error::{BackendError, CheckoutError};
 pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};

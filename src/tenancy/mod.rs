@@ -1,8 +1,10 @@
 //! Tenancy control: what happens to a tenant's (or a shard's) traffic as a whole,
 //! beside routing it: the pauses of the admin console (`pause`) and the placement of
 //! new tenants (`placement`), online moves of one tenant to another shard (`moves`),
-//! and fleet batches of them: drain, rebalance, isolate (`fleet`).
+//! and fleet batches of them: drain, rebalance, isolate (`fleet`); and this proxy's
+//! slices of the connection budgets the fleet shares (`budget`).
 
+pub mod budget;
 pub mod fleet;
 pub mod moves;
 pub mod pause;

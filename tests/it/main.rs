@@ -4,6 +4,7 @@ mod harness;
 
 mod admin;
 mod adversarial;
+mod budget;
 mod catalog;
 mod classifier;
 mod cli;

@@ -292,6 +292,10 @@ impl IdleCloser for NodePool {
         drop(shelf);
         oldest.is_some()
     }
+
+    fn idle_count(&self) -> usize {
+        self.lock_shelf().len()
+    }
 }
 
 impl NodePool {
@@ -443,7 +447,7 @@ pub struct Pools {
     generation: std::sync::atomic::AtomicU64,
     /// Every open server connection (the admin console's SHOW SERVERS).
     pub servers: Arc<ConnRegistry>,
-    caps: ServerCaps,
+    caps: Arc<ServerCaps>,
 }
 
 /// The tenant limits in force: the catalog's where it names the tenant, else the file's.
@@ -473,7 +477,7 @@ impl Pools {
         let caps =
             ServerCaps::new(proxy.max_db_connections, proxy.max_user_connections, proxy.checkout_timeout());
         Self {
-            caps,
+            caps: Arc::new(caps),
             config,
             tls: tls.map(Arc::new),
             pools: RwLock::new(HashMap::new()),
@@ -552,6 +556,11 @@ impl Pools {
 
     /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The
     /// handle is cheap to clone; sessions keep theirs to skip this lookup per checkout.
+    /// The caps over every pool, fleet slices included (`tenancy::budget` sizes those).
+    pub fn caps(&self) -> Arc<ServerCaps> {
+        self.caps.clone()
+    }
+
     pub fn pool(&self, shard: ShardId, node: &NodeConfig, user: &UserConfig, database: &str) -> ServerPool {
         let key = PoolKey {
             shard,
@@ -582,7 +591,7 @@ impl Pools {
             shard,
             login: (user.name.clone(), database.to_string()),
             caps: (
-                self.caps.for_pool(&node.host, node.port, &target.database, &target.user),
+                self.caps.for_pool(shard, &node.host, node.port, &target.database, &target.user),
                 self.caps.wait(),
             ),
         };

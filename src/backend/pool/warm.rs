@@ -97,7 +97,7 @@ impl Pools {
             database: node.dbname.clone().unwrap_or_else(|| key.database.clone()),
             ..old.target.clone()
         };
-        let caps = self.caps.for_pool(&target.host, target.port, &target.database, &target.user);
+        let caps = self.caps.for_pool(key.shard, &target.host, target.port, &target.database, &target.user);
         let gate = ShareGate::new(old.gate.size(), self.config.proxy.fair_share, self.limits.clone());
         let listing = Listing {
             servers: self.servers.clone(),

@@ -20,6 +20,9 @@ use crate::tenancy::{PauseOutcome, PauseScope};
 
 pub const CHANNEL: &str = "pgtenant_move";
 
+/// Lease rounds a connection waiting for a slot asks for, at most one per this.
+const DEMAND_EVERY: Duration = Duration::from_millis(20);
+
 /// A move's message to the proxies (sent by the catalog's move functions), or a fleet
 /// plan's request for every proxy's per-tenant counts (`report_loads`, with `request`).
 #[derive(Debug, Deserialize)]
@@ -38,8 +41,10 @@ struct Message {
 pub(super) async fn run(svc: Arc<MoveService>, mut stop: watch::Receiver<bool>, ready: oneshot::Sender<()>) {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
-    loop {
-        match session(&svc, &mut stop, &mut ready).await {
+    let stale = Duration::from_millis(svc.moves_config().proxy_stale_ms);
+    let mut leases = crate::tenancy::budget::Leases::new(stale);
+    'sessions: loop {
+        match session(&svc, &mut stop, &mut ready, &mut leases).await {
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(error = %e, "tenant moves: no catalog connection (or a catalog without the moves' tables: re-run sql/catalog.sql); retrying");
@@ -50,9 +55,16 @@ pub(super) async fn run(svc: Arc<MoveService>, mut stop: watch::Receiver<bool>, 
                 }
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stopped(&mut stop) => break,
+        // Waiting to reconnect, the connection slices lapse before their leases do.
+        let wake = Instant::now() + backoff;
+        while Instant::now() < wake {
+            leases.lapse_if_stale(&svc.hooks.server_caps);
+            let lapse = leases.lapse_at();
+            let next = if lapse > Instant::now() { wake.min(lapse) } else { wake };
+            tokio::select! {
+                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = stopped(&mut stop) => break 'sessions,
+            }
         }
         backoff = (backoff * 2).min(Duration::from_secs(10));
     }
@@ -69,6 +81,7 @@ async fn session(
     svc: &Arc<MoveService>,
     stop: &mut watch::Receiver<bool>,
     ready: &mut Option<oneshot::Sender<()>>,
+    leases: &mut crate::tenancy::budget::Leases,
 ) -> Result<(), MoveError> {
     let listener =
         svc.hooks.catalog_link.listen(CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
@@ -83,9 +96,13 @@ async fn session(
     for row in rows {
         hold(svc, &client, row.get(0), TenantId::Int(row.get(1)), row.get(2));
     }
+    let caps = svc.hooks.server_caps.clone();
+    // Budgets known before the proxy serves: its pools open under them.
+    lease_connections(svc, leases, &client).await;
     if let Some(ready) = ready.take() {
         let _ = ready.send(());
     }
+    let mut leased_at = Instant::now();
     let mut tick = tokio::time::interval(tick_of(svc.moves_config().proxy_stale_ms));
     let fleet_every = Duration::from_millis(svc.moves_config().proxy_stale_ms.max(500));
     let mut fleet_checked = std::time::Instant::now();
@@ -100,11 +117,22 @@ async fn session(
                     Err(e) => tracing::warn!(payload = n.payload(), error = %e, "unreadable move message"),
                 }
             }
+            // A connection waits for a slot of a slice: lease more (at most every 20 ms).
+            _ = caps.fleet_demand.notified() => {
+                let since = leased_at.elapsed();
+                if since < DEMAND_EVERY {
+                    tokio::time::sleep(DEMAND_EVERY - since).await;
+                }
+                lease_connections(svc, leases, &client).await;
+                leased_at = Instant::now();
+            }
             _ = tick.tick() => {
                 if client.is_closed() {
                     return Err(MoveError::Catalog("the connection ended".into()));
                 }
                 heartbeat(svc, &client).await?;
+                lease_connections(svc, leases, &client).await;
+                leased_at = Instant::now();
                 take_over(svc, &client).await?;
                 reconcile_pauses(svc, &client).await?;
                 if fleet_checked.elapsed() >= fleet_every {
@@ -114,6 +142,13 @@ async fn session(
             }
             _ = stopped(stop) => return Ok(()),
         }
+    }
+}
+
+/// Renews this proxy's slices of the fleet's connection budgets (see `budget`).
+async fn lease_connections(svc: &MoveService, leases: &mut crate::tenancy::budget::Leases, client: &Client) {
+    if let Err(e) = leases.round(&svc.hooks.server_caps, &svc.proxy_id, client).await {
+        tracing::warn!(error = %e, "connection budget: the slices were not renewed");
     }
 }
 

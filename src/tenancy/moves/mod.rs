@@ -47,6 +47,8 @@ pub struct MoveHooks {
     pub clients: Arc<ConnRegistry>,
     /// The catalog connection the agent LISTENs on, shared with the routing watcher.
     pub catalog_link: Arc<crate::directory::CatalogLink>,
+    /// The pools' caps: the agent sizes this proxy's slices of the fleet's budgets.
+    pub server_caps: Arc<crate::backend::ServerCaps>,
     /// The transactions pgtenant counted for each tenant it keeps figures of, a row per
     /// shard it was counted on (what fleet plans weigh tenants by).
     pub tenant_loads: Box<dyn Fn() -> Vec<(i64, u64)> + Send + Sync>,
