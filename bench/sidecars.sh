@@ -14,10 +14,11 @@
 # acknowledging the pause). The fleet is stopped before the next N. The dev proxy
 # is one more proxy on the catalog throughout.
 #
-#   [FLEET="10 50 100"] [MEASURE_S=10] bench/sidecars.sh
+#   [FLEET="10 50 100"] [MEASURE_S=10] [MAX_CONNECTIONS=1000] bench/sidecars.sh
 #
-# The dev clusters allow 300 connections: past about 140 proxies the catalog needs a
-# larger max_connections (each proxy holds 2 catalog connections; see docs/deploying.md).
+# The dev clusters allow 300 connections, enough for about 140 proxies (each holds 2
+# catalog connections and 2 on its tenant's shard); MAX_CONNECTIONS raises it on the
+# catalog and the shards (ALTER SYSTEM and a restart, before the fleet starts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROXY_PORT=${PROXY_PORT:-7932}
@@ -34,6 +35,17 @@ for port in "$SHARD_PORT" $((SHARD_PORT + 1)); do
 done
 psql -h 127.0.0.1 -p "$SHARD_PORT" -U postgres -d app -XAtq -c \
   "INSERT INTO sc_orders SELECT 77, g, 'seed' FROM generate_series(1, 2000) g ON CONFLICT DO NOTHING"
+if [ -n "${MAX_CONNECTIONS:-}" ]; then
+  PG_CTL="$(dirname "$(readlink -f "$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")/pg_ctl"
+  for dir in shard1 shard2 catalog; do
+    port=$(awk '/^port *=/ {print $3}' "$STATE/$dir/postgresql.conf" | tail -1)
+    psql -h 127.0.0.1 -p "$port" -U postgres -d postgres -XAtq -c "ALTER SYSTEM SET max_connections = $MAX_CONNECTIONS"
+    owner=$(stat -c %U "$STATE/$dir")
+    if [ "$owner" = "$(id -un)" ]; then "$PG_CTL" -D "$STATE/$dir" -w -m fast restart >/dev/null
+    else runuser -u "$owner" -- "$PG_CTL" -D "$STATE/$dir" -w -m fast restart >/dev/null; fi
+  done
+  wait_for_port "$PROXY_PORT" 150
+fi
 
 # sidecar_config PORT: dev's configuration as a sidecar's.
 sidecar_config() {

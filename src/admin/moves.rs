@@ -27,6 +27,7 @@ pub fn table() -> Table {
         ("created_at", Kind::Text),
         ("switched_at", Kind::Text),
         ("ended_at", Kind::Text),
+        ("batch_id", Kind::Int8),
     ])
 }
 
@@ -54,6 +55,7 @@ fn rows(moves: impl IntoIterator<Item = MoveRow>) -> Table {
             text(m.created_at),
             opt_text(m.switched_at),
             opt_text(m.ended_at),
+            opt_int(m.batch),
         ]);
     }
     t

@@ -261,6 +261,11 @@ async fn plans_weigh_every_proxys_counts_and_a_bandwidth_budget_spaces_the_moves
     let row = ended(&console, &batch, Duration::from_secs(120)).await;
     assert_eq!(row["state"], "done", "{row:?}");
     assert_eq!(row["bandwidth_mb"], "0.0005", "{row:?}");
+    let moves = console_rows(&console, "SHOW MOVES").await;
+    assert!(
+        moves.len() == 2 && moves.iter().all(|m| m["batch_id"] == batch),
+        "SHOW MOVES names the batch: {moves:?}"
+    );
     let moves = catalog
         .admin
         .query(

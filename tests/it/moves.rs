@@ -621,3 +621,60 @@ async fn two_moves_in_opposite_directions_started_together_both_switch() {
     assert_eq!((ids_on(db, 2, 81).await.len(), ids_on(db, 1, 1081).await.len()), (50, 50));
     proxy.shutdown().await;
 }
+
+/// A move with ten proxies on the catalog, as a small sidecar fleet (issue 56), writers
+/// of the moving tenant through three of them: every proxy acknowledges the cutover's
+/// pause, and every acknowledged write is on the target.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_move_through_a_fleet_of_ten_proxies_loses_nothing() {
+    let db = "moves_fleet";
+    tenant_database(db).await;
+    seed(db, 1, 91, 100).await;
+    let catalog = new_catalog("moves_fleet").await;
+    let mut proxies = Vec::new();
+    for _ in 0..10 {
+        proxies.push(start_proxy(&catalog, db, |_| {}).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = proxies
+        .iter()
+        .take(3)
+        .enumerate()
+        .map(|(i, p)| {
+            tokio::spawn(writer(tenant_conninfo(p, db, 91), 91, 1_000_000 * (i as i64 + 1), stop.clone()))
+        })
+        .collect();
+    let writing =
+        crate::harness::eventually(Duration::from_secs(10), || async { ids_on(db, 1, 91).await.len() > 130 });
+    assert!(writing.await.is_some(), "the writers write");
+    let console = connect(&proxies[0].admin_conninfo()).await.unwrap();
+    let id: i64 = console.query_one("MOVE TENANT 91 TO SHARD 2", &[]).await.unwrap().get("move_id");
+    let switched = wait_phase(&console, id, "switched", Duration::from_secs(60)).await;
+    let copied = switched.get::<_, i64>("rows_copied") as usize;
+    // Writes after the switch land on the target too.
+    let after = crate::harness::eventually(Duration::from_secs(10), || async {
+        ids_on(db, 2, 91).await.len() > copied + 30
+    });
+    assert!(after.await.is_some(), "writes go on on the target");
+    stop.store(true, Ordering::Relaxed);
+    let on_target = ids_on(db, 2, 91).await;
+    for (i, w) in writers.into_iter().enumerate() {
+        let w = w.await.unwrap();
+        let lost: Vec<&i64> = w.acked.iter().filter(|id| !on_target.contains(id)).collect();
+        assert!(!w.acked.is_empty() && lost.is_empty(), "writer {i}: lost {lost:?}");
+    }
+    let acked: i64 = catalog
+        .admin
+        .query_one(
+            "SELECT count(DISTINCT proxy_id) FROM pgtenant.move_ack a JOIN pgtenant.tenant_move m USING (move_id)
+             WHERE move_id = $1 AND a.epoch = m.pause_epoch",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(acked, 10, "every proxy of the fleet acknowledged the pause");
+    for p in proxies {
+        p.shutdown().await;
+    }
+}

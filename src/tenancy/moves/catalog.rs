@@ -94,6 +94,8 @@ pub struct MoveRow {
     pub rows_copied: i64,
     /// The size of those rows (sum of `pg_column_size`), what copy budgets count.
     pub bytes_copied: i64,
+    /// The fleet batch it is a step of, if any.
+    pub batch: Option<i64>,
     pub lag_ms: Option<i64>,
     pub pause_ms: Option<i64>,
     pub attempts: i32,
@@ -115,7 +117,8 @@ impl MoveRow {
 
 const COLUMNS: &str = "move_id, tenant_id, source_shard, target_shard, dbname, phase, requested, driver, \
      pause_epoch, paused, tables, rows_copied, lag_ms, pause_ms, attempts, error, created_at::text, \
-     switched_at::text, ended_at::text, token, bytes_copied";
+     switched_at::text, ended_at::text, token, bytes_copied, \
+     (SELECT s.batch_id FROM pgtenant.fleet_step s WHERE s.move_id = tenant_move.move_id LIMIT 1)";
 
 fn row_of(row: &tokio_postgres::Row) -> Result<MoveRow, MoveError> {
     let phase: String = row.get(5);
@@ -147,6 +150,7 @@ fn row_of(row: &tokio_postgres::Row) -> Result<MoveRow, MoveError> {
         ended_at: row.get(18),
         token: row.get(19),
         bytes_copied: row.get(20),
+        batch: row.get(21),
     })
 }
 
