@@ -149,20 +149,35 @@ impl Cap {
             return Ok(Some(permit));
         }
         self.make_room(asking);
-        self.waiting.fetch_add(1, Ordering::AcqRel);
+        // Counted while it waits, also when the wait is given up (the client left).
+        let _waiting = Waiting::count(&self.waiting);
         if let Some(demand) = &self.demand {
             demand.notify_one();
         }
-        let got = tokio::select! {
+        tokio::select! {
             permit = self.slots.clone().acquire_owned() => Ok(permit.ok()),
             _ = came_back.notified() => Ok(None),
             _ = tokio::time::sleep_until(deadline.into()) => Err(BackendError::Capped {
                 what: self.name.clone(),
                 max: self.size(),
             }),
-        };
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        got
+        }
+    }
+}
+
+/// One new connection waiting for a slot, counted for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicUsize) -> Self {
+        waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
