@@ -7,7 +7,7 @@
 //! one of its own connections to come back idle, which it then takes instead.
 //!
 //! A third kind, per (shard, server role), is this proxy's slice of a budget the whole
-//! fleet shares (`tenancy::budget` leases it from the catalog): its size changes as
+//! fleet shares (`tenancy::connection_budget` leases it from the catalog): its size changes as
 //! the lease does. It starts at 0; a connection that finds it full tells the lease
 //! keeper (`demand`), and waits. Shrunk, it forgets free slots at once, closes idle
 //! connections, and forgets each slot a busy connection gives back until it is down

@@ -4,7 +4,7 @@
 //! no timestamp is ever reused. Minting needs a valid instance grant (see `lease`):
 //! with a catalog, the first call asks the lease keeper for one (`demand`) and waits
 //! for it a little; when none can be had (every number leased, or no catalog), the
-//! call fails at once with `Unavailable`, and the session mints on the shard instead.
+//! call fails at once with `NoneFree`, and the session mints on the shard instead.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -235,9 +235,7 @@ impl Minter {
             }
         }
     }
-}
 
-impl Minter {
     /// Asks the keeper for a number and waits `LEASE_WAIT` at most for it.
     async fn wait_for_grant(&self) {
         let granted = self.granted.notified();

@@ -2,9 +2,9 @@
 //! beside routing it: the pauses of the admin console (`pause`) and the placement of
 //! new tenants (`placement`), online moves of one tenant to another shard (`moves`),
 //! and fleet batches of them: drain, rebalance, isolate (`fleet`); and this proxy's
-//! slices of the connection budgets the fleet shares (`budget`).
+//! slices of the connection budgets the fleet shares (`connection_budget`).
 
-pub mod budget;
+pub mod connection_budget;
 pub mod fleet;
 pub mod moves;
 pub mod pause;

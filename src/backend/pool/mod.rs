@@ -556,7 +556,7 @@ impl Pools {
 
     /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The
     /// handle is cheap to clone; sessions keep theirs to skip this lookup per checkout.
-    /// The caps over every pool, fleet slices included (`tenancy::budget` sizes those).
+    /// The caps over every pool, fleet slices included (`tenancy::connection_budget` sizes those).
     pub fn caps(&self) -> Arc<ServerCaps> {
         self.caps.clone()
     }

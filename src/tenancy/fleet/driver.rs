@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::FleetError;
-use super::budget;
 use super::catalog::{self, StepRow};
+use super::copy_budget;
 use crate::tenancy::moves::{MoveService, Phase, Request};
 
 /// Between two rounds of a batch.
@@ -114,13 +114,14 @@ async fn round(
             let bytes = match step.est_bytes {
                 Some(bytes) => bytes,
                 None => {
-                    let bytes = budget::tenant_bytes(svc, step.step.source, &batch.dbname, tenant).await?;
+                    let bytes =
+                        copy_budget::tenant_bytes(svc, step.step.source, &batch.dbname, tenant).await?;
                     catalog::set_step_bytes(client, id, step.seq, bytes).await?;
                     bytes
                 }
             };
             let allowed = bytes_a_second as f64 * batch.seconds;
-            if !budget::may_start(allowed, charged, moving, bytes) {
+            if !copy_budget::may_start(allowed, charged, moving, bytes) {
                 break;
             }
             charged += bytes;

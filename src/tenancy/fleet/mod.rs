@@ -9,10 +9,10 @@
 //! - `plan`: who moves where, a pure function; `loads`: the fleet's counts it weighs.
 //! - `catalog`: the batch and its steps; `row`, a batch as read from there.
 //! - `driver`: runs one batch; `watch` takes over batches whose driver is gone;
-//!   `budget`: when its next move may start under a copy-bandwidth budget.
+//!   `copy_budget`: when its next move may start under a copy-bandwidth budget.
 
-mod budget;
 pub mod catalog;
+mod copy_budget;
 mod driver;
 mod loads;
 pub mod plan;
@@ -127,7 +127,7 @@ pub async fn plan(svc: &MoveService, command: &FleetCommand, dbname: &str) -> Re
 async fn tenants_in_tables(svc: &MoveService, shard: ShardId, dbname: &str) -> Result<Vec<i64>, FleetError> {
     let failed = |e: tokio_postgres::Error| FleetError::Shard { shard, reason: e.to_string() };
     let client = svc.shard_client(shard, dbname).await?;
-    let tables = budget::tenant_tables(&client, svc.tenant_column()).await.map_err(failed)?;
+    let tables = tenant_tables(&client, svc.tenant_column()).await.map_err(failed)?;
     if tables.is_empty() {
         return Ok(Vec::new());
     }
@@ -144,6 +144,27 @@ async fn tenants_in_tables(svc: &MoveService, shard: ShardId, dbname: &str) -> R
         return Err(FleetError::TooManyTenants { shard });
     }
     Ok(found)
+}
+
+/// The tables of the connected database with the tenant column `column` (quoted
+/// `schema.table`, partitions through their parents).
+async fn tenant_tables(
+    client: &tokio_postgres::Client,
+    column: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT format('%I.%I', n.nspname, c.relname)
+             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+             WHERE a.attname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+               AND NOT c.relispartition AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pgtenant')",
+            &[&column],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 /// Plans `command` and runs it as a batch driven by this proxy (DRAIN SHARD first marks

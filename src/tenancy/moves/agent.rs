@@ -42,7 +42,7 @@ pub(super) async fn run(svc: Arc<MoveService>, mut stop: watch::Receiver<bool>, 
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
     let stale = Duration::from_millis(svc.moves_config().proxy_stale_ms);
-    let mut leases = crate::tenancy::budget::Leases::new(stale);
+    let mut leases = crate::tenancy::connection_budget::Leases::new(stale);
     'sessions: loop {
         match session(&svc, &mut stop, &mut ready, &mut leases).await {
             Ok(()) => break,
@@ -81,7 +81,7 @@ async fn session(
     svc: &Arc<MoveService>,
     stop: &mut watch::Receiver<bool>,
     ready: &mut Option<oneshot::Sender<()>>,
-    leases: &mut crate::tenancy::budget::Leases,
+    leases: &mut crate::tenancy::connection_budget::Leases,
 ) -> Result<(), MoveError> {
     let listener =
         svc.hooks.catalog_link.listen(CHANNEL, 1024).await.map_err(|e| MoveError::from_catalog(&e))?;
@@ -145,8 +145,12 @@ async fn session(
     }
 }
 
-/// Renews this proxy's slices of the fleet's connection budgets (see `budget`).
-async fn lease_connections(svc: &MoveService, leases: &mut crate::tenancy::budget::Leases, client: &Client) {
+/// Renews this proxy's slices of the fleet's connection budgets (see `connection_budget`).
+async fn lease_connections(
+    svc: &MoveService,
+    leases: &mut crate::tenancy::connection_budget::Leases,
+    client: &Client,
+) {
     if let Err(e) = leases.round(&svc.hooks.server_caps, &svc.proxy_id, client).await {
         tracing::warn!(error = %e, "connection budget: the slices were not renewed");
     }
@@ -207,8 +211,6 @@ fn hold(svc: &Arc<MoveService>, client: &Arc<Client>, id: i64, tenant: TenantId,
     });
 }
 
-/// Lifts move `id`'s pause of `tenant`: its cached placement is forgotten first, so
-/// the transactions held until now look it up again (the target after a switch).
 /// Answers a fleet plan's request `request` with this proxy's per-tenant transaction
 /// counts (one row, off the notification loop).
 fn report_loads(svc: &Arc<MoveService>, client: &Arc<Client>, request: i64) {
@@ -229,6 +231,8 @@ fn report_loads(svc: &Arc<MoveService>, client: &Arc<Client>, request: i64) {
     });
 }
 
+/// Lifts move `id`'s pause of `tenant`: its cached placement is forgotten first, so
+/// the transactions held until now look it up again (the target after a switch).
 fn release(svc: &MoveService, id: i64, tenant: &TenantId) {
     (svc.hooks.forget_tenant)(tenant);
     svc.hooks.pauses.resume(&PauseScope::Tenant(tenant.clone()));

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 pub use agent::CHANNEL;
 pub use catalog::{MoveRow, Phase, Request};
 pub use error::MoveError;
-pub use shard::quote_ident;
+pub use shard::{TenantRows, quote_ident, tenant_size};
 
 use crate::config::{CatalogConfig, Config, NodeConfig};
 use crate::directory::{ShardId, TenantId};

@@ -243,7 +243,6 @@ pub async fn copy_state(
     name: &str,
     rows: TenantRows<'_>,
 ) -> Result<CopyState, MoveError> {
-    let TenantRows { tables, column, tenant } = rows;
     let on_target = MoveError::shard(target_id);
     let row = target
         .query_one(
@@ -256,17 +255,25 @@ pub async fn copy_state(
         .await
         .map_err(&on_target)?;
     let (pending, total, errors): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
-    let (mut rows, mut bytes) = (0, 0);
+    let (rows, bytes) = tenant_size(target, rows).await.map_err(&on_target)?;
+    Ok(CopyState { ready: total > 0 && pending == 0, errors, rows, bytes })
+}
+
+/// The tenant's rows in `tables` on the connected shard, and their size (the sum of
+/// `pg_column_size` of each row): what a copy writes, and what a copy budget charges.
+pub async fn tenant_size(client: &Client, rows: TenantRows<'_>) -> Result<(i64, i64), tokio_postgres::Error> {
+    let TenantRows { tables, column, tenant } = rows;
+    let (mut count, mut bytes) = (0, 0);
     for table in tables {
         let sql = format!(
             "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {table} t WHERE {}",
             tenant_filter(column, tenant)
         );
-        let counted = target.query_one(&sql, &[]).await.map_err(&on_target)?;
-        rows += counted.get::<_, i64>(0);
+        let counted = client.query_one(&sql, &[]).await?;
+        count += counted.get::<_, i64>(0);
         bytes += counted.get::<_, i64>(1);
     }
-    Ok(CopyState { ready: total > 0 && pending == 0, errors, rows, bytes })
+    Ok((count, bytes))
 }
 
 /// Writes marker `token` of move `id` on the source. Its commit is flushed at once

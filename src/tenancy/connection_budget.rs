@@ -15,6 +15,10 @@ use tokio_postgres::Client;
 use crate::backend::ServerCaps;
 use crate::directory::ShardId;
 
+/// A slice's size once its budget is gone: as large as the pools make it (a semaphore
+/// takes at most `usize::MAX >> 3` permits).
+const NO_BUDGET: usize = usize::MAX >> 4;
+
 /// What the lease rounds keep between them.
 pub struct Leases {
     ttl: Duration,
@@ -90,8 +94,7 @@ async fn renew(
             )
             .await?
             .get(0);
-        // No budget any more: the slice is as large as the pools make it.
-        let size = granted.map_or(usize::MAX >> 4, |g| g.max(0) as usize);
+        let size = granted.map_or(NO_BUDGET, |g| g.max(0) as usize);
         if size != slice.size {
             tracing::debug!(shard = slice.shard, role = %slice.role, from = slice.size, to = size, "connection slice resized");
         }

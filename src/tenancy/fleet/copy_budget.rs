@@ -7,32 +7,9 @@
 //! The first move, or one with nothing else running, needs only the earlier charges
 //! paid, so a tenant larger than the budget still moves.
 
-use tokio_postgres::Client;
-
-use super::FleetError;
+use super::{FleetError, tenant_tables};
 use crate::directory::ShardId;
-use crate::tenancy::moves::{MoveService, quote_ident};
-
-/// The tables of the connected database with the tenant column `column` (quoted
-/// `schema.table`, partitions through their parents).
-pub(super) async fn tenant_tables(
-    client: &Client,
-    column: &str,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    Ok(client
-        .query(
-            "SELECT format('%I.%I', n.nspname, c.relname)
-             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-             WHERE a.attname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
-               AND NOT c.relispartition AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pgtenant')",
-            &[&column],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect())
-}
+use crate::tenancy::moves::{MoveService, TenantRows, tenant_size};
 
 /// The size of `tenant`'s rows on `shard` (what moving it copies).
 pub(super) async fn tenant_bytes(
@@ -44,14 +21,9 @@ pub(super) async fn tenant_bytes(
     let failed = |e: tokio_postgres::Error| FleetError::Shard { shard, reason: e.to_string() };
     let client = svc.shard_client(shard, dbname).await?;
     let column = svc.tenant_column();
-    let mut bytes = 0;
-    for table in tenant_tables(&client, column).await.map_err(failed)? {
-        let sql = format!(
-            "SELECT coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {table} t WHERE {} = $1",
-            quote_ident(column)
-        );
-        bytes += client.query_one(&sql, &[&tenant]).await.map_err(failed)?.get::<_, i64>(0);
-    }
+    let tables = tenant_tables(&client, column).await.map_err(failed)?;
+    let (_, bytes) =
+        tenant_size(&client, TenantRows { tables: &tables, column, tenant }).await.map_err(failed)?;
     Ok(bytes)
 }
 
