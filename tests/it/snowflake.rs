@@ -465,3 +465,35 @@ async fn unread_answers_hold_back_further_requests_and_all_arrive() {
     assert!(rows.iter().all(|r| r.len() == 1000));
     proxy.shutdown().await;
 }
+
+/// A read-only tenant mints as any other when the shard mints for the proxy: the
+/// shard's function runs outside the tenant's read-only wall, which its session's
+/// pooled connections carry.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_tenant_mints_on_the_shard_when_no_number_is_free() {
+    let catalog = new_catalog("snowflake_read_only").await;
+    catalog
+        .admin
+        .batch_execute(
+            "INSERT INTO pgtenant.tenant_shard_map (tenant_id, shard_id, state) VALUES (77, 1, 'read_only');
+             INSERT INTO pgtenant.snowflake_lease (instance, holder, expires_at)
+             SELECT i, 'thief', now() + interval '1 hour' FROM generate_series(1, 15) i",
+        )
+        .await
+        .unwrap();
+    let proxy = start_catalog_proxy(catalog.config.clone(), |_| {}).await;
+    let client = proxy.connect(Some(77)).await;
+    // The connection its statements ran on carries the wall now, back in the pool.
+    let wall: String = client.query_one("SHOW default_transaction_read_only", &[]).await.unwrap().get(0);
+    assert_eq!(wall, "on");
+    let ids: Vec<i64> = client
+        .query("SELECT * FROM pgtenant.next_ids(3)", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(|id| Layout::default().decode(*id).instance == 0), "minted by the shard: {ids:?}");
+    proxy.shutdown().await;
+}

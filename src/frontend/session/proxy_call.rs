@@ -209,11 +209,20 @@ impl Session {
             return Err(refused("it is not a shard of this proxy's directory".into()));
         };
         let mut conn = self.scatter_conn(id, false).await?.map_err(refused)?;
-        let sql = format!("SELECT pgtenant.next_id({shard}) FROM generate_series(1, {count})");
+        // In a transaction of its own, READ WRITE: the connection may carry a read-only
+        // tenant's wall, and minting is no write of the tenant's (as the proxy's is not).
+        let sql = format!(
+            "BEGIN READ WRITE; SELECT pgtenant.next_id({shard}) FROM generate_series(1, {count}); COMMIT"
+        );
         let minted = conn.query_first_column(&sql).await;
         let values = match minted {
             Ok(Ok(values)) => values,
-            Ok(Err(error)) => return Err(refused(error.message)),
+            Ok(Err(error)) => {
+                if !matches!(conn.run_sql("ROLLBACK").await, Ok(None)) {
+                    conn.discard();
+                }
+                return Err(refused(error.message));
+            }
             Err(e) => {
                 conn.discard();
                 return Err(refused(e.to_string()));
