@@ -594,32 +594,45 @@ async fn a_pause_the_catalog_stops_asking_for_without_a_resume_is_lifted_and_the
     proxy.shutdown().await;
 }
 
-/// Two moves in opposite directions between the same shards, started together: each
-/// one's subscription makes a slot on the other's target, which waits for the
-/// transactions running there, the other's CREATE SUBSCRIPTION among them. Set-ups
-/// take turns, so both switch.
+/// Moves in opposite directions between the same shards, all started together: two in
+/// one fleet and two in another (its own catalog and database on the same servers).
+/// Each move's slot waits for the transactions writing on its source, where the
+/// opposite move sets up its subscription; none of them waits for the other, so all
+/// four switch.
 #[tokio::test(flavor = "multi_thread")]
-async fn two_moves_in_opposite_directions_started_together_both_switch() {
-    let db = "moves_crossing";
-    tenant_database(db).await;
-    seed(db, 1, 81, 50).await;
-    seed(db, 2, 1081, 50).await;
-    let catalog = new_catalog("moves_crossing").await;
-    let proxy = start_proxy(&catalog, db, |_| {}).await;
-    let (one, two) =
-        (connect(&proxy.admin_conninfo()).await.unwrap(), connect(&proxy.admin_conninfo()).await.unwrap());
-    let (a, b) = tokio::join!(
-        one.query_one("MOVE TENANT 81 TO SHARD 2", &[]),
-        two.query_one("MOVE TENANT 1081 TO SHARD 1", &[])
-    );
-    let ids = [a.unwrap().get::<_, i64>("move_id"), b.unwrap().get::<_, i64>("move_id")];
-    for id in ids {
-        wait_phase(&one, id, "switched", Duration::from_secs(60)).await;
+async fn moves_in_opposite_directions_started_together_in_two_fleets_all_switch() {
+    let mut fleets = Vec::new();
+    for db in ["moves_crossing", "moves_crossing_other"] {
+        tenant_database(db).await;
+        seed(db, 1, 81, 50).await;
+        seed(db, 2, 1081, 50).await;
+        let catalog = new_catalog(db).await;
+        let proxy = start_proxy(&catalog, db, |_| {}).await;
+        let consoles = (
+            connect(&proxy.admin_conninfo()).await.unwrap(),
+            connect(&proxy.admin_conninfo()).await.unwrap(),
+        );
+        fleets.push((db, catalog, proxy, consoles));
     }
-    assert_eq!(shard_answering(&proxy, db, 81).await, 2);
-    assert_eq!(shard_answering(&proxy, db, 1081).await, 1);
-    assert_eq!((ids_on(db, 2, 81).await.len(), ids_on(db, 1, 1081).await.len()), (50, 50));
-    proxy.shutdown().await;
+    let [(_, _, _, (a1, a2)), (_, _, _, (b1, b2))] = &fleets[..] else { unreachable!() };
+    let (a, b, c, d) = tokio::join!(
+        a1.query_one("MOVE TENANT 81 TO SHARD 2", &[]),
+        a2.query_one("MOVE TENANT 1081 TO SHARD 1", &[]),
+        b1.query_one("MOVE TENANT 1081 TO SHARD 1", &[]),
+        b2.query_one("MOVE TENANT 81 TO SHARD 2", &[])
+    );
+    let ids = [a, b, c, d].map(|r| r.unwrap().get::<_, i64>("move_id"));
+    for (n, (db, _, proxy, (console, _))) in fleets.iter().enumerate() {
+        for id in &ids[2 * n..2 * n + 2] {
+            wait_phase(console, *id, "switched", Duration::from_secs(60)).await;
+        }
+        assert_eq!(shard_answering(proxy, db, 81).await, 2);
+        assert_eq!(shard_answering(proxy, db, 1081).await, 1);
+        assert_eq!((ids_on(db, 2, 81).await.len(), ids_on(db, 1, 1081).await.len()), (50, 50));
+    }
+    for (_, _, proxy, _) in fleets {
+        proxy.shutdown().await;
+    }
 }
 
 /// A move with ten proxies on the catalog, as a small sidecar fleet (issue 56), writers

@@ -250,30 +250,14 @@ async fn copy_state(svc: &MoveService, l: &Links, mv: &MoveRow) -> Result<shard:
     shard::copy_state(&l.target, mv.target, &mv.replication_name(), rows).await
 }
 
-/// The catalog's advisory lock that set-ups take in turn (`set_up`).
-const SET_UP_LOCK: i64 = 0x7067_7465_6e61_6e74; // "pgtenant"
-
 /// Preflight, then the publication and subscription; the move is then copying. The
 /// subscription's slot waits for the transactions writing on the source to end (as any
-/// logical slot does), so this takes as long as the longest of them. One set-up at a
-/// time in the whole fleet (an advisory lock on the catalog, held by this driver's
-/// connection): two moves in opposite directions between the same shards, set up at
-/// once, would each wait for the other's CREATE SUBSCRIPTION to end, forever.
+/// logical slot does), so this takes as long as the longest of them.
 pub(super) async fn set_up(
     svc: &MoveService,
     catalog_client: &Client,
     mv: &MoveRow,
 ) -> Result<(), MoveError> {
-    let catalog_error = |e: tokio_postgres::Error| MoveError::from_catalog(&e);
-    catalog_client.execute("SELECT pg_advisory_lock($1)", &[&SET_UP_LOCK]).await.map_err(catalog_error)?;
-    let done = set_up_in_turn(svc, catalog_client, mv).await;
-    let unlocked = catalog_client.execute("SELECT pg_advisory_unlock($1)", &[&SET_UP_LOCK]).await;
-    done?;
-    unlocked.map_err(catalog_error)?;
-    Ok(())
-}
-
-async fn set_up_in_turn(svc: &MoveService, catalog_client: &Client, mv: &MoveRow) -> Result<(), MoveError> {
     let source = svc.shard_client(mv.source, &mv.dbname).await?;
     let target = svc.shard_client(mv.target, &mv.dbname).await?;
     let tables = check(svc, catalog_client, mv, &source, &target).await?;

@@ -11,7 +11,10 @@ use crate::backend::quote_literal;
 
 /// The table the markers go through: published with the tenant's rows, so a marker
 /// applied on the target means every change committed on the source before it is too.
-const MARKER_SQL: &str = "CREATE SCHEMA IF NOT EXISTS pgtenant;
+// One string, so one transaction: the lock makes two moves' set-ups in one database take
+// turns (CREATE ... IF NOT EXISTS fails on a duplicate key when another makes it at once).
+const MARKER_SQL: &str = "SELECT pg_advisory_xact_lock(hashtext('pgtenant.move_marker'));
+     CREATE SCHEMA IF NOT EXISTS pgtenant;
      CREATE TABLE IF NOT EXISTS pgtenant.move_marker (
          move_id bigint NOT NULL, token bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(),
          PRIMARY KEY (move_id, token))";
@@ -207,8 +210,22 @@ pub async fn start_replication(
         source.batch_execute(&sql).await.map_err(&on_source)?;
     }
     if !is_subscribed(target, target_id, name).await? {
+        // The slot is made first, from a connection of the source that holds no
+        // transaction ID: CREATE SUBSCRIPTION would make it while its own transaction
+        // on the target is open, and a slot waits for every transaction writing on its
+        // server. Two such set-ups in opposite directions between two servers (moves of
+        // two catalogs, or two databases) would then wait for each other, for ever.
+        source
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&name],
+            )
+            .await
+            .map_err(&on_source)?;
         let sql = format!(
-            "CREATE SUBSCRIPTION {n} CONNECTION {c} PUBLICATION {n} WITH (copy_data = true)",
+            "CREATE SUBSCRIPTION {n} CONNECTION {c} PUBLICATION {n} \
+             WITH (copy_data = true, create_slot = false, slot_name = {n})",
             n = quote_ident(name),
             c = quote_literal(source_conninfo)
         );
