@@ -58,6 +58,39 @@ impl Default for WriteHooks {
     }
 }
 
+/// How long a session trusts the shared answer it read last without asking again.
+const MEMO_MS: u64 = 1000;
+
+/// One session's copy of the last "none" it was told, for its next writes: the shared
+/// answer costs a key of the database's name and a hashed lookup, on every write. Void
+/// once any DDL made the shared answers be read again, and after `MEMO_MS`.
+#[derive(Default)]
+pub struct HooksMemo(Option<(ShardId, u64, u64)>);
+
+impl HooksMemo {
+    /// `WriteHooks::none_known`, answered from the memo while it holds.
+    pub fn none_known(
+        &mut self,
+        hooks: &Arc<WriteHooks>,
+        shard: ShardId,
+        database: &str,
+        node: impl FnOnce() -> Option<NodeConfig>,
+        user: &Arc<UserConfig>,
+    ) -> bool {
+        let now = crate::backend::coarse_clock::coarse_ms();
+        let forgotten = hooks.forgotten.load(Ordering::Acquire);
+        if let Some((memo_shard, memo_forgotten, until)) = self.0
+            && (memo_shard, memo_forgotten) == (shard, forgotten)
+            && now < until
+        {
+            return true;
+        }
+        let none = hooks.none_known(shard, database, node, user);
+        self.0 = none.then_some((shard, forgotten, now + MEMO_MS));
+        none
+    }
+}
+
 impl WriteHooks {
     /// Whether a write to `database` on `shard` is known to run no code pgtenant does not
     /// see. When that is not known, it is read in the background (from `node`, as
@@ -116,4 +149,41 @@ async fn read_hooks(
     let client = super::catalog_reader(node, user, dbname, "pgtenant write hooks").await?;
     // A server that answers something else (NULL, another type) counts as one with hooks.
     Ok(client.query_one(HOOKS_SQL, &[]).await?.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_s_memo_holds_until_ddl_makes_the_answers_be_read_again() {
+        let hooks = Arc::new(WriteHooks::default());
+        let config = crate::config::Config::from_toml(
+            r#"
+            [[users]]
+            name = "app"
+            password = "app"
+            [[shards]]
+            id = 1
+            nodes = [{ host = "a", port = 1, role = "primary" }]
+            "#,
+            std::path::Path::new("test"),
+        )
+        .unwrap();
+        let user = Arc::new(config.users[0].clone());
+        let mut memo = HooksMemo::default();
+        // Nothing known, no node to read it from: writes count as running hooks.
+        assert!(!memo.none_known(&hooks, 1, "app", || None, &user));
+        hooks.known.insert((1, "app".into()), false);
+        assert!(memo.none_known(&hooks, 1, "app", || None, &user));
+        // Told by the memo while the shared answer is gone, on the same shard only.
+        hooks.known.invalidate(&(1, "app".into()));
+        assert!(memo.none_known(&hooks, 1, "app", || None, &user));
+        assert!(!memo.none_known(&hooks, 2, "app", || None, &user));
+        hooks.known.insert((1, "app".into()), false);
+        assert!(memo.none_known(&hooks, 1, "app", || None, &user));
+        // DDL: the memo is void at once.
+        hooks.forget(1, "app");
+        assert!(!memo.none_known(&hooks, 1, "app", || None, &user));
+    }
 }

@@ -546,6 +546,37 @@ mod tests {
     }
 
     #[test]
+    fn every_statement_of_pgbench_s_tpcb_script_is_recognised_once_seen() {
+        let r = router();
+        let mut recent = RecentAnalyses::default();
+        // Its delta's sign changes the tokens: eleven shapes with BEGIN, SELECT and END.
+        let script = |delta: i64, id: u64| {
+            [
+                "BEGIN;".to_string(),
+                format!("UPDATE pgbench_accounts SET abalance = abalance + {delta} WHERE aid = {id};"),
+                format!("SELECT abalance FROM pgbench_accounts WHERE aid = {id};"),
+                format!("UPDATE pgbench_tellers SET tbalance = tbalance + {delta} WHERE tid = {id};"),
+                format!("UPDATE pgbench_branches SET bbalance = bbalance + {delta} WHERE bid = {id};"),
+                format!(
+                    "INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES ({id}, {id}, {id}, {delta}, CURRENT_TIMESTAMP);"
+                ),
+                "END;".to_string(),
+            ]
+        };
+        let mut seen = Vec::new();
+        for (delta, id) in [(5, 1), (-5, 2)] {
+            seen.extend(script(delta, id).map(|sql| recent.get_or_analyze(&r, sql.as_bytes())));
+        }
+        for (n, (delta, id)) in [(17, 3), (-4, 4), (-300, 5), (2, 6)].into_iter().enumerate() {
+            let first = if delta > 0 { 0 } else { 7 };
+            for (k, sql) in script(delta, id).iter().enumerate() {
+                let analysis = recent.get_or_analyze(&r, sql.as_bytes());
+                assert!(Arc::ptr_eq(&analysis, &seen[first + k]), "round {n}: {sql} analyzed again");
+            }
+        }
+    }
+
+    #[test]
     fn long_texts_primed_for_a_request_are_all_found_until_it_is_handled() {
         let r = router();
         let mut recent = RecentAnalyses::default();

@@ -46,6 +46,7 @@ use super::Shared;
 use super::cancel::CancelKey;
 use super::error::FrontendError;
 use super::error_response::write_error;
+use super::write_hooks::HooksMemo;
 use crate::backend::{Pending, PooledConn, PreparedStatement, ReadOnlyGuc, ServerPool, Settings};
 use crate::config::{PoolMode, UserConfig};
 use crate::directory::{ShardId, TenantId, Topology};
@@ -151,6 +152,8 @@ pub struct Session {
     settings: Arc<Settings>,
     statements: NamedStatements,
     /// Analyses of the statement texts this session sent last.
+    /// The last "no write hooks" answer for its shard (see `frontend::write_hooks`).
+    hooks_memo: HooksMemo,
     recent: RecentAnalyses,
     /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
     unnamed: Option<Arc<Analysis>>,
@@ -293,6 +296,7 @@ impl Session {
             settings: start.settings,
             statements: NamedStatements::new(statement_budget),
             recent: RecentAnalyses::default(),
+            hooks_memo: HooksMemo::default(),
             unnamed: None,
             server: None,
             pools: SessionPools { generation, health: 0, pools: 0, topology, handles: Vec::new() },

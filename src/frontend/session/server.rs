@@ -180,7 +180,7 @@ impl Session {
         }
         if risk == SessionRisk::ThroughTriggers {
             let node = || primary_now(&self.shared.health, &self.pools.topology, shard).ok();
-            if hooks.none_known(shard, &self.database, node, &self.user) {
+            if self.hooks_memo.none_known(hooks, shard, &self.database, node, &self.user) {
                 return;
             }
         }
