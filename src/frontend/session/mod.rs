@@ -151,9 +151,9 @@ pub struct Session {
     startup_settings: Arc<Settings>,
     settings: Arc<Settings>,
     statements: NamedStatements,
-    /// Analyses of the statement texts this session sent last.
     /// The last "no write hooks" answer for its shard (see `frontend::write_hooks`).
     hooks_memo: HooksMemo,
+    /// Analyses of the statement texts this session sent last.
     recent: RecentAnalyses,
     /// The analysis of the last unnamed Parse, for Binds to the unnamed statement.
     unnamed: Option<Arc<Analysis>>,
