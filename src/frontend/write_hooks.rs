@@ -62,8 +62,9 @@ impl Default for WriteHooks {
 const MEMO_MS: u64 = 1000;
 
 /// One session's copy of the last "none" it was told, for its next writes: the shared
-/// answer costs a key of the database's name and a hashed lookup, on every write. Void
-/// once any DDL made the shared answers be read again, and after `MEMO_MS`.
+/// answer costs a key of the database's name and a hashed lookup, on every write. Kept
+/// by shard (a session's database does not change); void once any DDL made the shared
+/// answers be read again, and after `MEMO_MS`.
 #[derive(Default)]
 pub struct HooksMemo(Option<(ShardId, u64, u64)>);
 
