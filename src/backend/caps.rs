@@ -289,10 +289,11 @@ impl ServerCaps {
             return None;
         }
         let mut by_fleet = self.by_fleet.lock().unwrap_or_else(|e| e.into_inner());
-        let name = format!("this proxy's share of role {role}'s connection budget on shard {shard}");
-        Some(
-            by_fleet.entry(key).or_insert_with(|| Cap::new(name, 0, Some(self.fleet_demand.clone()))).clone(),
-        )
+        let cap = by_fleet.entry(key).or_insert_with(|| {
+            let name = format!("this proxy's share of role {role}'s connection budget on shard {shard}");
+            Cap::new(name, 0, Some(self.fleet_demand.clone()))
+        });
+        Some(cap.clone())
     }
 
     /// How long a new connection waits for a slot.

@@ -281,13 +281,7 @@ async fn a_lost_lease_hands_minting_to_the_shard_until_a_new_one_and_an_idle_one
     let decoded = Layout::default().decode(on_shard);
     assert_eq!((decoded.shard, decoded.instance), (1, 0), "{decoded:?}");
     assert!(on_shard > first);
-    let batch: Vec<i64> = client
-        .query("SELECT * FROM pgtenant.next_ids(500)", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let batch = minted(&client, "SELECT * FROM pgtenant.next_ids(500)", 1).await;
     assert!(batch.len() == 500 && batch.windows(2).all(|w| w[0] < w[1]), "500 ascending IDs from the shard");
     // A shard id no shard of the directory has: nobody can mint it, and says so.
     let err = client.query_one("SELECT pgtenant.next_id(999)", &[]).await.unwrap_err();
@@ -486,13 +480,7 @@ async fn a_read_only_tenant_mints_on_the_shard_when_no_number_is_free() {
     // The connection its statements ran on carries the wall now, back in the pool.
     let wall: String = client.query_one("SHOW default_transaction_read_only", &[]).await.unwrap().get(0);
     assert_eq!(wall, "on");
-    let ids: Vec<i64> = client
-        .query("SELECT * FROM pgtenant.next_ids(3)", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let ids = minted(&client, "SELECT * FROM pgtenant.next_ids(3)", 1).await;
     assert_eq!(ids.len(), 3);
     assert!(ids.iter().all(|id| Layout::default().decode(*id).instance == 0), "minted by the shard: {ids:?}");
     proxy.shutdown().await;

@@ -554,13 +554,13 @@ impl Pools {
         Ok(Some(conn))
     }
 
-    /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The
-    /// handle is cheap to clone; sessions keep theirs to skip this lookup per checkout.
     /// The caps over every pool, fleet slices included (`tenancy::connection_budget` sizes those).
     pub fn caps(&self) -> Arc<ServerCaps> {
         self.caps.clone()
     }
 
+    /// The pool of (`node` of `shard`, `user`, `database`), created on first use. The
+    /// handle is cheap to clone; sessions keep theirs to skip this lookup per checkout.
     pub fn pool(&self, shard: ShardId, node: &NodeConfig, user: &UserConfig, database: &str) -> ServerPool {
         let key = PoolKey {
             shard,
