@@ -577,6 +577,26 @@ mod tests {
     }
 
     #[test]
+    fn a_session_keeps_sixteen_short_texts_and_at_most_eight_of_the_longest() {
+        let r = router();
+        let mut recent = RecentAnalyses::default();
+        let short = |n: usize| format!("select {n} from t{n}");
+        for n in 0..17 {
+            recent.get_or_analyze(&r, short(n).as_bytes());
+        }
+        assert!(!recent.holds(short(0).as_bytes()));
+        assert!((1..17).all(|n| recent.holds(short(n).as_bytes())));
+        // Texts of 4,096 bytes (the longest kept): eight of them, 32 KiB.
+        let long = |n: usize| format!("select 1 from t{n} where note <> '{}'", "x".repeat(4096 - 33));
+        for n in 0..10 {
+            assert_eq!(long(n).len(), 4096);
+            recent.get_or_analyze(&r, long(n).as_bytes());
+        }
+        assert!((2..10).all(|n| recent.holds(long(n).as_bytes())));
+        assert!(!recent.holds(long(1).as_bytes()) && !recent.holds(short(16).as_bytes()));
+    }
+
+    #[test]
     fn long_texts_primed_for_a_request_are_all_found_until_it_is_handled() {
         let r = router();
         let mut recent = RecentAnalyses::default();

@@ -4,6 +4,7 @@
 //! from a recent one only in its literal values shares its analysis (see `template`).
 //! Per session, so no lock.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::{Analysis, Router, template};
@@ -12,13 +13,17 @@ use super::{Analysis, Router, template};
 const ENTRIES: usize = 16;
 /// Longer texts are analyzed every time rather than kept.
 const MAX_TEXT: usize = 4096;
+/// The kept texts' bytes at most, per session: eight of the longest kept.
+const MAX_KEPT_BYTES: usize = 8 * MAX_TEXT;
 
 #[derive(Default)]
 pub struct RecentAnalyses {
     /// Keyed by each analysis' own copy of its text (no second copy per new text; a
     /// text that was not valid UTF-8 differs from its copy and is analyzed again).
-    entries: Vec<Arc<Analysis>>,
-    next: usize,
+    /// Oldest first.
+    entries: VecDeque<Arc<Analysis>>,
+    /// The bytes of their texts.
+    kept_bytes: usize,
     /// The analyses of the long texts of the request at hand, worked out off the
     /// runtime's threads before their messages were handled (`prime`): all of them, for
     /// a request of several Parses is analyzed at its Sync. Its messages are held
@@ -49,11 +54,7 @@ impl RecentAnalyses {
     pub fn get_or_analyze(&mut self, router: &Router, sql: &[u8]) -> Arc<Analysis> {
         // Most recent first: a request's Parse is looked up again when it is forwarded,
         // and a script's statements come round in the same order.
-        let len = self.entries.len();
-        let newest_first = (0..len).map(|k| (self.next + len - 1 - k) % ENTRIES);
-        if let Some(hit) =
-            newest_first.clone().filter_map(|i| self.entries.get(i)).find(|a| a.sql.as_bytes() == sql)
-        {
+        if let Some(hit) = self.entries.iter().rev().find(|a| a.sql.as_bytes() == sql) {
             return hit.clone();
         }
         if sql.len() > MAX_TEXT {
@@ -63,7 +64,7 @@ impl RecentAnalyses {
             return router.analyze(sql);
         }
         let mut rebased = None;
-        for template in newest_first.filter_map(|i| self.entries.get(i)) {
+        for template in self.entries.iter().rev() {
             let Some(literals) = template::literal_change(template, sql) else { continue };
             if !template.mentions(router.tenant_column()) {
                 // Only literal values differ, and none of them is ever read (there is no
@@ -76,12 +77,19 @@ impl RecentAnalyses {
             }
         }
         let analysis = rebased.map(Arc::new).unwrap_or_else(|| router.analyze(sql));
-        if self.entries.len() < ENTRIES {
-            self.entries.push(analysis.clone());
-        } else {
-            self.entries[self.next] = analysis.clone();
-            self.next = (self.next + 1) % ENTRIES;
-        }
+        self.keep(analysis.clone());
         analysis
+    }
+
+    /// Keeps `analysis` as the newest; the oldest go while there are more than
+    /// `ENTRIES` or their texts pass `MAX_KEPT_BYTES` (the newest, at most `MAX_TEXT`,
+    /// always stays).
+    fn keep(&mut self, analysis: Arc<Analysis>) {
+        self.kept_bytes += analysis.sql.len();
+        self.entries.push_back(analysis);
+        while self.entries.len() > ENTRIES || self.kept_bytes > MAX_KEPT_BYTES {
+            let Some(oldest) = self.entries.pop_front() else { break };
+            self.kept_bytes -= oldest.sql.len();
+        }
     }
 }
