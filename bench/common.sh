@@ -13,7 +13,7 @@
 # and 0.85 apart, 1.01 with autogroup off), so pgbench.sh,
 # mixed.sh and big_statements.sh print which they ran under.
 
-# The shipped build: the dist profile (whole-program LTO; see Cargo.toml).
+# The shipped build: the dist profile with the recorded profile (deploy/build-dist.sh).
 BIN=${CARGO_TARGET_DIR:-target}/dist/pgtenant
 export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
 STOP_ON_EXIT=()
@@ -49,7 +49,7 @@ stop_all() {
 # start_dev NAME WORKERS: builds and starts `pgtenant dev` (proxy on PROXY_PORT,
 # shards from SHARD_PORT, the catalog after them) and waits until it serves.
 start_dev() {
-  cargo build --profile dist --quiet --bin pgtenant
+  deploy/build-dist.sh --quiet --bin pgtenant
   STATE=$(mktemp -d "/tmp/pgtenant-$1.XXXXXX")
   chmod 755 "$STATE"
   apart "$BIN" dev --dir "$STATE" --port "$PROXY_PORT" --shard-port "$SHARD_PORT" --workers "$2" ${DEV_ARGS:-} >"$STATE/proxy.log" 2>&1 &

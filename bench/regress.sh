@@ -22,7 +22,7 @@ PGBIN=$(pg_config --bindir)
 PG_REGRESS=$(dirname "$(pg_config --pgxs)")/../test/regress/pg_regress
 # BIN: another build to run (the shipped `dist` one by default).
 if [ -z "${BIN:-}" ]; then
-  cargo build --profile dist --quiet --bin pgtenant
+  deploy/build-dist.sh --quiet --bin pgtenant
   BIN=${CARGO_TARGET_DIR:-target}/dist/pgtenant
 fi
 STATE=$(mktemp -d /tmp/pgtenant-regress.XXXXXX)

@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
   build)
     out=${2:?usage: container-steps.sh build OUT}
-    # The dist profile: the fast binary (Cargo.toml says what it costs to build).
-    cargo build --profile dist --locked --bin pgtenant
+    # The dist profile with the recorded profile (deploy/build-dist.sh): the fast binary.
+    deploy/build-dist.sh --locked --bin pgtenant
     target=${CARGO_TARGET_DIR:-target}
     install -D -m 0755 "$target/dist/pgtenant" "$out/usr/local/bin/pgtenant"
     # The shipped configuration, listening on every interface inside the container
