@@ -131,19 +131,12 @@ per_tx_us() { awk -v d="$1" -v t="$TICKS" -v n="$2" 'BEGIN { printf "%.1f", (n >
 RESULTS="$STATE/results"
 : >"$RESULTS"
 
-# The single-row INSERT of WORKLOADS=insert.
-cat >"$STATE/insert.sql" <<'SQL'
-\set aid random(1, 100000 * :scale)
-\set delta random(-5000, 5000)
-INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, :delta, CURRENT_TIMESTAMP) RETURNING aid;
-SQL
-
 # workload_args WORKLOAD: pgbench's arguments for it.
 workload_args() {
   case $1 in
     select) echo "-S" ;;
     tpcb) echo "-b tpcb-like" ;;
-    insert) echo "-f $STATE/insert.sql" ;;
+    insert) echo "-f bench/insert.sql" ;; # one autocommit INSERT ... RETURNING
     connect) echo "-S -C" ;;
     *) echo "unknown workload $1" >&2; exit 1 ;;
   esac

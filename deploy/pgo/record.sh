@@ -6,10 +6,11 @@
 # after large changes of the request paths: code changed since is built unguided.
 #
 # The workloads are what the proxy spends its time on: select-only, pgbench's TPC-B and
-# a single-row INSERT, in the simple, extended and prepared protocols, 8 clients; 100
-# clients; TLS to the clients; a new connection per transaction (SCRAM); the admin
-# console and /metrics once. Paths none of them take (failover, tenant moves, scatter
-# queries) are laid out as rarely run, as LLVM does for any cold code.
+# bench/pgbench.sh's single-row INSERT (bench/insert.sql), in the simple, extended and
+# prepared protocols, 8 clients; 100 clients; TLS to the clients; a new connection per
+# transaction (SCRAM); the admin console and /metrics once. Paths none of them take
+# (failover, tenant moves, scatter queries) are laid out as rarely run, as LLVM does for
+# any cold code.
 #
 # Needs PostgreSQL and pgbench (as `pgtenant dev` and the benchmarks do) and
 # llvm-profdata (`rustup component add llvm-tools`).
@@ -41,15 +42,10 @@ trap 'kill -INT $proxy 2>/dev/null || true; wait $proxy 2>/dev/null || true; rm 
 export PGPASSWORD=app PGUSER=app PGDATABASE=app PGHOST=127.0.0.1 PGSSLMODE=disable
 for _ in $(seq 300); do psql -p "$PROXY_PORT" -XAtc "select 1" >/dev/null 2>&1 && break; sleep 0.2; done
 pgbench -p "$SHARD_PORT" -i -q -s 10 >/dev/null 2>&1
-cat >"$state/insert.sql" <<'SQL'
-\set aid random(1, 100000 * :scale)
-\set delta random(-5000, 5000)
-INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, :delta, CURRENT_TIMESTAMP) RETURNING aid;
-SQL
 through() { # pgbench arguments...: a run through the proxy as tenant 7
   PGOPTIONS="-c pgtenant.tenant_id=7" pgbench -p "$PROXY_PORT" -j 2 -T "$SECONDS_PER_RUN" -n "$@" 2>&1 | grep -E '^tps' || true
 }
-for workload in "-S" "-b tpcb-like" "-f $state/insert.sql"; do
+for workload in "-S" "-b tpcb-like" "-f bench/insert.sql"; do
   for mode in simple extended prepared; do
     # shellcheck disable=SC2086 # the workload's arguments, split on purpose
     through $workload -M "$mode" -c 8
@@ -57,7 +53,7 @@ for workload in "-S" "-b tpcb-like" "-f $state/insert.sql"; do
 done
 through -S -c 100
 PGSSLMODE=require through -S -c 8
-PGSSLMODE=require through -f "$state/insert.sql" -M extended -c 8
+PGSSLMODE=require through -f bench/insert.sql -M extended -c 8
 through -S -C -c 4
 psql "host=127.0.0.1 port=$PROXY_PORT user=admin password=admin dbname=pgtenant" -XAtc "SHOW POOLS" >/dev/null
 curl -fsS "http://127.0.0.1:$HTTP_PORT/metrics" >/dev/null 2>&1 || true
