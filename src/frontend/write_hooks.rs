@@ -10,11 +10,11 @@
 //! credentials, as strict isolation reads it), kept for `REFRESH`, and forgotten when
 //! this proxy forwards DDL and again when that DDL's transaction ends (a read under
 //! way meanwhile may have seen the catalog before it: its answer is dropped). Until it
-//! is known, and after it expires, a write counts as
-//! one that may run such code: never a guess in the unsafe direction. A hook created
-//! by another proxy or directly on the shard is seen within `REFRESH`; the signed
-//! tenant context (`tenant_context_key`) keeps a GUC forged meanwhile from being
-//! trusted by row-level security.
+//! is known, and after it expires, a write counts as one that may run such code: never
+//! a guess in the unsafe direction. A hook created by another proxy or directly on the
+//! shard is seen within `REFRESH` (a session told "none" just before trusts that up to
+//! `MEMO_MS` longer, see `HooksMemo`); the signed tenant context (`tenant_context_key`)
+//! keeps a GUC forged meanwhile from being trusted by row-level security.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
