@@ -24,7 +24,12 @@ if [ "${PGO:-1}" != 0 ] && [ -f "$recorded" ]; then
     # Replaced only when it changed: cargo rebuilds whatever a changed profile guides.
     gzip -dc "$recorded" >"$profile.new"
     if cmp -s "$profile.new" "$profile"; then rm "$profile.new"; else mv "$profile.new" "$profile"; fi
-    export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-Cprofile-use=$profile"
+    # With the profile, LLVM also moves the blocks of a function that never ran into
+    # a section of their own (machine function splitting), and the linker keeps the
+    # hot, split and unlikely sections apart: the request path's code packs into
+    # fewer cache lines (docs/benchmarks.md "Build profiles").
+    split="-Cllvm-args=-enable-split-machine-functions -Clink-arg=-Wl,-z,keep-text-section-prefix"
+    export RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-Cprofile-use=$profile $split"
   else
     echo "build-dist: rustc's LLVM $have cannot read the profile of LLVM $wrote; building without it" >&2
   fi

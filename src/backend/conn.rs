@@ -343,8 +343,8 @@ async fn open(
     let connect_err = |source| BackendError::Connect { addr: addr.to_string(), source };
     if target.host.starts_with('/') {
         let path: Arc<Path> = Path::new(&target.host).join(format!(".s.PGSQL.{}", target.port)).into();
-        let unix = UnixStream::connect(&path).await.map_err(connect_err)?;
-        return Ok((Stream::Unix(unix), ServerAddr::Unix(path)));
+        let unix = UnixStream::connect(&path).await.and_then(crate::net::LocalSocket::from_tokio);
+        return Ok((Stream::Unix(unix.map_err(connect_err)?), ServerAddr::Unix(path)));
     }
     let tcp = TcpStream::connect((target.host.as_str(), target.port)).await.map_err(connect_err)?;
     let _ = tcp.set_nodelay(true);

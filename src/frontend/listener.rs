@@ -34,7 +34,11 @@ impl Listeners {
     async fn accept(&self) -> std::io::Result<Stream> {
         let unix = async {
             match &self.unix {
-                Some(u) => u.accept().await.map(|(s, _)| Stream::Unix(s)),
+                Some(u) => u
+                    .accept()
+                    .await
+                    .and_then(|(s, _)| crate::net::LocalSocket::from_tokio(s))
+                    .map(Stream::Unix),
                 None => std::future::pending().await,
             }
         };
@@ -58,7 +62,7 @@ impl Listeners {
         let mut out = Vec::new();
         take_queued(&self.tcp, &mut out, |fd| tokio::net::TcpStream::from_std(fd.into()).map(Stream::Plain));
         if let Some(unix) = &self.unix {
-            take_queued(unix, &mut out, |fd| tokio::net::UnixStream::from_std(fd.into()).map(Stream::Unix));
+            take_queued(unix, &mut out, |fd| crate::net::LocalSocket::new(fd.into()).map(Stream::Unix));
         }
         out
     }

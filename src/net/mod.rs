@@ -1,4 +1,5 @@
-//! Socket I/O shared by both sides: a stream that is plain TCP or TLS, and `Duplex`,
+//! Socket I/O shared by both sides: a stream that is plain TCP, TLS or a Unix socket
+//! (`local_socket`: registered for reading only), and `Duplex`,
 //! which owns a stream with its read and write buffers and makes progress on both
 //! directions in one poll, so a session never blocks a write while the peer waits
 //! for its own output to be read.
@@ -9,16 +10,20 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 
 use crate::protocol::{Frame, FrameError, try_parse_frame};
 
 pub mod client_threads;
+mod local_socket;
+
+pub use local_socket::LocalSocket;
 
 /// A connection that may have been upgraded to TLS, or a Unix socket to a local server.
 pub enum Stream {
     Plain(TcpStream),
-    Unix(UnixStream),
+    /// Registered for reading only (see `LocalSocket`).
+    Unix(LocalSocket),
     TlsServer(Box<tokio_rustls::server::TlsStream<TcpStream>>),
     TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
@@ -71,7 +76,7 @@ impl Stream {
     pub fn unregister(self) -> io::Result<Unregistered> {
         match self {
             Stream::Plain(s) => s.into_std().map(Unregistered::Tcp),
-            Stream::Unix(s) => s.into_std().map(Unregistered::Unix),
+            Stream::Unix(s) => Ok(Unregistered::Unix(s.into_std())),
             Stream::TlsServer(_) | Stream::TlsClient(_) => {
                 Err(io::Error::other("a TLS stream cannot move to another runtime"))
             }
@@ -96,11 +101,7 @@ impl Stream {
             Stream::Plain(s) => tcp(s),
             Stream::TlsServer(s) => tcp(s.get_mut().0),
             Stream::TlsClient(s) => tcp(s.get_mut().0),
-            Stream::Unix(s) => {
-                let fd = s.as_fd().try_clone_to_owned()?;
-                *s = UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))?;
-                Ok(())
-            }
+            Stream::Unix(s) => s.rehome(),
         }
     }
 }
@@ -116,7 +117,7 @@ impl Unregistered {
     pub fn register(self) -> io::Result<Stream> {
         match self {
             Unregistered::Tcp(s) => TcpStream::from_std(s).map(Stream::Plain),
-            Unregistered::Unix(s) => UnixStream::from_std(s).map(Stream::Unix),
+            Unregistered::Unix(s) => LocalSocket::new(s).map(Stream::Unix),
         }
     }
 }
@@ -287,7 +288,8 @@ mod tests {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let tcp = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
             let (tcp_peer, _) = listener.accept().await.unwrap();
-            let (unix, unix_peer) = UnixStream::pair().unwrap();
+            let (unix, unix_peer) = tokio::net::UnixStream::pair().unwrap();
+            let unix = LocalSocket::from_tokio(unix).unwrap();
             let peers = (tcp_peer.into_std().unwrap(), unix_peer.into_std().unwrap());
             peers.0.set_nonblocking(false).unwrap();
             peers.1.set_nonblocking(false).unwrap();

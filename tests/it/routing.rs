@@ -188,6 +188,16 @@ async fn servers_behind_unix_sockets() {
     assert_eq!(shard_of(&client).await, 1);
     let local: bool = client.query_one("SELECT inet_server_addr() IS NULL", &[]).await.unwrap().get(0);
     assert!(local, "the server connection is a Unix socket");
+    // Larger than the socket's buffer both ways: the proxy's write waits for the server
+    // to read (the socket is registered for reading only until then), and the answer
+    // comes in many reads.
+    let big = "x".repeat(6_000_000);
+    let row = client.query_one("SELECT length($1::text), md5($1::text), repeat('y', 5000000)", &[&big]).await;
+    let row = row.unwrap();
+    assert_eq!(row.get::<_, i32>(0), 6_000_000);
+    let md5: String = client.query_one("SELECT md5(repeat('x', 6000000))", &[]).await.unwrap().get(0);
+    assert_eq!(row.get::<_, String>(1), md5);
+    assert_eq!(row.get::<_, String>(2), "y".repeat(5_000_000));
     // Cancel goes to the Unix socket too.
     let token = client.cancel_token();
     let canceller = tokio::spawn(async move {

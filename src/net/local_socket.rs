@@ -1,0 +1,204 @@
+//! A Unix socket registered with the runtime for reading only.
+//!
+//! tokio registers a socket for both directions. A Unix socket reports room to write
+//! each time its peer reads (the kernel's `unix_write_space`; TCP does so only after a
+//! send found its buffer full), so a socket registered for writing gets an event for
+//! every message the peer reads: one more entry in the runtime's event list per
+//! request, and a wake-up of a sleeping worker when nothing else is ready, the cost
+//! paid by the peer (PostgreSQL's backend, on whose read the wake-up runs). PgBouncer
+//! asks for write readiness only while a write waits; so does this: writes go to the
+//! socket directly, and only one that finds the buffer full registers a duplicate of
+//! the descriptor for write readiness, dropped again once a write goes through.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+/// What a read offers the kernel, at least and at most. The offered bytes are zeroed
+/// first (a read into memory never written is `unsafe`, which this crate forbids), so
+/// the offer follows what reads find: it doubles while reads fill it (a large answer
+/// streaming in, fewer system calls) and halves while they use less than a quarter
+/// (small answers, less to zero).
+const MIN_OFFER: usize = 2 * 1024;
+const MAX_OFFER: usize = 64 * 1024;
+
+pub struct LocalSocket {
+    /// Registered for readable (and hang-up) events only.
+    socket: AsyncFd<StdUnixStream>,
+    /// A duplicate of the descriptor, registered for write readiness while a write
+    /// waits for room.
+    write_wait: Option<AsyncFd<OwnedFd>>,
+    /// How many bytes the next read offers (see `MIN_OFFER`).
+    offer: usize,
+}
+
+impl LocalSocket {
+    /// Registers a (non-blocking) socket with the caller's runtime.
+    pub fn new(socket: StdUnixStream) -> io::Result<Self> {
+        socket.set_nonblocking(true)?;
+        Ok(Self { socket: register(socket, Interest::READABLE)?, write_wait: None, offer: MIN_OFFER })
+    }
+
+    /// A socket of tokio's, registered again for reading only (three system calls: off
+    /// the runtime, non-blocking, on again).
+    pub fn from_tokio(socket: tokio::net::UnixStream) -> io::Result<Self> {
+        Self::new(socket.into_std()?)
+    }
+
+    /// Registers the socket again with the caller's runtime (see `Stream::rehome`).
+    pub fn rehome(&mut self) -> io::Result<()> {
+        let fd = self.socket.get_ref().try_clone()?;
+        *self = Self::new(fd)?;
+        Ok(())
+    }
+
+    /// Takes the socket off the runtime.
+    pub fn into_std(self) -> StdUnixStream {
+        self.socket.into_inner()
+    }
+
+    /// Reads what is there without waiting (`WouldBlock` when nothing is; without a
+    /// system call when no event said something came since the last read found none).
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.socket.try_io(Interest::READABLE, |socket| (&*socket).read(buf))
+    }
+}
+
+/// Registers `fd` with the caller's runtime for `interest`. tokio deprecated its safe
+/// registration for a type that may not own its descriptor; the replacement is
+/// `unsafe`, which this crate forbids. Both types registered here (`UnixStream`,
+/// `OwnedFd`) own theirs and keep it open while registered: the replacement's contract.
+#[allow(deprecated)]
+fn register<T: AsRawFd>(fd: T, interest: Interest) -> io::Result<AsyncFd<T>> {
+    AsyncFd::with_interest(fd, interest)
+}
+
+impl AsyncRead for LocalSocket {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            let mut guard = ready!(this.socket.poll_read_ready(cx))?;
+            let room = buf.remaining().min(this.offer);
+            let into = buf.initialize_unfilled_to(room);
+            match guard.try_io(|socket| socket.get_ref().read(into)) {
+                Ok(Ok(n)) => {
+                    if n == this.offer {
+                        this.offer = (this.offer * 2).min(MAX_OFFER);
+                    } else if n < this.offer / 4 {
+                        this.offer = (this.offer / 2).max(MIN_OFFER);
+                    }
+                    if n < room {
+                        // Less than offered: nothing more is there (as tokio's own
+                        // sockets judge), so the next read waits for an event instead
+                        // of a system call that finds nothing.
+                        guard.clear_ready();
+                    }
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for LocalSocket {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.write_wait.is_none() {
+            match this.socket.get_ref().write(data) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                done => return Poll::Ready(done),
+            }
+            // The buffer is full: watch for room. A fresh registration reports the
+            // state at once, so room made since the failed write is not missed.
+            let dup = this.socket.get_ref().as_fd().try_clone_to_owned()?;
+            this.write_wait = Some(register(dup, Interest::WRITABLE)?);
+        }
+        let done = match &this.write_wait {
+            Some(waiter) => loop {
+                let mut guard = ready!(waiter.poll_write_ready(cx))?;
+                if let Ok(done) = guard.try_io(|_| this.socket.get_ref().write(data)) {
+                    break done;
+                }
+            },
+            None => this.socket.get_ref().write(data),
+        };
+        // Written (or failed): stop watching for room until a write finds none again.
+        this.write_wait = None;
+        Poll::Ready(done)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.socket.get_ref().shutdown(std::net::Shutdown::Write))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    fn pair() -> (LocalSocket, StdUnixStream) {
+        let (ours, peer) = StdUnixStream::pair().unwrap();
+        (LocalSocket::new(ours).unwrap(), peer)
+    }
+
+    /// More than the socket's buffer holds: the writer waits for room (the duplicate
+    /// registered for it) and goes on as the peer reads, losing and repeating nothing.
+    #[tokio::test]
+    async fn a_write_larger_than_the_buffer_waits_for_the_peer_to_read() {
+        let (mut ours, peer) = pair();
+        let sent: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut peer = peer;
+            let mut got = Vec::new();
+            let mut chunk = [0u8; 1000];
+            while got.len() < 4_000_000 {
+                let n = peer.read(&mut chunk).unwrap();
+                assert!(n > 0, "closed early");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            got
+        });
+        ours.write_all(&sent).await.unwrap();
+        assert!(ours.write_wait.is_none(), "the room watch ends with the write that found room");
+        assert_eq!(reader.join().unwrap(), sent);
+    }
+
+    /// Reads wake on data and see the peer's close; a probe finds nothing waiting; the
+    /// offer grows while reads fill it and shrinks back for small answers.
+    #[tokio::test]
+    async fn reads_see_data_then_the_close() {
+        let (mut ours, mut peer) = pair();
+        let mut probe = [0u8; 1];
+        assert_eq!(ours.try_read(&mut probe).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        // Within the socket's buffer: all of it is there before the first read.
+        peer.write_all(&[7u8; 20_000]).unwrap();
+        let mut got = bytes::BytesMut::with_capacity(1 << 20);
+        while got.len() < 20_000 {
+            assert!(ours.read_buf(&mut got).await.unwrap() > 0);
+        }
+        assert!(got.iter().all(|b| *b == 7));
+        assert!(ours.offer > MIN_OFFER, "reads that filled the offer made it grow");
+        let grown = ours.offer;
+        peer.write_all(b"hello").unwrap();
+        assert_eq!(ours.read_buf(&mut got).await.unwrap(), 5);
+        assert!(ours.offer < grown, "a small answer shrinks it");
+        drop(peer);
+        assert_eq!(ours.read_buf(&mut got).await.unwrap(), 0, "the peer's close");
+    }
+}
