@@ -54,6 +54,18 @@ pub struct LaneJoin {
     pub window: Duration,
 }
 
+/// Where a request that may ride a lane goes (`ServerPool::lane_with_room`).
+pub enum LaneRoom {
+    /// Onto this lane, behind the requests on it.
+    Join(Arc<Lane>),
+    /// No lane has room: onto a lane opened on a connection checked out for it.
+    Open,
+    /// Checkouts wait for a connection: lanes take no riders and none is opened, so the
+    /// request waits its turn with the others and runs alone. (A lane opened now
+    /// would carry only its first request, at the cost of a driver task and a channel.)
+    Queue,
+}
+
 /// What a client receives for its request, in order.
 #[derive(Debug)]
 pub enum LanePiece {

@@ -26,7 +26,7 @@ pub use cancel::CancelTarget;
 pub use caps::{ServerCaps, SliceUse};
 pub use conn::{MAX_SERVER_MESSAGE, ServerConn, first_text_value, record_param};
 pub use error::{BackendError, CheckoutError};
-pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece};
+pub use lane::{CancelSlot, Lane, LaneEntry, LaneJoin, LanePiece, LaneRoom};
 pub use pick::Wanted;
 pub use pool::{PoolView, PooledConn, Pools, ServerPool};
 pub use prepared::{PreparedStatement, StatementRegistry, server_name};

@@ -27,7 +27,7 @@ use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, take_slots};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::{BackendError, CheckoutError};
-use super::lane::{Lane, LaneJoin};
+use super::lane::{Lane, LaneJoin, LaneRoom};
 use super::pick::{Shelf, Wanted, pick};
 use super::pooled::Home;
 pub use super::pooled::PooledConn;
@@ -165,21 +165,18 @@ impl ServerPool {
         }
     }
 
-    /// The least deep open lane for clients with settings `settings_version` and
-    /// read-only mode `read_only` that has fewer than `join.depth` requests on the wire,
-    /// the oldest sent less than `join.window` ago. None while a checkout waits for a
+    /// Where a request of clients with settings `settings_version` and read-only mode
+    /// `read_only` rides: the least deep open lane of theirs that has fewer than
+    /// `join.depth` requests on the wire, the oldest sent less than `join.window` ago;
+    /// failing that, a lane opened for it. `Queue` while a checkout waits for a
     /// connection: lanes then take no more riders, so that they drain and give their
     /// connections to the waiting checkouts in turn (a lane that busy clients keep
     /// joining would otherwise never end, and a request that may not ride one, such
-    /// as an UPDATE, would wait for ever). One of the caller's client thread first.
-    pub fn lane_with_room(
-        &self,
-        settings_version: u64,
-        read_only: bool,
-        join: LaneJoin,
-    ) -> Option<Arc<Lane>> {
-        if self.0.gate.waiting() > 0 {
-            return None;
+    /// as an UPDATE, would wait for ever), and the request waits in line as well.
+    /// One of the caller's client thread first.
+    pub fn lane_with_room(&self, settings_version: u64, read_only: bool, join: LaneJoin) -> LaneRoom {
+        if !self.lanes_take_riders() {
+            return LaneRoom::Queue;
         }
         // With client threads, another thread's lane wakes that thread for every
         // answer: joined only when the alternative is waiting for a connection. (Lanes
@@ -194,7 +191,12 @@ impl ServerPool {
             .filter(|l| any_thread || l.home == home)
             .filter_map(|l| l.depth_for_joining(join.window).filter(|d| *d < join.depth).map(|d| (d, l)))
             .min_by_key(|(d, l)| (l.home != home, *d))
-            .map(|(_, l)| l.clone())
+            .map_or(LaneRoom::Open, |(_, l)| LaneRoom::Join(l.clone()))
+    }
+
+    /// Whether lanes take riders now: no checkout waits for a connection.
+    pub fn lanes_take_riders(&self) -> bool {
+        self.0.gate.waiting() == 0
     }
 
     /// Whether the caller's checkout is the only one out of this pool while others are

@@ -11,7 +11,7 @@ use bytes::{Buf, BytesMut};
 use super::layout::{Layout, write_from_bind};
 use super::server::inject_tenant_in_request;
 use super::{ClientTx, HIGH_WATER, Session};
-use crate::backend::{Answered, Lane, LaneJoin, LanePiece, Pending, Reply, ServerConn, Wanted};
+use crate::backend::{Answered, Lane, LaneJoin, LanePiece, LaneRoom, Pending, Reply, ServerConn, Wanted};
 use crate::config::PoolMode;
 use crate::frontend::error::FrontendError;
 use crate::observe::conns::ShownTenant;
@@ -90,17 +90,20 @@ impl Session {
         };
         let version = self.settings.version;
         let (lane, new) = match pool.lane_with_room(version, read_only, join) {
-            Some(lane) => (lane, false),
-            None => {
+            LaneRoom::Join(lane) => (lane, false),
+            LaneRoom::Queue => return Ok(false),
+            LaneRoom::Open => {
                 let guc = self.shared.config.proxy.set_tenant_guc;
                 let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
                 let (pool, conn) = self.checkout_primary(route, wanted).await?;
                 if conn.settings.version != version
                     || !conn.read_only.holds(read_only)
                     || pool.only_checkout_with_room()
+                    || !pool.lanes_take_riders()
                 {
-                    // It needs SETs first, or it is alone on the node: the usual path
-                    // sends them, and serves a lone request for less.
+                    // It needs SETs first, it is alone on the node, or others wait for
+                    // a connection (the lane would take no riders): the usual path
+                    // sends the SETs, and serves a lone request for less.
                     self.attach(conn, route);
                     return Ok(false);
                 }
