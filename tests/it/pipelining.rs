@@ -220,6 +220,62 @@ async fn a_request_alone_on_its_pool_takes_a_connection_nobody_joins() {
     );
 }
 
+/// While a checkout waits for a connection, lanes take no riders, and a read that gets
+/// a connection then runs on it alone: a lane opened for it would carry it only, and
+/// cost a task and a channel per request (what 400 pgbench clients on 20 connections
+/// paid for every statement). A read that comes meanwhile waits in line.
+#[tokio::test(flavor = "multi_thread")]
+async fn while_others_wait_for_a_connection_a_read_opens_no_lane() {
+    let table = "pipelining_queue_alone";
+    let proxy = proxy_with_one_connection_and(60_000_000, |c| c.proxy.checkout_timeout_ms = 30_000).await;
+    let console = harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let lanes = || async {
+        let rows = console.query("SHOW LANES", &[]).await.unwrap();
+        rows.iter().filter(|r| r.get::<_, i64>("shard") == 1).map(|r| r.get::<_, i64>("lanes")).sum::<i64>()
+    };
+    let gate = lock_table(table).await;
+    gate.batch_execute("ROLLBACK").await.unwrap();
+    let holder = proxy.connect(Some(7)).await;
+    let first = proxy.connect(Some(7)).await;
+    // One tenant's line, so that the first to wait is the first served.
+    let second = proxy.connect(Some(7)).await;
+    let sql = format!("SELECT count(*), pg_backend_pid() FROM {table}");
+    warm_up_simple(&first, &sql).await;
+    // (`SELECT pg_backend_pid()` alone the proxy answers itself.)
+    let second_sql = "SELECT pg_backend_pid(), current_setting('pgtenant.tenant_id')";
+    warm_up_simple(&second, second_sql).await;
+    // The pool's one connection is held by a transaction; the table's lock by another
+    // session.
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let gate = lock_table(table).await;
+    let blocked = tokio::spawn(async move { first_row(&first.simple_query(&sql).await?) });
+    let waiting = |n: usize| {
+        let console = &console;
+        move || async move {
+            harness::client_states(console).await.iter().filter(|s| *s == "waiting").count() == n
+        }
+    };
+    assert!(eventually(Duration::from_secs(10), waiting(1)).await.is_some(), "the first read waits");
+    let behind = tokio::spawn(async move { first_row(&second.simple_query(second_sql).await?) });
+    assert!(
+        eventually(Duration::from_secs(10), waiting(2)).await.is_some(),
+        "the second read waits in line: {:?}",
+        harness::client_states(&console).await
+    );
+
+    // The connection goes to the first read, which finds the second waiting: no lane.
+    holder.batch_execute("COMMIT").await.unwrap();
+    wait_until_blocked(table).await;
+    assert_eq!(lanes().await, 0, "a lane was opened while a read waited for a connection");
+    assert!(!behind.is_finished(), "the second read did not join the first: {:?}", behind.await);
+
+    gate.batch_execute("COMMIT").await.unwrap();
+    let first_row = blocked.await.unwrap().expect("the blocked read");
+    let second_row = behind.await.unwrap().expect("the read that waited in line");
+    assert_eq!(first_row[0], "0");
+    assert_eq!(second_row[0], first_row[1], "the one connection served both, one after the other");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn many_clients_on_few_connections_each_get_their_own_answers() {
     // Two connections per pool for twelve busy clients, and a window that lets every
