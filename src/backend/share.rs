@@ -94,6 +94,8 @@ struct TenantLine {
 struct Waiter {
     ticket: u64,
     grant: oneshot::Sender<SharePermit>,
+    /// When it joined the line.
+    since: Instant,
 }
 
 /// A checkout's place in its tenant's line while it waits; given up when dropped.
@@ -120,14 +122,19 @@ impl Drop for PlaceInLine<'_> {
 pub struct SharePermit {
     gate: Arc<ShareGate>,
     key: ShareKey,
-    /// It was granted after a wait in its tenant's line (no place was free at once).
-    waited: bool,
+    /// When it began to wait in its tenant's line; `None`: a place was free at once.
+    queued_at: Option<Instant>,
 }
 
 impl SharePermit {
     /// Whether it was granted after a wait in its tenant's line.
     pub fn waited(&self) -> bool {
-        self.waited
+        self.queued_at.is_some()
+    }
+
+    /// When it began to wait in its tenant's line, if it waited.
+    pub fn queued_at(&self) -> Option<Instant> {
+        self.queued_at
     }
 }
 
@@ -258,7 +265,7 @@ impl ShareGate {
         let mut state = self.lock();
         let granted = self.arrive(&mut state, key)?;
         self.publish(&state);
-        Ok(granted.then(|| SharePermit { gate: self.clone(), key: key.clone(), waited: false }))
+        Ok(granted.then(|| SharePermit { gate: self.clone(), key: key.clone(), queued_at: None }))
     }
 
     /// A place for `key`, waiting in its tenant's line up to `timeout`.
@@ -267,26 +274,27 @@ impl ShareGate {
         key: &ShareKey,
         timeout: Duration,
     ) -> Result<SharePermit, GateError> {
-        let (ticket, mut granted) = {
+        let (ticket, mut granted, since) = {
             let mut state = self.lock();
             if self.arrive(&mut state, key)? {
                 self.publish(&state);
-                return Ok(SharePermit { gate: self.clone(), key: key.clone(), waited: false });
+                return Ok(SharePermit { gate: self.clone(), key: key.clone(), queued_at: None });
             }
             let (grant, granted) = oneshot::channel();
             let ticket = state.next_ticket;
             state.next_ticket += 1;
             state.waiting += 1;
+            let since = Instant::now();
             if let Some(line) = state.tenants.get_mut(key) {
-                line.queue.push_back(Waiter { ticket, grant });
+                line.queue.push_back(Waiter { ticket, grant, since });
             }
             self.publish(&state);
-            (ticket, granted)
+            (ticket, granted, since)
         };
         // Dropped with this future (its client left, or the wait timed out): the
         // waiter leaves its line, so it counts as waiting no longer.
         let place = PlaceInLine { gate: self, key, ticket };
-        let deadline = Instant::now() + timeout;
+        let deadline = since + timeout;
         loop {
             let wait = WAITER_TICK.min(deadline.saturating_duration_since(Instant::now()));
             match tokio::time::timeout(wait, &mut granted).await {
@@ -406,7 +414,8 @@ impl ShareGate {
             };
             state.waiting -= 1;
             state.adjust_held(&key, true);
-            grants.push((waiter.grant, SharePermit { gate: self.clone(), key, waited: true }));
+            grants
+                .push((waiter.grant, SharePermit { gate: self.clone(), key, queued_at: Some(waiter.since) }));
         }
         grants
     }

@@ -372,14 +372,10 @@ impl NodePool {
 
     /// With a permit held: the idle connection that holds the most of `wanted`, or a
     /// new one.
-    async fn take(
-        self: &Arc<Self>,
-        permit: SharePermit,
-        wanted: Wanted<'_>,
-    ) -> Result<PooledConn, BackendError> {
+    async fn take(self: &Arc<Self>, permit: SharePermit, wanted: Wanted<'_>) -> Result<Taken, BackendError> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
-        // Read only when a cap makes a new connection wait (not per checkout).
-        let mut deadline = None;
+        // When it began to open a connection: read only then, not per checkout.
+        let mut opening_since = None;
         let mut conn = loop {
             // One that came back while a RECONNECT ran may have been shelved after it.
             let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
@@ -388,7 +384,7 @@ impl NodePool {
             }
             let asking = std::ptr::from_ref(&**self) as usize;
             // `None`: one of ours came back idle while a cap was full; take that.
-            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.cap_wait);
+            let deadline = *opening_since.get_or_insert_with(Instant::now) + self.cap_wait;
             if let Some(slots) = take_slots(&self.caps, asking, deadline, &self.came_back).await? {
                 break self.open(epoch, slots).await?;
             }
@@ -401,7 +397,24 @@ impl NodePool {
             listed.set_state(ConnState::Active, Some(self.shard));
             listed.set_prepared(conn.prepared.len());
         }
-        Ok(PooledConn::new(conn, self.clone(), permit))
+        // What the checkout waited for: a place in the line, then the connection opened.
+        let since = permit.queued_at().or(opening_since);
+        Ok(Taken { conn: PooledConn::new(conn, self.clone(), permit), since })
+    }
+}
+
+/// A checked-out connection, and since when its checkout waited (`None`: a place was
+/// free and an idle connection at hand, so the clock was not read).
+struct Taken {
+    conn: PooledConn,
+    since: Option<Instant>,
+}
+
+impl Taken {
+    /// The connection, its checkout's wait counted in `stats`.
+    fn counted(self, stats: &PoolStats) -> PooledConn {
+        stats.checkout(self.since.map_or(0, |since| since.elapsed().as_micros() as u64));
+        self.conn
     }
 }
 
@@ -521,17 +534,15 @@ impl Pools {
         wanted: Wanted<'_>,
     ) -> Result<PooledConn, CheckoutError> {
         let pool = &pool.0;
-        let asked = Instant::now();
         let waited_ms = self.config.proxy.checkout_timeout_ms;
         let taken = pool.gate.acquire(tenant, self.config.proxy.checkout_timeout()).await;
         let permit = taken.map_err(|e| match e {
             GateError::Timeout => CheckoutError::Exhausted { shard, size: pool.gate.size(), waited_ms },
             GateError::Closed => CheckoutError::Closed { shard },
         })?;
-        let conn =
+        let taken =
             pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
-        pool.stats.checkout(asked.elapsed().as_micros() as u64);
-        Ok(conn)
+        Ok(taken.counted(&pool.stats))
     }
 
     /// A connection from `pool` if one can be had without waiting (an idle one, or room
@@ -549,11 +560,9 @@ impl Pools {
             Ok(None) => return Ok(None),
             Err(_) => return Err(CheckoutError::Closed { shard }),
         };
-        let asked = Instant::now();
-        let conn =
+        let taken =
             pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
-        pool.stats.checkout(asked.elapsed().as_micros() as u64);
-        Ok(Some(conn))
+        Ok(Some(taken.counted(&pool.stats)))
     }
 
     /// The caps over every pool, fleet slices included (`tenancy::connection_budget` sizes those).
