@@ -10,9 +10,11 @@ use std::time::Instant;
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 static COARSE_MS: AtomicU64 = AtomicU64::new(0);
 
-/// The exact time, in milliseconds since the epoch.
+/// The exact time (as of the event being handled, see `observe::moment`), in
+/// milliseconds since the epoch.
 pub fn now_ms() -> u64 {
-    u64::try_from(EPOCH.elapsed().as_millis()).unwrap_or(u64::MAX)
+    let since = crate::observe::moment::now().saturating_duration_since(*EPOCH);
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The time as last moved on by `advance` (never ahead of `now_ms`).

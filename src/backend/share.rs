@@ -21,7 +21,7 @@
 //! order, as PgBouncer does; caps still hold.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -62,9 +62,10 @@ pub struct ShareGate {
     fair: bool,
     limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
     state: Mutex<GateState>,
-    /// Mirrors of `GateState`'s counts, read without the lock.
+    /// Mirrors of `GateState`'s counts and closed flag, read without the lock.
     free_now: AtomicUsize,
     waiting_now: AtomicUsize,
+    closed_now: AtomicBool,
 }
 
 struct GateState {
@@ -227,6 +228,7 @@ impl ShareGate {
             }),
             free_now: AtomicUsize::new(size),
             waiting_now: AtomicUsize::new(0),
+            closed_now: AtomicBool::new(false),
         })
     }
 
@@ -244,8 +246,11 @@ impl ShareGate {
         self.waiting_now.load(Ordering::Relaxed)
     }
 
+    /// Whether it is closed, without the lock (once closed it stays closed). A caller
+    /// that closes the gate, then takes another lock, is seen closed by whoever takes
+    /// that lock after it (a connection shelved as its pool closes).
     pub fn is_closed(&self) -> bool {
-        self.lock().closed
+        self.closed_now.load(Ordering::Relaxed)
     }
 
     /// Fails every waiting checkout and every later one; held places are given back
@@ -253,6 +258,7 @@ impl ShareGate {
     pub fn close(&self) {
         let mut state = self.lock();
         state.closed = true;
+        self.closed_now.store(true, Ordering::Relaxed);
         for line in state.tenants.values_mut() {
             line.queue.clear();
         }

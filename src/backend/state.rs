@@ -154,7 +154,7 @@ impl ResponseQueue {
     #[inline]
     pub fn push(&mut self, p: Pending) {
         if self.request_since.is_none() {
-            let now = Instant::now();
+            let now = crate::observe::moment::now();
             self.request_since = Some(now);
             self.xact_since.get_or_insert(now);
         }
@@ -367,7 +367,7 @@ impl ResponseQueue {
 
     /// Notes how long the request just answered took, and its transaction if it ended.
     fn time_request(&mut self, status: Option<TxStatus>, fx: &mut Effects) {
-        let now = Instant::now();
+        let now = crate::observe::moment::now();
         let micros =
             |since: Option<Instant>| since.map_or(0, |s| now.saturating_duration_since(s).as_micros() as u64);
         fx.request_us = micros(self.request_since);

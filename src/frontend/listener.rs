@@ -77,7 +77,8 @@ struct Handover {
 
 impl Handover {
     async fn serve(self, stream: Stream) {
-        serve_connection(stream, self.shared, self.slots, self.shutdown).await
+        // Each wake-up of the session reads the clock once (see `observe::moment`).
+        crate::observe::moment::within(serve_connection(stream, self.shared, self.slots, self.shutdown)).await
     }
 
     /// Serves `stream` on the next client thread, registered there (so that its

@@ -169,7 +169,7 @@ pub struct ConnRow {
 }
 
 pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    super::moment::unix_ms()
 }
 
 impl ConnRegistry {

@@ -5,6 +5,7 @@
 pub mod conns;
 pub mod errors;
 pub mod http;
+pub mod moment;
 pub mod scatter;
 pub mod stats;
 pub mod tenants;

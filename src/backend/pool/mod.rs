@@ -26,14 +26,15 @@ use std::time::Instant;
 use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, take_slots};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
-use super::error::{BackendError, CheckoutError};
+use super::error::BackendError;
 use super::lane::{Lane, LaneJoin, LaneRoom};
 use super::pick::{Shelf, Wanted, pick};
 use super::pooled::Home;
 pub use super::pooled::PooledConn;
 use super::settings::Settings;
-use super::share::{GateError, LimitSource, ShareGate, ShareKey, SharePermit};
+use super::share::{LimitSource, ShareGate, SharePermit};
 use super::tls::ServerTls;
+use checkout::Taken;
 use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::{Directory, ShardId, TenantId, TenantLimit, TenantLimits};
 use crate::observe::conns::{ConnInfo, ConnRegistry, ConnState, unix_ms};
@@ -370,16 +371,20 @@ impl NodePool {
         Ok(Box::new(conn))
     }
 
+    /// The idle connection that holds the most of `wanted`, if one is idle.
+    fn take_idle(&self, wanted: Wanted<'_>) -> Option<Box<ServerConn>> {
+        // One that came back while a RECONNECT ran may have been shelved after it.
+        pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch))
+    }
+
     /// With a permit held: the idle connection that holds the most of `wanted`, or a
     /// new one.
     async fn take(self: &Arc<Self>, permit: SharePermit, wanted: Wanted<'_>) -> Result<Taken, BackendError> {
         let epoch = self.epoch.load(std::sync::atomic::Ordering::Acquire);
         // When it began to open a connection: read only then, not per checkout.
         let mut opening_since = None;
-        let mut conn = loop {
-            // One that came back while a RECONNECT ran may have been shelved after it.
-            let idle = pick(&mut self.lock_shelf(), wanted).filter(|conn| !self.retires(conn.pool_epoch));
-            if let Some(conn) = idle {
+        let conn = loop {
+            if let Some(conn) = self.take_idle(wanted) {
                 break conn;
             }
             let asking = std::ptr::from_ref(&**self) as usize;
@@ -389,6 +394,13 @@ impl NodePool {
                 break self.open(epoch, slots).await?;
             }
         };
+        // What the checkout waited for: a place in the line, then the connection opened.
+        let since = permit.queued_at().or(opening_since);
+        Ok(Taken { conn: self.hand_out(conn, permit), since })
+    }
+
+    /// `conn`, taken off the shelf or opened under `permit`, checked out.
+    fn hand_out(self: &Arc<Self>, mut conn: Box<ServerConn>, permit: SharePermit) -> PooledConn {
         let home = crate::net::client_threads::current();
         if conn.home != home && conn.io.stream.rehome().is_ok() {
             conn.home = home;
@@ -397,24 +409,7 @@ impl NodePool {
             listed.set_state(ConnState::Active, Some(self.shard));
             listed.set_prepared(conn.prepared.len());
         }
-        // What the checkout waited for: a place in the line, then the connection opened.
-        let since = permit.queued_at().or(opening_since);
-        Ok(Taken { conn: PooledConn::new(conn, self.clone(), permit), since })
-    }
-}
-
-/// A checked-out connection, and since when its checkout waited (`None`: a place was
-/// free and an idle connection at hand, so the clock was not read).
-struct Taken {
-    conn: PooledConn,
-    since: Option<Instant>,
-}
-
-impl Taken {
-    /// The connection, its checkout's wait counted in `stats`.
-    fn counted(self, stats: &PoolStats) -> PooledConn {
-        stats.checkout(self.since.map_or(0, |since| since.elapsed().as_micros() as u64));
-        self.conn
+        PooledConn::new(conn, self.clone(), permit)
     }
 }
 
@@ -522,47 +517,6 @@ impl Pools {
                 tracing::debug!(closed = expired.len(), addr = %pool.0.target.addr(), "closed expired idle server connections");
             }
         }
-    }
-
-    /// Checks out a connection for `tenant`'s work from a pool handle kept by the
-    /// caller (see `pool`), waiting in the tenant's line when the pool is busy.
-    pub async fn checkout_from(
-        &self,
-        pool: &ServerPool,
-        shard: ShardId,
-        tenant: &ShareKey,
-        wanted: Wanted<'_>,
-    ) -> Result<PooledConn, CheckoutError> {
-        let pool = &pool.0;
-        let waited_ms = self.config.proxy.checkout_timeout_ms;
-        let taken = pool.gate.acquire(tenant, self.config.proxy.checkout_timeout()).await;
-        let permit = taken.map_err(|e| match e {
-            GateError::Timeout => CheckoutError::Exhausted { shard, size: pool.gate.size(), waited_ms },
-            GateError::Closed => CheckoutError::Closed { shard },
-        })?;
-        let taken =
-            pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
-        Ok(taken.counted(&pool.stats))
-    }
-
-    /// A connection from `pool` if one can be had without waiting (an idle one, or room
-    /// for a new one); `None` when all are busy.
-    pub async fn checkout_if_free(
-        &self,
-        pool: &ServerPool,
-        shard: ShardId,
-        tenant: &ShareKey,
-        wanted: Wanted<'_>,
-    ) -> Result<Option<PooledConn>, CheckoutError> {
-        let pool = &pool.0;
-        let permit = match pool.gate.try_acquire(tenant) {
-            Ok(Some(permit)) => permit,
-            Ok(None) => return Ok(None),
-            Err(_) => return Err(CheckoutError::Closed { shard }),
-        };
-        let taken =
-            pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
-        Ok(Some(taken.counted(&pool.stats)))
     }
 
     /// The caps over every pool, fleet slices included (`tenancy::connection_budget` sizes those).
@@ -760,6 +714,7 @@ impl Pools {
     }
 }
 
+mod checkout;
 #[cfg(test)]
 mod tests;
 mod warm;

@@ -314,8 +314,7 @@ impl Session {
             return Ok(None);
         };
         let pool = self.shared.pools.pool(route.shard, &node, &self.user, &self.database);
-        let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
-        match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
+        match self.checkout_on(&pool, route, wanted).await? {
             Ok(conn) => {
                 self.count_wait(route, &conn);
                 Ok(Some(conn))
@@ -326,6 +325,26 @@ impl Session {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A connection of `pool` for `route`: at once when one is idle and nobody waits
+    /// (most checkouts), else after a wait in line, the client watched meanwhile.
+    async fn checkout_on(
+        &mut self,
+        pool: &ServerPool,
+        route: &Route,
+        wanted: Wanted<'_>,
+    ) -> Result<Result<PooledConn, CheckoutError>, FrontendError> {
+        if self.listed.is_killed() {
+            return Err(FrontendError::Killed);
+        }
+        match self.shared.pools.checkout_at_once(pool, route.shard, &route.tenant, wanted) {
+            Ok(Some(conn)) => return Ok(Ok(conn)),
+            Ok(None) => {}
+            Err(e) => return Ok(Err(e)),
+        }
+        let checkout = self.shared.pools.checkout_from(pool, route.shard, &route.tenant, wanted);
+        unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await
     }
 
     /// A node that a checkout found gone (`BackendError::server_is_gone`) is down now,
@@ -380,8 +399,7 @@ impl Session {
         let mut tries = 0;
         loop {
             let pool = self.pool_of(route.shard).await?;
-            let checkout = self.shared.pools.checkout_from(&pool, route.shard, &route.tenant, wanted);
-            match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
+            match self.checkout_on(&pool, route, wanted).await? {
                 Err(CheckoutError::Unreachable { source, .. }) if source.server_is_gone() && tries < 3 => {
                     tries += 1;
                     self.mark_gone(route.shard, &pool, &source);
