@@ -28,12 +28,26 @@ use super::addr::ServerAddr;
 const CANCEL_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a CancelRequest for a server connection needs; clones share what is in flight.
+/// One allocation: a session takes a clone at each checkout (its client's cancel goes
+/// there) and drops it at the return, one reference count each way.
 #[derive(Clone, Debug)]
-pub struct CancelTarget {
+pub struct CancelTarget(Arc<BackendKeyAt>);
+
+/// A backend's key (BackendKeyData) and where its postmaster listens.
+#[derive(Debug)]
+pub struct BackendKeyAt {
     pub addr: ServerAddr,
     pub pid: u32,
     pub key: u32,
-    in_flight: Arc<InFlight>,
+    in_flight: InFlight,
+}
+
+impl std::ops::Deref for CancelTarget {
+    type Target = BackendKeyAt;
+
+    fn deref(&self) -> &BackendKeyAt {
+        &self.0
+    }
 }
 
 #[derive(Debug, Default)]
@@ -60,7 +74,7 @@ pub enum CancelState {
 
 impl CancelTarget {
     pub fn new(addr: ServerAddr, pid: u32, key: u32) -> Self {
-        CancelTarget { addr, pid, key, in_flight: Arc::default() }
+        CancelTarget(Arc::new(BackendKeyAt { addr, pid, key, in_flight: InFlight::default() }))
     }
 
     /// Sends a CancelRequest on a fresh connection and waits until the server closes
@@ -68,7 +82,7 @@ impl CancelTarget {
     /// being canceled from this call on (before the future is first polled) until the
     /// future ends; dropped before that, or failed, the cancel counts as unconfirmed.
     pub fn cancel(&self) -> impl Future<Output = std::io::Result<()>> + Send + 'static {
-        let pending = Pending::new(self.in_flight.clone());
+        let pending = Pending::new(self.clone());
         let target = self.clone();
         async move {
             // Moved in whole (a field alone would be captured otherwise, and the count
@@ -125,7 +139,7 @@ impl CancelTarget {
 
 /// One cancel in flight: counted from creation, and settled when dropped.
 struct Pending {
-    in_flight: Arc<InFlight>,
+    target: CancelTarget,
     landed: Landed,
 }
 
@@ -138,20 +152,21 @@ enum Landed {
 }
 
 impl Pending {
-    fn new(in_flight: Arc<InFlight>) -> Self {
-        in_flight.count.fetch_add(1, Ordering::AcqRel);
-        in_flight.started.fetch_add(1, Ordering::AcqRel);
-        Pending { in_flight, landed: Landed::Maybe }
+    fn new(target: CancelTarget) -> Self {
+        target.in_flight.count.fetch_add(1, Ordering::AcqRel);
+        target.in_flight.started.fetch_add(1, Ordering::AcqRel);
+        Pending { target, landed: Landed::Maybe }
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
+        let in_flight = &self.target.in_flight;
         if matches!(self.landed, Landed::Maybe) {
-            self.in_flight.unconfirmed.store(true, Ordering::Release);
+            in_flight.unconfirmed.store(true, Ordering::Release);
         }
-        if self.in_flight.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.in_flight.settled.notify_waiters();
+        if in_flight.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            in_flight.settled.notify_waiters();
         }
     }
 }

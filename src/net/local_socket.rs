@@ -23,7 +23,9 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 /// first (a read into memory never written is `unsafe`, which this crate forbids), so
 /// the offer follows what reads find: it doubles while reads fill it (a large answer
 /// streaming in, fewer system calls) and halves while they use less than a quarter
-/// (small answers, less to zero).
+/// (small answers, less to zero). At the least offer a read goes to a buffer of the
+/// socket's own, zeroed once, and what it got is copied on: a short answer costs the
+/// copy of its bytes, not the zeroing (and the cache lines) of the whole offer.
 const MIN_OFFER: usize = 2 * 1024;
 const MAX_OFFER: usize = 64 * 1024;
 
@@ -35,13 +37,20 @@ pub struct LocalSocket {
     write_wait: Option<AsyncFd<OwnedFd>>,
     /// How many bytes the next read offers (see `MIN_OFFER`).
     offer: usize,
+    /// Where a read of `MIN_OFFER` bytes goes (zeroed once).
+    small_reads: Box<[u8]>,
 }
 
 impl LocalSocket {
     /// Registers a (non-blocking) socket with the caller's runtime.
     pub fn new(socket: StdUnixStream) -> io::Result<Self> {
         socket.set_nonblocking(true)?;
-        Ok(Self { socket: register(socket, Interest::READABLE)?, write_wait: None, offer: MIN_OFFER })
+        Ok(Self {
+            socket: register(socket, Interest::READABLE)?,
+            write_wait: None,
+            offer: MIN_OFFER,
+            small_reads: vec![0; MIN_OFFER].into_boxed_slice(),
+        })
     }
 
     /// A socket of tokio's, registered again for reading only (three system calls: off
@@ -80,17 +89,18 @@ fn register<T: AsRawFd>(fd: T, interest: Interest) -> io::Result<AsyncFd<T>> {
 
 impl AsyncRead for LocalSocket {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
+        let LocalSocket { socket, offer, small_reads, .. } = self.get_mut();
         loop {
-            let mut guard = ready!(this.socket.poll_read_ready(cx))?;
-            let room = buf.remaining().min(this.offer);
-            let into = buf.initialize_unfilled_to(room);
+            let mut guard = ready!(socket.poll_read_ready(cx))?;
+            let room = buf.remaining().min(*offer);
+            let small = *offer == MIN_OFFER;
+            let into = if small { &mut small_reads[..room] } else { buf.initialize_unfilled_to(room) };
             match guard.try_io(|socket| socket.get_ref().read(into)) {
                 Ok(Ok(n)) => {
-                    if n == this.offer {
-                        this.offer = (this.offer * 2).min(MAX_OFFER);
-                    } else if n < this.offer / 4 {
-                        this.offer = (this.offer / 2).max(MIN_OFFER);
+                    if n == *offer {
+                        *offer = (*offer * 2).min(MAX_OFFER);
+                    } else if n < *offer / 4 {
+                        *offer = (*offer / 2).max(MIN_OFFER);
                     }
                     if n < room {
                         // Less than offered: nothing more is there (as tokio's own
@@ -98,7 +108,11 @@ impl AsyncRead for LocalSocket {
                         // of a system call that finds nothing.
                         guard.clear_ready();
                     }
-                    buf.advance(n);
+                    if small {
+                        buf.put_slice(&small_reads[..n]);
+                    } else {
+                        buf.advance(n);
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 Ok(Err(e)) => return Poll::Ready(Err(e)),

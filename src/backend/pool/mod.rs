@@ -34,11 +34,11 @@ pub use super::pooled::PooledConn;
 use super::settings::Settings;
 use super::share::{LimitSource, ShareGate, SharePermit};
 use super::tls::ServerTls;
-use checkout::Taken;
 use crate::config::{Config, NodeConfig, UserConfig};
 use crate::directory::{Directory, ShardId, TenantId, TenantLimit, TenantLimits};
 use crate::observe::conns::{ConnInfo, ConnRegistry, ConnState, unix_ms};
 use crate::observe::stats::{PoolStats, StatsSnapshot};
+use checkout::Taken;
 
 /// The pool of one node for one user and database; cheap to clone.
 #[derive(Clone)]
