@@ -311,6 +311,18 @@ impl ConnHandle {
         }
     }
 
+    /// A server connection's state. Servers are not counted by a pause (it reads the
+    /// clients' states, see `set_state`) and never wait, so a plain store does, where a
+    /// client's change of state is a full barrier.
+    #[inline]
+    pub fn set_server_state(&self, state: ConnState, shard: u16) {
+        self.live.shard.store(u32::from(shard), Ordering::Relaxed);
+        if state == ConnState::Idle {
+            self.live.link.store(0, Ordering::Relaxed);
+        }
+        self.live.state.store(state as u8, Ordering::Release);
+    }
+
     /// The client is about to run a transaction of the tenant tagged `tenant_tag` on
     /// `shard` (0: no tenant): it waits for a server from now on.
     #[inline]

@@ -264,7 +264,7 @@ impl Home for NodePool {
     fn shelve(&self, mut conn: Box<ServerConn>) {
         conn.idle_since_ms = coarse_clock::coarse_ms();
         if let Some(listed) = &conn.listed {
-            listed.set_state(ConnState::Idle, Some(self.shard));
+            listed.set_server_state(ConnState::Idle, self.shard);
             listed.set_prepared(conn.prepared.len());
         }
         // Checked under the lock: `close` closes the gate before it empties the shelf.
@@ -406,7 +406,7 @@ impl NodePool {
             conn.home = home;
         }
         if let Some(listed) = &conn.listed {
-            listed.set_state(ConnState::Active, Some(self.shard));
+            listed.set_server_state(ConnState::Active, self.shard);
             listed.set_prepared(conn.prepared.len());
         }
         PooledConn::new(conn, self.clone(), permit)
