@@ -94,6 +94,35 @@ impl Session {
         Ok(())
     }
 
+    /// A message of a transaction under way that goes to its server as it is, the usual
+    /// case inside a transaction (see `on_extended`): forwarded here, without building
+    /// `on_extended`'s future, which carries the state of every wait the start of a
+    /// request may need and would be copied in for each message. A Bind's check is
+    /// taken when it decides at once (no tenant's placement to look up, no strict
+    /// check); the frame is given back for `on_extended` otherwise.
+    pub(super) fn forward_joining(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
+        if self.skip_until_sync
+            || !self.batch.is_empty()
+            || self.at_transaction_start()
+            || self.may_concern_local(&frame)
+        {
+            return Ok(Some(frame));
+        }
+        if frame.tag == b'B' {
+            match futures_util::FutureExt::now_or_never(self.check_bind(&frame)) {
+                None => return Ok(Some(frame)),
+                Some(Err(err)) => {
+                    self.reply_error(&err, false);
+                    self.skip_until_sync = true;
+                    return Ok(None);
+                }
+                Some(Ok(())) => {}
+            }
+        }
+        self.forward_extended(frame)?;
+        Ok(None)
+    }
+
     /// Answers a held request that only prepares statements a server already accepted,
     /// closes statements, and syncs: no server is needed for it. This keeps a client
     /// that prepares synchronously (libpq's PQprepare) from waiting for a server while

@@ -35,17 +35,20 @@ fn needs_general_path(analysis: &Analysis) -> bool {
 }
 
 impl Session {
+    /// Whether the next request may be one `request_in_place` takes: one that starts a
+    /// transaction, with nothing held and nothing pgtenant answers itself under way.
+    pub(super) fn may_take_in_place(&self) -> bool {
+        self.batch.is_empty()
+            && !self.skip_until_sync
+            && !self.has_local_statements()
+            && matches!(self.tx, ClientTx::Idle)
+            && self.at_transaction_start()
+    }
+
     /// Handles the request at the front of the client's read buffer if it is of the
     /// shape described in the module comment; `false` leaves it to the general path.
+    /// Called where `may_take_in_place`.
     pub(super) async fn request_in_place(&mut self) -> Result<bool, FrontendError> {
-        if !self.batch.is_empty()
-            || self.skip_until_sync
-            || self.has_local_statements()
-            || !matches!(self.tx, ClientTx::Idle)
-            || !self.at_transaction_start()
-        {
-            return Ok(false);
-        }
         let Some(layout) = layout(&self.client.rbuf, self.max_message) else { return Ok(false) };
         let router = &self.shared.router;
         let rbuf = &self.client.rbuf;

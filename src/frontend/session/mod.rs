@@ -482,7 +482,8 @@ impl Session {
                 self.client_backlog = true;
                 return Ok(true);
             }
-            if self.request_in_place().await? {
+            // Looked at before the handler's future is built (it is copied in each time).
+            if self.may_take_in_place() && self.request_in_place().await? {
                 continue;
             }
             let Some(frame) = self.client.next_frame(self.max_message)? else { break };
@@ -512,14 +513,20 @@ impl Session {
             }
             match tag {
                 b'Q' => self.on_query(frame).await?,
-                b'P' | b'B' | b'D' | b'E' | b'C' => {
+                b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'S' => {
                     // Held until Sync or Flush without entering the async handler: most
-                    // messages of a request only need to be kept.
-                    if let Some(frame) = self.hold_extended(frame)? {
+                    // messages of a request only need to be kept, and inside a
+                    // transaction most go to the server as they are.
+                    let frame = match tag {
+                        b'H' | b'S' => Some(frame),
+                        _ => self.hold_extended(frame)?,
+                    };
+                    if let Some(frame) = frame
+                        && let Some(frame) = self.forward_joining(frame)?
+                    {
                         self.on_extended(frame).await?
                     }
                 }
-                b'H' | b'S' => self.on_extended(frame).await?,
                 b'F' => self.on_function_call(frame).await?,
                 b'd' | b'c' | b'f' => {
                     // Copy data goes to the server in COPY FROM STDIN; outside COPY it is
