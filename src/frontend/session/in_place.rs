@@ -35,10 +35,12 @@ fn needs_general_path(analysis: &Analysis) -> bool {
 }
 
 impl Session {
-    /// Whether the next request may be one `request_in_place` takes: one that starts a
-    /// transaction, with nothing held and nothing pgtenant answers itself under way.
+    /// Whether the next request may be one `request_in_place` takes: a Parse or Bind
+    /// that starts a transaction, with nothing held and nothing pgtenant answers itself
+    /// under way.
     pub(super) fn may_take_in_place(&self) -> bool {
-        self.batch.is_empty()
+        matches!(self.client.rbuf.first(), Some(b'P' | b'B'))
+            && self.batch.is_empty()
             && !self.skip_until_sync
             && !self.has_local_statements()
             && matches!(self.tx, ClientTx::Idle)
