@@ -23,13 +23,16 @@ use super::words::{Words, contains_ignore_case};
 use crate::directory::{TenantId, TenantKey};
 
 /// Whether `sql` may name an `all_shards.` table: the word followed by a dot or a
-/// quote (a cheap test; `StatementKind::Scatter` is decided on tokens).
+/// quote (a cheap test; `StatementKind::Scatter` is decided on tokens). Every Parse
+/// asks: the word is looked for at its underscores, found by a vector search, rather
+/// than at every byte.
 pub fn mentions_all_shards(sql: &[u8]) -> bool {
-    let n = ALL_SHARDS.len();
-    sql.windows(n + 1).any(|w| {
-        w[0] | 0x20 == b'a'
-            && w[..n].eq_ignore_ascii_case(ALL_SHARDS.as_bytes())
-            && matches!(w[n], b'.' | b'"')
+    let word = ALL_SHARDS.as_bytes();
+    let Some(before) = word.iter().position(|b| *b == b'_') else { return false };
+    memchr::memchr_iter(b'_', sql).any(|at| {
+        let Some(start) = at.checked_sub(before) else { return false };
+        sql.get(start..start + word.len()).is_some_and(|w| w.eq_ignore_ascii_case(word))
+            && matches!(sql.get(start + word.len()), Some(b'.' | b'"'))
     })
 }
 

@@ -409,3 +409,27 @@ fn the_fast_path_agrees_with_the_full_analysis_on_the_corpus() {
     }
     assert!(plain > 10, "only {plain} statements took the fast path");
 }
+
+/// The search at underscores answers as a look at every byte does, on texts built
+/// around the word's edges (case, what follows, overlaps, the ends of the text).
+#[test]
+fn all_shards_is_found_at_its_underscore_as_at_any_byte() {
+    let every_byte = |sql: &[u8]| {
+        let n = ALL_SHARDS.len();
+        sql.windows(n + 1)
+            .any(|w| w[..n].eq_ignore_ascii_case(ALL_SHARDS.as_bytes()) && matches!(w[n], b'.' | b'"'))
+    };
+    let parts: [&[u8]; 10] =
+        [b"all_shards", b"ALL_SHARDS", b"All_Shards", b"all_", b"_shards", b".", b"\"", b"x", b"_", b" "];
+    let mut texts: Vec<Vec<u8>> = vec![Vec::new()];
+    for _ in 0..3 {
+        let longer: Vec<Vec<u8>> =
+            texts.iter().flat_map(|t| parts.iter().map(move |p| [t.as_slice(), p].concat())).collect();
+        texts.extend(longer);
+    }
+    for text in &texts {
+        assert_eq!(mentions_all_shards(text), every_byte(text), "{}", String::from_utf8_lossy(text));
+    }
+    assert!(mentions_all_shards(b"select * from all_shards.t"));
+    assert!(!mentions_all_shards(b"select all_shards from t"));
+}
