@@ -4,10 +4,10 @@
 
 use std::time::Instant;
 
-use super::{PooledConn, Pools, ServerPool};
+use super::{NodePool, PooledConn, Pools, ServerPool};
 use crate::backend::error::CheckoutError;
 use crate::backend::pick::Wanted;
-use crate::backend::share::{GateError, ShareKey};
+use crate::backend::share::{GateError, ShareKey, SharePermit};
 use crate::directory::ShardId;
 use crate::observe::stats::PoolStats;
 
@@ -49,11 +49,7 @@ impl Pools {
         if pool.gate.waiting() > 0 || pool.gate.free() == 0 {
             return Ok(None);
         }
-        let permit = match pool.gate.try_acquire(tenant) {
-            Ok(Some(permit)) => permit,
-            Ok(None) => return Ok(None),
-            Err(_) => return Err(CheckoutError::Closed { shard }),
-        };
+        let Some(permit) = place_now(pool, shard, tenant)? else { return Ok(None) };
         // Without an idle connection the place goes back with the permit, and the
         // caller's checkout asks again and opens one.
         let Some(conn) = pool.take_idle(wanted) else { return Ok(None) };
@@ -71,15 +67,20 @@ impl Pools {
         wanted: Wanted<'_>,
     ) -> Result<Option<PooledConn>, CheckoutError> {
         let pool = &pool.0;
-        let permit = match pool.gate.try_acquire(tenant) {
-            Ok(Some(permit)) => permit,
-            Ok(None) => return Ok(None),
-            Err(_) => return Err(CheckoutError::Closed { shard }),
-        };
+        let Some(permit) = place_now(pool, shard, tenant)? else { return Ok(None) };
         let taken =
             pool.take(permit, wanted).await.map_err(|source| CheckoutError::Unreachable { shard, source })?;
         Ok(Some(taken.counted(&pool.stats)))
     }
+}
+
+/// A place in `pool` for `tenant` if one is free now for it.
+fn place_now(
+    pool: &NodePool,
+    shard: ShardId,
+    tenant: &ShareKey,
+) -> Result<Option<SharePermit>, CheckoutError> {
+    pool.gate.try_acquire(tenant).map_err(|_| CheckoutError::Closed { shard })
 }
 
 /// A checked-out connection, and since when its checkout waited (`None`: a place was
