@@ -62,15 +62,15 @@ pub struct ShareGate {
     fair: bool,
     limits: Arc<dyn Fn() -> Arc<dyn LimitSource> + Send + Sync>,
     state: Mutex<GateState>,
-    /// Mirrors of `GateState`'s counts and closed flag, read without the lock.
+    /// Mirrors of `GateState`'s counts, read without the lock.
     free_now: AtomicUsize,
     waiting_now: AtomicUsize,
-    closed_now: AtomicBool,
+    /// Set (under the lock) by `close`, and never unset.
+    closed: AtomicBool,
 }
 
 struct GateState {
     free: usize,
-    closed: bool,
     waiting: usize,
     /// Seeded per process: tenant keys come from clients.
     tenants: foldhash::HashMap<ShareKey, TenantLine>,
@@ -218,7 +218,6 @@ impl ShareGate {
             limits,
             state: Mutex::new(GateState {
                 free: size,
-                closed: false,
                 waiting: 0,
                 tenants: foldhash::HashMap::default(),
                 unmet: 0,
@@ -228,7 +227,7 @@ impl ShareGate {
             }),
             free_now: AtomicUsize::new(size),
             waiting_now: AtomicUsize::new(0),
-            closed_now: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -250,15 +249,14 @@ impl ShareGate {
     /// that closes the gate, then takes another lock, is seen closed by whoever takes
     /// that lock after it (a connection shelved as its pool closes).
     pub fn is_closed(&self) -> bool {
-        self.closed_now.load(Ordering::Relaxed)
+        self.closed.load(Ordering::Relaxed)
     }
 
     /// Fails every waiting checkout and every later one; held places are given back
     /// as usual.
     pub fn close(&self) {
         let mut state = self.lock();
-        state.closed = true;
-        self.closed_now.store(true, Ordering::Relaxed);
+        self.closed.store(true, Ordering::Relaxed);
         for line in state.tenants.values_mut() {
             line.queue.clear();
         }
@@ -357,7 +355,7 @@ impl ShareGate {
     /// A request of `key` arrives: plans if due, then takes a place for it if it may
     /// have one now (see `admit_arrival`).
     fn arrive(&self, state: &mut GateState, key: &ShareKey) -> Result<bool, GateError> {
-        if state.closed {
+        if self.is_closed() {
             return Err(GateError::Closed);
         }
         let now = coarse_clock::now_ms();

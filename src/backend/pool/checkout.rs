@@ -36,8 +36,9 @@ impl Pools {
     /// An idle connection of `pool` if one can be had now, without waiting in line or
     /// opening one: the common checkout, made without the futures (and their state,
     /// moved into each wait) of `checkout_from`, which the caller falls back on when
-    /// this gives `None`. Not tried while others wait (they come first, and the gate
-    /// would turn this one away after a look under its lock).
+    /// this gives `None`. Not tried while the gate has no free place or others wait
+    /// (read without its lock): that checkout most likely waits, and would otherwise
+    /// be looked at under the lock twice.
     pub fn checkout_at_once(
         &self,
         pool: &ServerPool,
@@ -53,8 +54,7 @@ impl Pools {
         // Without an idle connection the place goes back with the permit, and the
         // caller's checkout asks again and opens one.
         let Some(conn) = pool.take_idle(wanted) else { return Ok(None) };
-        pool.stats.checkout(0);
-        Ok(Some(pool.hand_out(conn, permit)))
+        Ok(Some(Taken { conn: pool.hand_out(conn, permit), since: None }.counted(&pool.stats)))
     }
 
     /// A connection from `pool` if one can be had without waiting (an idle one, or room

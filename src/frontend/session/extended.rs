@@ -36,7 +36,7 @@ impl Session {
             }
             return Ok(());
         }
-        if self.batch.is_empty() && !self.at_transaction_start() {
+        if self.joins_transaction_under_way() {
             let frame = if self.may_concern_local(&frame) {
                 let Some(frame) = self.answer_local_message(frame).await? else { return Ok(()) };
                 frame
@@ -101,11 +101,7 @@ impl Session {
     /// taken when it decides at once (no tenant's placement to look up, no strict
     /// check); the frame is given back for `on_extended` otherwise.
     pub(super) fn forward_joining(&mut self, frame: Frame) -> Result<Option<Frame>, FrontendError> {
-        if self.skip_until_sync
-            || !self.batch.is_empty()
-            || self.at_transaction_start()
-            || self.may_concern_local(&frame)
-        {
+        if self.skip_until_sync || !self.joins_transaction_under_way() || self.may_concern_local(&frame) {
             return Ok(Some(frame));
         }
         if frame.tag == b'B' {

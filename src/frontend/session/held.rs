@@ -32,7 +32,7 @@ impl Session {
         if self.skip_until_sync || matches!(frame.tag, b'S' | b'H') {
             return Ok(Some(frame));
         }
-        if self.batch.is_empty() && !self.at_transaction_start() {
+        if self.joins_transaction_under_way() {
             return Ok(Some(frame));
         }
         self.hold(frame);
@@ -43,6 +43,13 @@ impl Session {
             return Ok(Some(last));
         }
         Ok(None)
+    }
+
+    /// The next message belongs to a transaction already under way on its server:
+    /// nothing is held and the transaction has started, so it is not held either, and
+    /// goes to the server as it comes (`forward_joining`, else `on_extended`).
+    pub(super) fn joins_transaction_under_way(&self) -> bool {
+        self.batch.is_empty() && !self.at_transaction_start()
     }
 
     pub(super) fn hold(&mut self, frame: Frame) {
