@@ -143,6 +143,77 @@ async fn cross_shard_hint_inside_a_transaction_is_refused() {
     client.batch_execute("ROLLBACK").await.unwrap();
 }
 
+/// A whole extended request (`Parse Bind Describe Execute Sync`, or `Bind Execute Sync`
+/// of a named statement) inside a transaction is checked as the transaction's next
+/// statement, whichever way it is taken (several of them pipelined in one write, one
+/// refused among them): a tenant on another shard is refused (for a session bound to
+/// its tenant, any other tenant), the rest run in the same transaction, in order; in
+/// both pool modes.
+#[tokio::test(flavor = "multi_thread")]
+async fn whole_extended_requests_inside_a_transaction_are_checked_as_its_next_statements() {
+    use crate::harness::raw::{bind_unnamed, sqlstate as raw_sqlstate};
+    use postgres_protocol::message::frontend;
+    let request = |out: &mut bytes::BytesMut, sql: &str| {
+        frontend::parse("", sql, std::iter::empty(), out).unwrap();
+        bind_unnamed(out);
+        frontend::describe(b'P', "", out).unwrap();
+        frontend::execute("", 0, out).unwrap();
+        frontend::sync(out);
+    };
+    for mode in [pgtenant::config::PoolMode::Transaction, pgtenant::config::PoolMode::Session] {
+        let proxy = start_proxy(move |c| c.proxy.pool_mode = mode).await;
+        // Tenant 1500 (shard 2) looked up once, so that its placement is known below.
+        let mut warm = RawClient::login(proxy.addr, &[]).await;
+        assert_eq!(first_column(&warm.query("SELECT 15 /* pgtenant.tenant_id=1500 */").await), ["15"]);
+        // Unbound, the transaction's tenant named in the statement; bound at login.
+        for (login, refused) in [(&[][..], "0A000"), (&[("pgtenant.tenant_id", "7")][..], "42501")] {
+            let mut c = RawClient::login(proxy.addr, login).await;
+            // A named statement, prepared outside the transaction.
+            let mut out = bytes::BytesMut::new();
+            frontend::parse("named_txid", "SELECT txid_current()::text", [], &mut out).unwrap();
+            frontend::sync(&mut out);
+            assert_eq!(raw_sqlstate(&c.request(&out).await), None, "{mode:?} {login:?}");
+
+            c.query("BEGIN").await;
+            out.clear();
+            request(&mut out, "SELECT shard_id::text FROM pgtenant_shard /* pgtenant.tenant_id=7 */");
+            assert_eq!(first_column(&c.request(&out).await), ["1"], "{mode:?} {login:?}");
+            out.clear();
+            request(&mut out, "SELECT txid_current()::text");
+            request(&mut out, "SELECT 2 /* pgtenant.tenant_id=1500 */");
+            request(&mut out, "SELECT shard_id::text FROM pgtenant_shard");
+            let no_values = std::iter::empty::<()>();
+            let bound =
+                frontend::bind("", "named_txid", [], no_values, |_, _| unreachable!(), [0i16], &mut out);
+            assert!(bound.is_ok(), "Bind encodes");
+            frontend::execute("", 0, &mut out).unwrap();
+            frontend::sync(&mut out);
+            c.send(&out).await;
+            let mut answers = Vec::new();
+            for _ in 0..4 {
+                answers.push(c.until_ready().await);
+            }
+            let txid = first_column(&answers[0]);
+            assert_eq!(txid.len(), 1, "{mode:?} {login:?}: {:?}", answers[0]);
+            assert_eq!(
+                raw_sqlstate(&answers[1]).as_deref(),
+                Some(refused),
+                "{mode:?} {login:?}: {:?}",
+                answers[1]
+            );
+            assert!(first_column(&answers[1]).is_empty(), "{mode:?} {login:?}: the refused statement ran");
+            assert_eq!(first_column(&answers[2]), ["1"], "{mode:?} {login:?}: {:?}", answers[2]);
+            assert_eq!(
+                first_column(&answers[3]),
+                txid,
+                "{mode:?} {login:?}: the same transaction throughout"
+            );
+            c.query("ROLLBACK").await;
+        }
+        proxy.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn default_policy_sends_tenantless_work_to_the_default_shard() {
     let proxy = start_proxy(|c| {

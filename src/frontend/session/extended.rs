@@ -361,8 +361,18 @@ impl Session {
     async fn check_bind(&self, frame: &Frame) -> Result<(), FrontendError> {
         let b = protocol::bind_view(frame.body()).ok_or_else(|| FrontendError::malformed("Bind"))?;
         let Some(analysis) = self.bound_analysis(b.statement) else { return Ok(()) };
-        let named = self.shared.router.named_in_bind(&analysis, b.rest);
-        self.admit(Candidate::bound(&analysis, b.rest), Stage::Joining { named: &named }).await
+        self.admit_joining_bind(&analysis, b.rest).await
+    }
+
+    /// The admission of a Bind of `analysis` with the parameters `bind_rest` inside
+    /// the transaction under way.
+    pub(super) async fn admit_joining_bind(
+        &self,
+        analysis: &Analysis,
+        bind_rest: &[u8],
+    ) -> Result<(), FrontendError> {
+        let named = self.shared.router.named_in_bind(analysis, bind_rest);
+        self.admit(Candidate::bound(analysis, bind_rest), Stage::Joining { named: &named }).await
     }
 
     /// The analysis of the statement a Bind names (`""` is the last unnamed Parse).

@@ -55,6 +55,7 @@ use crate::observe::conns::{ConnHandle, ConnState, ShownTenant};
 use crate::protocol::{self, Frame, TxStatus};
 use crate::router::{Analysis, PinReason, PlacementMemo, RecentAnalyses, Route, SessionChange, TargetMode};
 use deadline::{Clocks, Deadline, Timeout};
+use in_place::InPlace;
 use named::NamedStatements;
 
 /// Maps keyed by what a client names (statements, portals): looked up on every Bind,
@@ -483,7 +484,12 @@ impl Session {
                 return Ok(true);
             }
             // Looked at before the handler's future is built (it is copied in each time).
-            if self.may_take_in_place() && self.request_in_place().await? {
+            let taken = match self.in_place_path() {
+                Some(InPlace::Opening) => self.request_in_place().await?,
+                Some(InPlace::Joining) => self.join_in_place()?,
+                None => false,
+            };
+            if taken {
                 continue;
             }
             let Some(frame) = self.client.next_frame(self.max_message)? else { break };
