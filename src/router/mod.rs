@@ -663,6 +663,28 @@ mod tests {
     }
 
     #[test]
+    fn a_script_looked_up_in_its_order_names_each_rounds_own_tenant() {
+        let r = router();
+        let mut recent = RecentAnalyses::default();
+        let script = |tenant: i64, id: u64| {
+            [
+                format!("select * from t where tenant_id = {tenant} and id = {id}"),
+                format!("select abalance from accounts where aid = {id}"),
+                "END".to_string(),
+            ]
+        };
+        let first = script(5, 1).map(|sql| recent.get_or_analyze(&r, sql.as_bytes()));
+        for (tenant, id) in [(1500, 2), (7, 3), (-2, 4), (5, 5)] {
+            let [with_tenant, without, end] =
+                script(tenant, id).map(|sql| recent.get_or_analyze(&r, sql.as_bytes()));
+            // The entry tried first (the template of the round before) names another
+            // tenant: the analysis is the text's own.
+            assert_eq!(r.named_in_text(&with_tenant).to_vec(), vec![TenantId::Int(tenant)]);
+            assert!(Arc::ptr_eq(&without, &first[1]) && Arc::ptr_eq(&end, &first[2]), "round of {tenant}");
+        }
+    }
+
+    #[test]
     fn a_text_differing_only_in_literals_without_the_tenant_column_is_its_templates_analysis() {
         let r = router();
         let mut recent = RecentAnalyses::default();

@@ -24,6 +24,10 @@ pub struct RecentAnalyses {
     entries: VecDeque<Arc<Analysis>>,
     /// The bytes of their texts.
     kept_bytes: usize,
+    /// The position in `entries` of the last lookup's answer: a script's statements
+    /// come round in the same order, so the entry after it is tried first (a hint
+    /// only: positions move as entries come and go).
+    last_found: usize,
     /// The analyses of the long texts of the request at hand, worked out off the
     /// runtime's threads before their messages were handled (`prime`): all of them, for
     /// a request of several Parses is analyzed at its Sync. Its messages are held
@@ -52,10 +56,14 @@ impl RecentAnalyses {
     }
 
     pub fn get_or_analyze(&mut self, router: &Router, sql: &[u8]) -> Arc<Analysis> {
-        // Most recent first: a request's Parse is looked up again when it is forwarded,
-        // and a script's statements come round in the same order.
-        if let Some(hit) = self.entries.iter().rev().find(|a| a.sql.as_bytes() == sql) {
-            return hit.clone();
+        // The entry after the last one found first, then most recent first: a
+        // request's Parse is looked up again when it is forwarded.
+        if let Some(hit) = self.serves_as_it_is(router, self.last_found + 1, sql) {
+            return hit;
+        }
+        if let Some(at) = self.entries.iter().rposition(|a| a.sql.as_bytes() == sql) {
+            self.last_found = at;
+            return self.entries[at].clone();
         }
         if sql.len() > MAX_TEXT {
             if let Some(primed) = self.primed.iter().rev().find(|a| a.sql.as_bytes() == sql) {
@@ -64,11 +72,12 @@ impl RecentAnalyses {
             return router.analyze(sql);
         }
         let mut rebased = None;
-        for template in self.entries.iter().rev() {
+        for (at, template) in self.entries.iter().enumerate().rev() {
             let Some(literals) = template::literal_change(template, sql) else { continue };
             if !template.mentions(router.tenant_column()) {
                 // Only literal values differ, and none of them is ever read (there is no
                 // tenant column to compare them with): the template serves as it is.
+                self.last_found = at;
                 return template.clone();
             }
             rebased = template::rebased(template, sql, literals);
@@ -81,6 +90,23 @@ impl RecentAnalyses {
         analysis
     }
 
+    /// The entry at `at` (the first at the end of the list), if it is `sql`'s analysis
+    /// as it is: the same text, or one that differs only in literal values none of
+    /// which is ever read (see `get_or_analyze`).
+    fn serves_as_it_is(&mut self, router: &Router, at: usize, sql: &[u8]) -> Option<Arc<Analysis>> {
+        let at = if at < self.entries.len() { at } else { 0 };
+        let entry = self.entries.get(at)?;
+        let serves = entry.sql.as_bytes() == sql
+            || (sql.len() <= MAX_TEXT
+                && template::literal_change(entry, sql).is_some()
+                && !entry.mentions(router.tenant_column()));
+        if !serves {
+            return None;
+        }
+        self.last_found = at;
+        Some(entry.clone())
+    }
+
     /// Keeps `analysis` as the newest; the oldest go while there are more than
     /// `ENTRIES` or their texts pass `MAX_KEPT_BYTES` (the newest, at most `MAX_TEXT`,
     /// always stays).
@@ -91,5 +117,6 @@ impl RecentAnalyses {
             let Some(oldest) = self.entries.pop_front() else { break };
             self.kept_bytes -= oldest.sql.len();
         }
+        self.last_found = self.entries.len().saturating_sub(1);
     }
 }
