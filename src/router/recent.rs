@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::analyze::Literals;
 use super::{Analysis, Router, template};
 
 /// pgbench's TPC-B script alone has 11 shapes (a negative number is two tokens).
@@ -73,16 +74,18 @@ impl RecentAnalyses {
         }
         let mut rebased = None;
         for (at, template) in self.entries.iter().enumerate().rev() {
-            let Some(literals) = template::literal_change(template, sql) else { continue };
-            if !template.mentions(router.tenant_column()) {
-                // Only literal values differ, and none of them is ever read (there is no
-                // tenant column to compare them with): the template serves as it is.
-                self.last_found = at;
-                return template.clone();
-            }
-            rebased = template::rebased(template, sql, literals);
-            if rebased.is_some() {
-                break;
+            match template_serves(router, template, sql) {
+                None => continue,
+                Some(Serves::AsItIs) => {
+                    self.last_found = at;
+                    return template.clone();
+                }
+                Some(Serves::Rebased(literals)) => {
+                    rebased = template::rebased(template, sql, literals);
+                    if rebased.is_some() {
+                        break;
+                    }
+                }
             }
         }
         let analysis = rebased.map(Arc::new).unwrap_or_else(|| router.analyze(sql));
@@ -91,15 +94,12 @@ impl RecentAnalyses {
     }
 
     /// The entry at `at` (the first at the end of the list), if it is `sql`'s analysis
-    /// as it is: the same text, or one that differs only in literal values none of
-    /// which is ever read (see `get_or_analyze`).
+    /// as it is: the same text, or a template that serves it as it is.
     fn serves_as_it_is(&mut self, router: &Router, at: usize, sql: &[u8]) -> Option<Arc<Analysis>> {
         let at = if at < self.entries.len() { at } else { 0 };
         let entry = self.entries.get(at)?;
         let serves = entry.sql.as_bytes() == sql
-            || (sql.len() <= MAX_TEXT
-                && template::literal_change(entry, sql).is_some()
-                && !entry.mentions(router.tenant_column()));
+            || (sql.len() <= MAX_TEXT && matches!(template_serves(router, entry, sql), Some(Serves::AsItIs)));
         if !serves {
             return None;
         }
@@ -118,5 +118,24 @@ impl RecentAnalyses {
             self.kept_bytes -= oldest.sql.len();
         }
         self.last_found = self.entries.len().saturating_sub(1);
+    }
+}
+
+/// How a kept analysis serves a text that differs from its own only in literal values.
+enum Serves {
+    /// None of the values is ever read (there is no tenant column to compare them
+    /// with): the analysis serves as it is.
+    AsItIs,
+    /// Rebased on the text's own literals (which name its tenant).
+    Rebased(Literals),
+}
+
+/// How `template` serves `sql`, if only literal values differ between them.
+fn template_serves(router: &Router, template: &Analysis, sql: &[u8]) -> Option<Serves> {
+    let literals = template::literal_change(template, sql)?;
+    if template.mentions(router.tenant_column()) {
+        Some(Serves::Rebased(literals))
+    } else {
+        Some(Serves::AsItIs)
     }
 }
