@@ -46,8 +46,7 @@ impl Session {
             if frame.tag == b'B'
                 && let Err(err) = self.check_bind(&frame).await
             {
-                self.reply_error(&err, false);
-                self.skip_until_sync = true;
+                self.fail_until_sync(&err);
                 return Ok(());
             }
             return self.forward_extended(frame);
@@ -108,8 +107,7 @@ impl Session {
             match futures_util::FutureExt::now_or_never(self.check_bind(&frame)) {
                 None => return Ok(Some(frame)),
                 Some(Err(err)) => {
-                    self.reply_error(&err, false);
-                    self.skip_until_sync = true;
+                    self.fail_until_sync(&err);
                     return Ok(None);
                 }
                 Some(Ok(())) => {}
@@ -433,8 +431,7 @@ impl Session {
                     let err = FrontendError::TenantChangeInTransaction {
                         param: self.shared.router.tenant_param().into(),
                     };
-                    self.reply_error(&err, false);
-                    self.skip_until_sync = true;
+                    self.fail_until_sync(&err);
                     return Ok(());
                 }
                 if let (Some(pin), Some(a)) = (analysis.as_ref().and_then(|a| a.pin), self.server.as_mut()) {
@@ -555,8 +552,7 @@ impl Session {
             // runs on other connections, outside it.
             let shard = self.server.as_ref().map_or(0, |a| a.route.shard);
             let err = FrontendError::Scatter(crate::admin::scatter::ScatterError::InTransaction { shard });
-            self.reply_error(&err, false);
-            self.skip_until_sync = true;
+            self.fail_until_sync(&err);
             return Ok(());
         }
         if self.scatter_seen && p.name.is_empty() {
@@ -587,8 +583,7 @@ impl Session {
         if let Err(err) = self.statement_room(p.name, p.query, p.param_types) {
             // As a server that runs out of memory: this Parse fails, the rest of the
             // request is skipped, the session goes on.
-            self.reply_error(&err, false);
-            self.skip_until_sync = true;
+            self.fail_until_sync(&err);
             return Ok(());
         }
         let (stmt, analysis) = self.register_statement(p.name, p.query, p.param_types);
@@ -664,8 +659,7 @@ impl Session {
             Ok(false) => Ok(Some(frame)),
             Err(err) if err.is_fatal() => Err(err),
             Err(err) => {
-                self.reply_error(&err, false);
-                self.skip_until_sync = true;
+                self.fail_until_sync(&err);
                 Ok(None)
             }
         }

@@ -14,11 +14,16 @@ const HOLD_MESSAGES: usize = 1_000;
 const HOLD_BYTES: usize = 1 << 20;
 
 impl Session {
-    /// Fails the held request as a server fails one: the error, then nothing until the
-    /// client's Sync, which gets its ReadyForQuery.
-    pub(super) async fn refuse_held_request(&mut self, err: &FrontendError) -> Result<(), FrontendError> {
+    /// Fails the request under way as a server fails one: the error now, then nothing
+    /// until the client's Sync, which gets its ReadyForQuery. The session goes on.
+    pub(super) fn fail_until_sync(&mut self, err: &FrontendError) {
         self.reply_error(err, false);
         self.skip_until_sync = true;
+    }
+
+    /// Fails the held request as `fail_until_sync` does, its held messages skipped.
+    pub(super) async fn refuse_held_request(&mut self, err: &FrontendError) -> Result<(), FrontendError> {
+        self.fail_until_sync(err);
         for frame in std::mem::take(&mut self.batch) {
             // Through the skip logic, as the messages would have come.
             Box::pin(self.on_extended(frame)).await?;

@@ -155,8 +155,7 @@ impl Session {
         if let Err(err) = routed {
             // As the general path does: the error, then its messages are skipped up to
             // the Sync, which gets its ReadyForQuery.
-            self.reply_error(&err, false);
-            self.skip_until_sync = true;
+            self.fail_until_sync(&err);
             return Ok(true);
         }
         if lane_candidate {
@@ -190,8 +189,7 @@ impl Session {
                 if let Some(parse) = &layout.parse {
                     self.forward_parse_in_place(parse.end, &bound)?;
                 }
-                self.reply_error(&err, false);
-                self.skip_until_sync = true;
+                self.fail_until_sync(&err);
                 self.client.rbuf.advance(layout.bind.end);
                 return Ok(true);
             }
