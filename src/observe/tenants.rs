@@ -8,8 +8,8 @@
 //! its slot. Each slot also holds the figures of the last complete window
 //! (`window_ms`) and of the one under way.
 //!
-//! Recorded once per request answered (at its ReadyForQuery), under one shard's lock; a
-//! slot is found by a hash lookup, and nothing allocates once the K slots exist.
+//! Sessions record a transaction's requests added up, once it ends, under one shard's
+//! lock; a slot is found by a hash lookup, and nothing allocates once the K slots exist.
 
 use std::sync::{Mutex, RwLock};
 
@@ -34,7 +34,7 @@ pub struct Figures {
 }
 
 impl Figures {
-    fn add(&mut self, o: &Figures) {
+    pub fn add(&mut self, o: &Figures) {
         self.transactions += o.transactions;
         self.requests += o.requests;
         self.server_us += o.server_us;

@@ -117,3 +117,32 @@ async fn a_checkout_that_waits_is_counted_for_its_tenant() {
     assert_eq!(n(eight, "waits"), eight_before, "{eight:?}");
     proxy.shutdown().await;
 }
+
+/// A transaction's requests are counted together once it ends, and those of a client
+/// that left in the middle of one once its session has ended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_s_requests_are_counted_when_it_ends() {
+    let proxy = start_proxy(|_| {}).await;
+    let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+    let five = || async {
+        let rows = console_rows(&console, "SHOW TENANTS").await;
+        rows.into_iter().find(|r| r["tenant"] == "5").map(|r| (n(&r, "transactions"), n(&r, "requests")))
+    };
+    let client = proxy.connect(Some(5)).await;
+    for sql in ["BEGIN", "SELECT 1", "SELECT 2"] {
+        client.batch_execute(sql).await.unwrap();
+    }
+    assert_eq!(five().await, None, "nothing of the open transaction counted yet");
+    client.batch_execute("COMMIT").await.unwrap();
+    // The BEGIN went with the first SELECT: three requests.
+    assert_eq!(five().await, Some((1, 3)));
+    let leaver = proxy.connect(Some(5)).await;
+    leaver.batch_execute("BEGIN").await.unwrap();
+    leaver.batch_execute("SELECT 1").await.unwrap();
+    drop(leaver);
+    let counted = crate::harness::eventually(std::time::Duration::from_secs(10), || async {
+        five().await == Some((1, 4))
+    });
+    assert!(counted.await.is_some(), "the left transaction's request counted: {:?}", five().await);
+    proxy.shutdown().await;
+}

@@ -208,6 +208,8 @@ pub struct Session {
     client_backlog: bool,
     /// The client sent something since it logged in (see the drain in `run_loop`).
     asked_anything: bool,
+    /// The per-tenant figures of the transaction under way (see `tenant_figures`).
+    held_figures: tenant_figures::HeldFigures,
 }
 
 /// How long a drain waits for the first request of a client that has just logged in.
@@ -323,6 +325,7 @@ impl Session {
             clocks: Clocks::default(),
             client_backlog: false,
             asked_anything: false,
+            held_figures: Default::default(),
         }
     }
 
@@ -337,6 +340,7 @@ impl Session {
             }
         }
         self.finish();
+        self.held_figures.record(&self.shared.tenant_stats);
     }
 
     /// Listed as idle between transactions, with the prepared statements it holds now.

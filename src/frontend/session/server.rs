@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 
 use super::client_watch::unless_client_leaves;
-use super::tenant_figures::figures;
+use super::tenant_figures::HeldFigures;
 use super::{Attached, ClientTx, Session};
 use crate::backend::health::{CheckOutcome, HealthView, LagBound, NodeKey, PrimaryChoice};
-use crate::backend::{BackendError, CheckoutError, coarse_clock};
+use crate::backend::{BackendError, CheckoutError};
 use crate::backend::{
     OnError, Pending, PooledConn, ReadOnlyGuc, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID,
     ServerConn, ServerPool, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted,
@@ -487,7 +487,8 @@ impl Session {
         loop {
             let Some(a) = self.server.as_mut() else { return Ok(()) };
             let track_commit = !self.tx_setting_changes.is_empty() || self.tenant_before_tx.is_some();
-            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid, &self.shared.tenant_stats) {
+            let tenants = (&mut self.held_figures, &*self.shared.tenant_stats);
+            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid, tenants) {
                 RelayStop::NeedMore => break,
                 RelayStop::Ready { status, changes } => self.on_ready(status, changes),
                 RelayStop::Lost(reason) => return self.on_server_lost(reason),
@@ -700,7 +701,7 @@ fn relay(
     out: &mut BytesMut,
     track_commit: bool,
     client: u32,
-    tenants: &TenantStats<TenantId>,
+    (held, stats): (&mut HeldFigures, &TenantStats<TenantId>),
 ) -> RelayStop {
     let shard = a.route.shard;
     let before = &mut a.settings_before;
@@ -713,7 +714,7 @@ fn relay(
     if let (Some(answered), Some(tenant)) = (notes.answered, &a.route.tenant) {
         // `request_failed`, not this call's notes: the error may have come in an earlier
         // read than the ReadyForQuery.
-        tenants.record(shard, tenant, figures(answered, a.request_failed), coarse_clock::coarse_ms());
+        held.answered(stats, shard, tenant, answered, a.request_failed);
     }
     stop
 }

@@ -1,13 +1,19 @@
 //! What a session tells the per-tenant statistics (`observe::tenants`): each request
 //! answered (on its own server or a lane), and each checkout that waited for a place.
+//!
+//! A transaction's requests are added up here and recorded once, when it ends (or the
+//! session does, or its next request is another tenant's or shard's): each record
+//! takes the shard's locks and two hash lookups, and pgbench's TPC-B transaction has
+//! seven requests. SHOW TENANTS thus counts a transaction's requests when it ends.
 
 use super::Session;
 use crate::backend::{Answered, PooledConn, coarse_clock};
-use crate::observe::tenants::Figures;
+use crate::directory::{ShardId, TenantId};
+use crate::observe::tenants::{Figures, TenantStats};
 use crate::router::Route;
 
 /// A request's cost as per-tenant statistics count it.
-pub(super) fn figures(answered: Answered, failed: bool) -> Figures {
+fn figures(answered: Answered, failed: bool) -> Figures {
     Figures {
         transactions: u64::from(answered.ended_transaction),
         requests: 1,
@@ -15,6 +21,44 @@ pub(super) fn figures(answered: Answered, failed: bool) -> Figures {
         bytes_out: answered.bytes_out,
         errors: u64::from(failed),
         waits: 0,
+    }
+}
+
+/// The figures of the transaction under way, not yet recorded.
+#[derive(Default)]
+pub(super) struct HeldFigures(Option<(ShardId, TenantId, Figures)>);
+
+impl HeldFigures {
+    /// Adds a request `tenant` had answered on `shard`; records what is held when the
+    /// request ended its transaction, or when it is another tenant's or shard's.
+    pub(super) fn answered(
+        &mut self,
+        stats: &TenantStats<TenantId>,
+        shard: ShardId,
+        tenant: &TenantId,
+        answered: Answered,
+        failed: bool,
+    ) {
+        let request = figures(answered, failed);
+        match &mut self.0 {
+            Some((held_shard, held_tenant, held)) if *held_shard == shard && held_tenant == tenant => {
+                held.add(&request)
+            }
+            _ => {
+                self.record(stats);
+                self.0 = Some((shard, tenant.clone(), request));
+            }
+        }
+        if answered.ended_transaction {
+            self.record(stats);
+        }
+    }
+
+    /// Records what is held.
+    pub(super) fn record(&mut self, stats: &TenantStats<TenantId>) {
+        if let Some((shard, tenant, figures)) = self.0.take() {
+            stats.record(shard, &tenant, figures, coarse_clock::coarse_ms());
+        }
     }
 }
 
@@ -28,10 +72,9 @@ impl Session {
     }
 
     /// Counts a request answered on a lane for its tenant (see `observe::tenants`).
-    pub(super) fn count_for_tenant(&self, route: &Route, answered: Answered, failed: bool) {
+    pub(super) fn count_for_tenant(&mut self, route: &Route, answered: Answered, failed: bool) {
         if let Some(tenant) = &route.tenant {
-            let figures = figures(answered, failed);
-            self.shared.tenant_stats.record(route.shard, tenant, figures, coarse_clock::coarse_ms());
+            self.held_figures.answered(&self.shared.tenant_stats, route.shard, tenant, answered, failed);
         }
     }
 }
