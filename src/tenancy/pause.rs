@@ -62,12 +62,17 @@ impl PauseScope {
     }
 }
 
-/// A tenant's tag in the connection registry (never 0, which means none).
+/// A tenant's tag in the connection registry (never 0, which means none). Equal
+/// tenants have equal tags; a bigint key is mixed as a number (each transaction's
+/// checkout computes it: writing the number out as text to hash it cost more).
 pub fn tenant_tag_of(tenant: &TenantId) -> u64 {
-    let hash = tenant
-        .key_text()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = match tenant {
+        // An odd multiplier after the xor: distinct keys, distinct products.
+        TenantId::Int(n) => (*n as u64 ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+        TenantId::Text(s) => s
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)),
+    };
     hash | 1
 }
 
@@ -250,6 +255,18 @@ mod tests {
             connect_unix_ms: 0,
             pid: 1,
         }
+    }
+
+    #[test]
+    fn distinct_tenants_have_distinct_nonzero_tags() {
+        let ints = (-500..500).chain([i64::MIN, i64::MAX]).map(|n| tenant_tag_of(&TenantId::Int(n)));
+        let texts = ["acme", "7", ""].map(|t| tenant_tag_of(&TenantId::Text(t.into())));
+        let mut tags: Vec<u64> = ints.chain(texts).collect();
+        assert!(tags.iter().all(|&t| t != 0));
+        let count = tags.len();
+        tags.sort_unstable();
+        tags.dedup();
+        assert_eq!(tags.len(), count);
     }
 
     #[tokio::test]
