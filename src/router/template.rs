@@ -147,6 +147,31 @@ mod tests {
     }
 
     #[test]
+    fn the_ranges_are_the_lexers_wherever_the_values_differ() {
+        let template = "SELECT 1, 'é', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5";
+        for sql in [
+            "SELECT 1, 'é', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5",
+            "SELECT 2, 'é', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5",
+            "SELECT 1, 'è', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5",
+            "SELECT 1, 'é', x FROM t WHERE a = 1 AND b = 'zz' AND c IN (3, 4) LIMIT 50",
+            "SELECT 1, 'é', x FROM t WHERE a = 100 AND b = '' AND c IN (3, 44) LIMIT 5",
+            "SELECT 17, 'éé', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3.5, 4) LIMIT 6",
+        ] {
+            let a = rebased(template, sql).unwrap_or_else(|| panic!("{sql}"));
+            assert_eq!(ranges(&a), analyze(sql.as_bytes()).literals(), "{sql}");
+        }
+        for sql in [
+            "SELECT 1, 'é', y FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5",
+            "SELECT 1, 'é', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5 ",
+            "SELECT 1, 'é', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, -4) LIMIT 5",
+            "SELECT 1, 'é', x FROM t WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT",
+            "SELECT 1, 'é', x FROM t1 WHERE a = 10 AND b = 'zz' AND c IN (3, 4) LIMIT 5",
+        ] {
+            assert!(rebased(template, sql).is_none(), "{sql}");
+        }
+    }
+
+    #[test]
     fn anything_but_literal_values_differing_is_no_match() {
         let t = "SELECT * FROM t WHERE id = 5 AND name = 'x'";
         for sql in [
