@@ -688,7 +688,8 @@ mod tests {
     fn a_script_longer_than_the_kept_texts_is_answered_by_its_own_shapes() {
         let r = router();
         let mut recent = RecentAnalyses::default();
-        // Twenty shapes in turn: the successors noted for each have gone by its next round.
+        // Twenty shapes in turn, more than are kept: a lookup hinted at an entry that has
+        // gone since, or at another shape's, still answers with the text's own shape.
         for round in 0..3u64 {
             for k in 0..20 {
                 let sql = format!("select x from t{k} where id = {}", round * 100 + k);

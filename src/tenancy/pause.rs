@@ -67,7 +67,8 @@ impl PauseScope {
 /// checkout computes it: writing the number out as text to hash it cost more).
 pub fn tenant_tag_of(tenant: &TenantId) -> u64 {
     let hash = match tenant {
-        // An odd multiplier after the xor: distinct keys, distinct products.
+        // An odd multiplier after the xor: distinct keys, distinct products (the `| 1`
+        // below may pair two of them, as it did the hashes of texts).
         TenantId::Int(n) => (*n as u64 ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xbf58_476d_1ce4_e5b9),
         TenantId::Text(s) => s
             .bytes()
