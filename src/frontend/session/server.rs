@@ -487,8 +487,8 @@ impl Session {
         loop {
             let Some(a) = self.server.as_mut() else { return Ok(()) };
             let track_commit = !self.tx_setting_changes.is_empty() || self.tenant_before_tx.is_some();
-            let tenants = (&mut self.held_figures, &*self.shared.tenant_stats);
-            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid, tenants) {
+            let (held, stats) = (&mut self.held_figures, &self.shared.tenant_stats);
+            match relay(a, &mut self.client.wbuf, track_commit, self.cancel.pid, held, stats) {
                 RelayStop::NeedMore => break,
                 RelayStop::Ready { status, changes } => self.on_ready(status, changes),
                 RelayStop::Lost(reason) => return self.on_server_lost(reason),
@@ -701,7 +701,8 @@ fn relay(
     out: &mut BytesMut,
     track_commit: bool,
     client: u32,
-    (held, stats): (&mut HeldFigures, &TenantStats<TenantId>),
+    held: &mut HeldFigures,
+    stats: &TenantStats<TenantId>,
 ) -> RelayStop {
     let shard = a.route.shard;
     let before = &mut a.settings_before;
