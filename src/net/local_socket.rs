@@ -53,11 +53,7 @@ impl LocalSocket {
     /// Registers a (non-blocking) socket with the caller's runtime.
     pub fn new(socket: StdUnixStream) -> io::Result<Self> {
         socket.set_nonblocking(true)?;
-        Ok(Self {
-            socket: register(socket, Interest::READABLE)?,
-            write_wait: None,
-            offer: MIN_OFFER,
-        })
+        Ok(Self { socket: register(socket, Interest::READABLE)?, write_wait: None, offer: MIN_OFFER })
     }
 
     /// A socket of tokio's, registered again for reading only (three system calls: off
