@@ -152,12 +152,12 @@ const CLIENT_READ_START: usize = 1024;
 const READ_ROOM: usize = 512;
 
 /// Moves an emptied buffer back to its start, unless a frame split off it is still
-/// held (then it waits for the next reserve, as before). Without it each request is
-/// written a little further into the buffer, and a session's requests walk through all
-/// 16 KiB of it (and its answers through the other), touching cache lines no other
-/// request touched lately: with every session and server connection doing so, the
-/// proxy's data evicted its own code and its neighbours' (pgbench's, PostgreSQL's)
-/// between requests. A rewound buffer reuses the same few lines. No allocation.
+/// held (then it waits for the next reserve, as before). Without it each request was
+/// written a little further into the buffer until less than `READ_ROOM` was left, and
+/// the next read reserved `READ_CHUNK` more: a client's 1 KiB read buffer became 16 KiB
+/// after a few dozen small requests, for as long as it stayed connected (about 16 KiB
+/// more per client that has sent a few dozen requests; docs/benchmarks.md "Memory").
+/// A rewound buffer is used again from its first bytes. No allocation.
 fn rewind_if_empty(buf: &mut BytesMut) {
     if buf.is_empty() {
         // Asking for one byte more than is free from here reclaims the bytes before
