@@ -25,7 +25,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 /// the offer follows what reads find: it doubles while reads fill it (a large answer
 /// streaming in, fewer system calls) and halves while they use less than a quarter
 /// (small answers, less to zero). At the least offer a read goes to a buffer of the
-/// thread's own (`SMALL_READS`), zeroed once, and what it got is copied on: a short
+/// thread's (`SMALL_READS`), zeroed once, and what it got is copied on: a short
 /// answer costs the copy of its bytes, not the zeroing (and the cache lines) of the
 /// whole offer.
 const MIN_OFFER: usize = 2 * 1024;
@@ -43,9 +43,8 @@ pub struct LocalSocket {
 
 thread_local! {
     /// Where a read of `MIN_OFFER` bytes goes (zeroed once), one per thread: what a
-    /// read got is copied on at once, so all the sockets a thread serves share it, and
-    /// the same 2 KiB stay in the cache (one per socket was 2 KiB more of it for each
-    /// server connection in use).
+    /// read got is copied on at once, so all the sockets a thread serves share it (one
+    /// per socket was 2 KiB more memory for each server connection).
     static SMALL_READS: RefCell<[u8; MIN_OFFER]> = const { RefCell::new([0; MIN_OFFER]) };
 }
 
