@@ -351,8 +351,8 @@ mod tests {
     }
 
     /// A client's read buffer keeps its first size through many small requests, each
-    /// dropped before the next arrives; one held frame makes the read go on past it,
-    /// into a buffer grown for the purpose, and loses nothing.
+    /// dropped before the next arrives; frames still held make the reads go on past
+    /// them, into a buffer grown for the purpose, and lose nothing.
     #[test]
     fn a_client_read_buffer_keeps_its_size_through_small_requests() {
         use std::io::Write;
