@@ -349,6 +349,7 @@ async fn open(
     let tcp = TcpStream::connect((target.host.as_str(), target.port)).await.map_err(connect_err)?;
     let _ = tcp.set_nodelay(true);
     let peer = tcp.peer_addr().map_err(|source| BackendError::Io { addr: addr.to_string(), source })?;
+    let tcp = crate::net::TcpSocket::from_tokio(tcp).map_err(connect_err)?;
     let stream = match tls {
         Some(tls) => tls.negotiate(tcp, &target.host, addr).await?,
         None => Stream::Plain(tcp),

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::net::TcpSocket;
 use rustls::ClientConfig;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use super::error::BackendError;
@@ -51,7 +51,7 @@ impl ServerTls {
     /// Sends SSLRequest and upgrades when the server agrees.
     pub async fn negotiate(
         &self,
-        mut tcp: TcpStream,
+        mut tcp: TcpSocket,
         host: &str,
         addr: &str,
     ) -> Result<Stream, BackendError> {

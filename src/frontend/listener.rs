@@ -43,9 +43,9 @@ impl Listeners {
             }
         };
         tokio::select! {
-            tcp = self.tcp.accept() => tcp.map(|(s, peer)| {
+            tcp = self.tcp.accept() => tcp.and_then(|(s, peer)| {
                 tracing::trace!(%peer, "accepted");
-                Stream::Plain(s)
+                crate::net::TcpSocket::from_tokio(s).map(Stream::Plain)
             }),
             unix = unix => unix,
         }
@@ -60,7 +60,7 @@ impl Listeners {
     /// and a connection that arrived since would be left behind.
     fn waiting(&self) -> Vec<Stream> {
         let mut out = Vec::new();
-        take_queued(&self.tcp, &mut out, |fd| tokio::net::TcpStream::from_std(fd.into()).map(Stream::Plain));
+        take_queued(&self.tcp, &mut out, |fd| crate::net::TcpSocket::new(fd.into()).map(Stream::Plain));
         if let Some(unix) = &self.unix {
             take_queued(unix, &mut out, |fd| crate::net::LocalSocket::new(fd.into()).map(Stream::Unix));
         }

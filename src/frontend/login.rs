@@ -32,8 +32,8 @@ pub async fn serve_connection(
 ) {
     let peer = match &stream {
         Stream::Plain(tcp) => {
-            let _ = tcp.set_nodelay(true);
-            tcp.peer_addr().ok()
+            let _ = tcp.get_ref().set_nodelay(true);
+            tcp.get_ref().peer_addr().ok()
         }
         _ => None,
     };

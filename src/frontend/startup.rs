@@ -3,10 +3,7 @@
 //! and the StartupMessage. Packets are read with exact reads, so nothing sent
 //! before the handshake can be buffered and later mistaken for TLS-protected data.
 
-use std::task::{Context, Poll};
-
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::error::FrontendError;
@@ -63,7 +60,7 @@ pub async fn negotiate(stream: Stream, tls: Option<&TlsAcceptor>) -> Result<Nego
                     stream = Stream::Plain(tcp);
                     continue;
                 };
-                if has_unread_bytes(&tcp) {
+                if tcp.has_unread_bytes() {
                     return Err(FrontendError::Protocol("received unencrypted data after SSLRequest".into()));
                 }
                 let mut tcp = tcp;
@@ -93,12 +90,4 @@ pub async fn negotiate(stream: Stream, tls: Option<&TlsAcceptor>) -> Result<Nego
             }
         }
     }
-}
-
-/// Whether the client already sent bytes that pgtenant has not read.
-fn has_unread_bytes(tcp: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    let mut probe = [0u8; 1];
-    let mut buf = tokio::io::ReadBuf::new(&mut probe);
-    matches!(tcp.poll_peek(&mut cx, &mut buf), Poll::Ready(Ok(n)) if n > 0)
 }

@@ -1,5 +1,5 @@
 //! Socket I/O shared by both sides: a stream that is plain TCP, TLS or a Unix socket
-//! (`local_socket`: registered for reading only), and `Duplex`,
+//! (`socket`: registered for reading only, direct system calls), and `Duplex`,
 //! which owns a stream with its read and write buffers and makes progress on both
 //! directions in one poll, so a session never blocks a write while the peer waits
 //! for its own output to be read.
@@ -10,22 +10,21 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 use crate::protocol::{Frame, FrameError, try_parse_frame};
 
 pub mod client_threads;
-mod local_socket;
+mod socket;
 
-pub use local_socket::LocalSocket;
+pub use socket::{LocalSocket, TcpSocket};
 
 /// A connection that may have been upgraded to TLS, or a Unix socket to a local server.
 pub enum Stream {
-    Plain(TcpStream),
-    /// Registered for reading only (see `LocalSocket`).
+    /// Registered for reading only, as all of these (see `socket`).
+    Plain(TcpSocket),
     Unix(LocalSocket),
-    TlsServer(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-    TlsClient(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    TlsServer(Box<tokio_rustls::server::TlsStream<TcpSocket>>),
+    TlsClient(Box<tokio_rustls::client::TlsStream<TcpSocket>>),
 }
 
 impl AsyncRead for Stream {
@@ -75,7 +74,7 @@ impl Stream {
     /// on, to be served on another thread (`Unregistered::register`).
     pub fn unregister(self) -> io::Result<Unregistered> {
         match self {
-            Stream::Plain(s) => s.into_std().map(Unregistered::Tcp),
+            Stream::Plain(s) => Ok(Unregistered::Tcp(s.into_std())),
             Stream::Unix(s) => Ok(Unregistered::Unix(s.into_std())),
             Stream::TlsServer(_) | Stream::TlsClient(_) => {
                 Err(io::Error::other("a TLS stream cannot move to another runtime"))
@@ -87,20 +86,14 @@ impl Stream {
 impl Stream {
     /// Registers the socket again, with the runtime of the caller: its readiness then
     /// wakes the caller's thread instead of the one it was registered on. A duplicate
-    /// of the descriptor takes the old one's place (four system calls: dup, two
-    /// epoll_ctl, close); TLS state stays as it is. On an error (no descriptor left)
-    /// the stream is as before, and still works from any thread.
+    /// of the descriptor takes the old one's place (five system calls: dup,
+    /// non-blocking, two epoll_ctl, close); TLS state stays as it is. On an error (no
+    /// descriptor left) the stream is as before, and still works from any thread.
     pub fn rehome(&mut self) -> io::Result<()> {
-        use std::os::fd::AsFd;
-        fn tcp(s: &mut TcpStream) -> io::Result<()> {
-            let fd = s.as_fd().try_clone_to_owned()?;
-            *s = TcpStream::from_std(std::net::TcpStream::from(fd))?;
-            Ok(())
-        }
         match self {
-            Stream::Plain(s) => tcp(s),
-            Stream::TlsServer(s) => tcp(s.get_mut().0),
-            Stream::TlsClient(s) => tcp(s.get_mut().0),
+            Stream::Plain(s) => s.rehome(),
+            Stream::TlsServer(s) => s.get_mut().0.rehome(),
+            Stream::TlsClient(s) => s.get_mut().0.rehome(),
             Stream::Unix(s) => s.rehome(),
         }
     }
@@ -116,7 +109,7 @@ impl Unregistered {
     /// Registers the socket with the runtime of the caller.
     pub fn register(self) -> io::Result<Stream> {
         match self {
-            Unregistered::Tcp(s) => TcpStream::from_std(s).map(Stream::Plain),
+            Unregistered::Tcp(s) => TcpSocket::new(s).map(Stream::Plain),
             Unregistered::Unix(s) => LocalSocket::new(s).map(Stream::Unix),
         }
     }
@@ -309,7 +302,8 @@ mod tests {
     fn orphaned() -> (Stream, std::net::TcpStream, Stream, std::os::unix::net::UnixStream) {
         runtime().block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let tcp = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let tcp = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let tcp = TcpSocket::from_tokio(tcp).unwrap();
             let (tcp_peer, _) = listener.accept().await.unwrap();
             let (unix, unix_peer) = tokio::net::UnixStream::pair().unwrap();
             let unix = LocalSocket::from_tokio(unix).unwrap();

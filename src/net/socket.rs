@@ -1,4 +1,5 @@
-//! A Unix socket registered with the runtime for reading only.
+//! A socket of ours (TCP or Unix) registered with the runtime for reading only, read
+//! and written with direct system calls.
 //!
 //! tokio registers a socket for both directions. A Unix socket reports room to write
 //! each time its peer reads (the kernel's `unix_write_space`; TCP does so only after a
@@ -9,14 +10,22 @@
 //! asks for write readiness only while a write waits; so does this: writes go to the
 //! socket directly, and only one that finds the buffer full registers a duplicate of
 //! the descriptor for write readiness, dropped again once a write goes through.
+//!
+//! The reads and writes are `recv` and `send` made by `rustix` itself, not through the
+//! C library: once a process has a second thread (the runtime's blocking pool, the
+//! long-statement parser), glibc brackets each of these calls with two locked
+//! compare-and-swaps on the thread's cancellation state, a tenth of the proxy's user
+//! time per TPC-B transaction on its own (docs/benchmarks.md, "Socket calls without
+//! the C library"). PgBouncer, single-threaded, never pays them.
 
 use std::cell::RefCell;
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use rustix::net::{RecvFlags, SendFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
@@ -31,15 +40,21 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 const MIN_OFFER: usize = 2 * 1024;
 const MAX_OFFER: usize = 64 * 1024;
 
-pub struct LocalSocket {
+/// A non-blocking socket: `std`'s TCP or Unix stream.
+pub struct Socket<S: AsRawFd> {
     /// Registered for readable (and hang-up) events only.
-    socket: AsyncFd<StdUnixStream>,
+    socket: AsyncFd<S>,
     /// A duplicate of the descriptor, registered for write readiness while a write
     /// waits for room.
     write_wait: Option<AsyncFd<OwnedFd>>,
     /// How many bytes the next read offers (see `MIN_OFFER`).
     offer: usize,
 }
+
+/// A Unix socket (to a local server, or a client on `unix_socket_dir`).
+pub type LocalSocket = Socket<StdUnixStream>;
+/// A TCP socket (a client's, or a server's over the network).
+pub type TcpSocket = Socket<std::net::TcpStream>;
 
 thread_local! {
     /// Where a read of `MIN_OFFER` bytes goes (zeroed once), one per thread: what a
@@ -48,11 +63,58 @@ thread_local! {
     static SMALL_READS: RefCell<[u8; MIN_OFFER]> = const { RefCell::new([0; MIN_OFFER]) };
 }
 
-impl LocalSocket {
-    /// Registers a (non-blocking) socket with the caller's runtime.
-    pub fn new(socket: StdUnixStream) -> io::Result<Self> {
-        socket.set_nonblocking(true)?;
+fn recv(fd: impl AsFd, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(rustix::net::recv(fd, buf, RecvFlags::empty())?.0)
+}
+
+/// No SIGPIPE for a peer gone: the write fails with `EPIPE` instead, as `std`'s do.
+fn send(fd: impl AsFd, data: &[u8]) -> io::Result<usize> {
+    Ok(rustix::net::send(fd, data, SendFlags::NOSIGNAL)?)
+}
+
+impl<S: AsFd + AsRawFd + From<OwnedFd>> Socket<S> {
+    /// Registers a socket with the caller's runtime (made non-blocking here).
+    fn register_new(socket: S) -> io::Result<Self> {
+        rustix::io::ioctl_fionbio(&socket, true)?;
         Ok(Self { socket: register(socket, Interest::READABLE)?, write_wait: None, offer: MIN_OFFER })
+    }
+
+    /// Registers the socket again with the caller's runtime (see `Stream::rehome`).
+    pub fn rehome(&mut self) -> io::Result<()> {
+        let fd = self.socket.get_ref().as_fd().try_clone_to_owned()?;
+        *self = Self::register_new(S::from(fd))?;
+        Ok(())
+    }
+
+    /// Takes the socket off the runtime.
+    pub fn into_std(self) -> S {
+        self.socket.into_inner()
+    }
+
+    /// The socket itself (its addresses and options).
+    pub fn get_ref(&self) -> &S {
+        self.socket.get_ref()
+    }
+
+    /// Reads what is there without waiting (`WouldBlock` when nothing is; without a
+    /// system call when no event said something came since the last read found none).
+    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.socket.try_io(Interest::READABLE, |socket| recv(socket, buf))
+    }
+
+    /// Whether bytes are waiting to be read (left where they are).
+    pub fn has_unread_bytes(&self) -> bool {
+        let mut probe = [0u8; 1];
+        let peeked =
+            rustix::net::recv(self.socket.get_ref(), &mut probe[..], RecvFlags::PEEK | RecvFlags::DONTWAIT);
+        matches!(peeked, Ok((n, _)) if n > 0)
+    }
+}
+
+impl LocalSocket {
+    /// Registers a Unix socket with the caller's runtime.
+    pub fn new(socket: StdUnixStream) -> io::Result<Self> {
+        Self::register_new(socket)
     }
 
     /// A socket of tokio's, registered again for reading only (three system calls: off
@@ -60,51 +122,47 @@ impl LocalSocket {
     pub fn from_tokio(socket: tokio::net::UnixStream) -> io::Result<Self> {
         Self::new(socket.into_std()?)
     }
+}
 
-    /// Registers the socket again with the caller's runtime (see `Stream::rehome`).
-    pub fn rehome(&mut self) -> io::Result<()> {
-        let fd = self.socket.get_ref().try_clone()?;
-        *self = Self::new(fd)?;
-        Ok(())
+impl TcpSocket {
+    /// Registers a TCP socket with the caller's runtime.
+    pub fn new(socket: std::net::TcpStream) -> io::Result<Self> {
+        Self::register_new(socket)
     }
 
-    /// Takes the socket off the runtime.
-    pub fn into_std(self) -> StdUnixStream {
-        self.socket.into_inner()
-    }
-
-    /// Reads what is there without waiting (`WouldBlock` when nothing is; without a
-    /// system call when no event said something came since the last read found none).
-    pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.socket.try_io(Interest::READABLE, |socket| (&*socket).read(buf))
+    /// A socket of tokio's (just accepted or connected), registered again for reading
+    /// only.
+    pub fn from_tokio(socket: tokio::net::TcpStream) -> io::Result<Self> {
+        Self::new(socket.into_std()?)
     }
 }
 
 /// Registers `fd` with the caller's runtime for `interest`. tokio deprecated its safe
 /// registration for a type that may not own its descriptor; the replacement is
-/// `unsafe`, which this crate forbids. Both types registered here (`UnixStream`,
-/// `OwnedFd`) own theirs and keep it open while registered: the replacement's contract.
+/// `unsafe`, which this crate forbids. All types registered here (`UnixStream`,
+/// `TcpStream`, `OwnedFd`) own theirs and keep it open while registered: the
+/// replacement's contract.
 #[allow(deprecated)]
 fn register<T: AsRawFd>(fd: T, interest: Interest) -> io::Result<AsyncFd<T>> {
     AsyncFd::with_interest(fd, interest)
 }
 
-impl AsyncRead for LocalSocket {
+impl<S: AsFd + AsRawFd + Unpin> AsyncRead for Socket<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let LocalSocket { socket, offer, .. } = self.get_mut();
+        let Socket { socket, offer, .. } = self.get_mut();
         loop {
             let mut guard = ready!(socket.poll_read_ready(cx))?;
             let room = buf.remaining().min(*offer);
             let outcome = if *offer == MIN_OFFER {
                 SMALL_READS.with_borrow_mut(|scratch| {
-                    let outcome = guard.try_io(|socket| socket.get_ref().read(&mut scratch[..room]));
+                    let outcome = guard.try_io(|socket| recv(socket, &mut scratch[..room]));
                     if let Ok(Ok(n)) = outcome {
                         buf.put_slice(&scratch[..n]);
                     }
                     outcome
                 })
             } else {
-                let outcome = guard.try_io(|socket| socket.get_ref().read(buf.initialize_unfilled_to(room)));
+                let outcome = guard.try_io(|socket| recv(socket, buf.initialize_unfilled_to(room)));
                 if let Ok(Ok(n)) = outcome {
                     buf.advance(n);
                 }
@@ -132,11 +190,11 @@ impl AsyncRead for LocalSocket {
     }
 }
 
-impl AsyncWrite for LocalSocket {
+impl<S: AsFd + AsRawFd + Unpin> AsyncWrite for Socket<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.write_wait.is_none() {
-            match this.socket.get_ref().write(data) {
+            match send(this.socket.get_ref(), data) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 done => return Poll::Ready(done),
             }
@@ -148,11 +206,11 @@ impl AsyncWrite for LocalSocket {
         let done = match &this.write_wait {
             Some(waiter) => loop {
                 let mut guard = ready!(waiter.poll_write_ready(cx))?;
-                if let Ok(done) = guard.try_io(|_| this.socket.get_ref().write(data)) {
+                if let Ok(done) = guard.try_io(|_| send(this.socket.get_ref(), data)) {
                     break done;
                 }
             },
-            None => this.socket.get_ref().write(data),
+            None => send(this.socket.get_ref(), data),
         };
         // Written (or failed): stop watching for room until a write finds none again.
         this.write_wait = None;
@@ -164,7 +222,9 @@ impl AsyncWrite for LocalSocket {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(self.socket.get_ref().shutdown(std::net::Shutdown::Write))
+        Poll::Ready(
+            rustix::net::shutdown(self.socket.get_ref(), rustix::net::Shutdown::Write).map_err(Into::into),
+        )
     }
 }
 
