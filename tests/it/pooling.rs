@@ -127,3 +127,61 @@ async fn connections_past_their_lifetime_are_replaced() {
     assert!(started.elapsed() >= std::time::Duration::from_millis(500));
     assert!(harness::backend_ends(first, std::time::Duration::from_secs(2)).await);
 }
+
+/// A BEGIN sent through the extended protocol (pgbench -M extended, pgJDBC) is answered
+/// at once and goes to the server with the transaction's first statement, in the same
+/// write, as a simple query's BEGIN does: until then it holds no connection. What the
+/// transaction then does is what it would do on the server: its writes roll back with
+/// it, an error aborts it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_extended_begin_holds_no_connection_until_its_first_statement() {
+    use crate::harness::raw::{Msg, RawClient, bind_unnamed, first_column};
+    use bytes::BytesMut;
+    use postgres_protocol::message::frontend;
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let other = proxy.connect(Some(7)).await;
+    other
+        .batch_execute(
+            "DROP TABLE IF EXISTS deferred_begin; CREATE TABLE deferred_begin (tenant_id bigint, n int)",
+        )
+        .await
+        .unwrap();
+    let mut c = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
+    let extended = |sql: &str, describe: Option<u8>| {
+        let mut out = BytesMut::new();
+        frontend::parse("", sql, [], &mut out).unwrap();
+        bind_unnamed(&mut out);
+        if let Some(kind) = describe {
+            frontend::describe(kind, "", &mut out).unwrap();
+        }
+        frontend::execute("", 0, &mut out).unwrap();
+        frontend::sync(&mut out);
+        out
+    };
+    let tags = |msgs: &[Msg]| String::from_utf8(msgs.iter().map(|m| m.tag).collect()).unwrap();
+    let status = |msgs: &[Msg]| msgs.last().map(|m| m.body.clone()).unwrap();
+
+    let begun = c.request(&extended("BEGIN", Some(b'P'))).await;
+    assert_eq!((tags(&begun), status(&begun)), ("12nCZ".into(), b"T".to_vec()));
+    // The pool's only connection is free: another client's statement runs meanwhile.
+    let meanwhile = tokio::time::timeout(std::time::Duration::from_secs(3), other.batch_execute("SELECT 1"));
+    meanwhile.await.expect("the connection is not held by a BEGIN alone").unwrap();
+    let inserted = c.request(&extended("INSERT INTO deferred_begin VALUES (7, 1)", None)).await;
+    assert_eq!((tags(&inserted), status(&inserted)), ("12CZ".into(), b"T".to_vec()), "{inserted:?}");
+    assert_eq!(tags(&c.query("ROLLBACK").await), "CZ");
+    assert_eq!(first_column(&c.query("SELECT count(*) FROM deferred_begin").await), ["0"], "rolled back");
+
+    // Described as a statement: no parameters, no rows. An error aborts the
+    // transaction, on the server or before it reaches one (a tenant SET refused).
+    let begun = c.request(&extended("BEGIN", Some(b'S'))).await;
+    assert_eq!(tags(&begun), "12tnCZ");
+    let failed = c.request(&extended("SELECT 1/0", None)).await;
+    assert_eq!((tags(&failed), status(&failed)), ("1E".to_string() + "Z", b"E".to_vec()), "{failed:?}");
+    assert_eq!(tags(&c.query("ROLLBACK").await), "CZ");
+    c.request(&extended("BEGIN", None)).await;
+    let refused = c.request(&extended("SET pgtenant.tenant_id = 8", None)).await;
+    assert_eq!(status(&refused), b"E", "{refused:?}");
+    assert_eq!(tags(&c.query("ROLLBACK").await), "CZ");
+    let idle = c.query("SELECT 2").await;
+    assert_eq!((first_column(&idle), status(&idle)), (vec!["2".to_string()], b"I".to_vec()));
+}

@@ -29,6 +29,10 @@ impl Session {
                 if self.server.is_some() && self.tx != ClientTx::Failed {
                     self.forward_extended(frame)?;
                 } else {
+                    if let ClientTx::DeferredBegin(_) = self.tx {
+                        // An error inside a transaction block aborts it, as on a server.
+                        self.tx = ClientTx::Failed;
+                    }
                     let mut b = BytesMut::new();
                     protocol::ready_for_query(&mut b, self.client_status());
                     self.reply(b);
@@ -275,7 +279,13 @@ impl Session {
                     }
                 },
                 b'C' => protocol::close_complete(&mut reply),
-                b'S' => protocol::ready_for_query(&mut reply, self.client_status()),
+                b'S' => {
+                    if failed && matches!(self.tx, ClientTx::DeferredBegin(_)) {
+                        // An error inside a transaction block aborts it, as on a server.
+                        self.tx = ClientTx::Failed;
+                    }
+                    protocol::ready_for_query(&mut reply, self.client_status())
+                }
                 _ => {}
             }
         }

@@ -21,6 +21,15 @@ pub(super) struct Layout {
     pub(super) total: usize,
     /// The Reply of each message after the Bind, in order.
     after_bind: SmallVec<[Reply; 3]>,
+    /// The Describe (if any) is of the unnamed statement, not of the portal.
+    pub(super) describes_statement: bool,
+}
+
+impl Layout {
+    /// Whether the request describes its statement or portal.
+    pub(super) fn has_describe(&self) -> bool {
+        self.after_bind.first() == Some(&Reply::Describe)
+    }
 }
 
 /// The layout of the request at the front of `buf`, when it is of the handled shape.
@@ -29,6 +38,7 @@ pub(super) fn layout(buf: &[u8], max_message: usize) -> Option<Layout> {
     let mut parse = None;
     let mut bind = None;
     let mut after_bind = SmallVec::new();
+    let mut describes_statement = false;
     loop {
         let (tag, len) = protocol::frame_header(buf.get(at..)?, max_message).ok()??;
         let range = at..at + len;
@@ -41,12 +51,13 @@ pub(super) fn layout(buf: &[u8], max_message: usize) -> Option<Layout> {
                 if after_bind.is_empty()
                     && matches!(&buf[range.start + 5..range.end], [b'P', ..] | b"S\0") =>
             {
+                describes_statement = buf[range.start + 5] == b'S';
                 after_bind.push(Reply::Describe)
             }
             (b'E', true) if !after_bind.contains(&Reply::Execute) => after_bind.push(Reply::Execute),
             (b'S', true) if after_bind.last() == Some(&Reply::Execute) => {
                 after_bind.push(Reply::Sync);
-                return Some(Layout { parse, bind: bind?, total: at, after_bind });
+                return Some(Layout { parse, bind: bind?, total: at, after_bind, describes_statement });
             }
             _ => return None,
         }
@@ -112,6 +123,7 @@ mod tests {
             let buf = request(tags);
             let l = layout(&buf, 1 << 20).unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(tags)));
             assert_eq!(l.total, buf.len());
+            assert!(!l.describes_statement, "the portal's");
             assert_eq!(l.parse.is_some(), tags[0] == b'P');
             assert_eq!(l.after_bind.last(), Some(&Reply::Sync));
         }
@@ -144,6 +156,6 @@ mod tests {
         let mut buf = request(b"PB");
         message(&mut buf, b'D', b"S\0");
         buf.extend_from_slice(&request(b"ES"));
-        assert!(layout(&buf, 1 << 20).is_some());
+        assert!(layout(&buf, 1 << 20).is_some_and(|l| l.describes_statement));
     }
 }
