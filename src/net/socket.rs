@@ -14,9 +14,9 @@
 //! The reads and writes are `recv` and `send` made by `rustix` itself, not through the
 //! C library: once a process has a second thread (the runtime's blocking pool, the
 //! long-statement parser), glibc brackets each of these calls with two locked
-//! compare-and-swaps on the thread's cancellation state, a tenth of the proxy's user
-//! time per TPC-B transaction on its own (docs/benchmarks.md, "Socket calls without
-//! the C library"). PgBouncer, single-threaded, never pays them.
+//! compare-and-swaps on the thread's cancellation state (3 % of the proxy's user-time
+//! samples under TPC-B; docs/benchmarks.md, "Socket calls without the C library").
+//! PgBouncer, single-threaded, never pays them.
 
 use std::cell::RefCell;
 use std::io;
