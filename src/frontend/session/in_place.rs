@@ -120,7 +120,9 @@ impl Session {
         let Some(BoundInPlace { analysis: bound, statement }) = self.bound_in_place(&layout) else {
             return Ok(false);
         };
-        if self.defers_begin(&layout, &bound, statement.is_some()) {
+        // Not for a Bind of the unnamed statement without its Parse: the server would
+        // not have it when the BEGIN goes out.
+        if (layout.parse.is_some() || statement.is_some()) && self.defers_begin(&bound) {
             self.answer_deferred_begin(layout, bound);
             return Ok(true);
         }
@@ -228,21 +230,9 @@ impl Session {
         Ok(())
     }
 
-    /// Whether the request is a plain BEGIN that starts a transaction with no server
-    /// attached: deferred as in a simple query (`simple`), until a statement shows
-    /// where the transaction runs. It then goes out ahead of that statement, in the
-    /// same write: one round trip to the server less per transaction. Not for a Bind
-    /// of the unnamed statement without its Parse: the server would not have it.
-    fn defers_begin(&self, layout: &Layout, bound: &Analysis, named_statement: bool) -> bool {
-        bound.kind == StatementKind::Begin
-            && !bound.is_multi
-            && self.server.is_none()
-            && self.tx == ClientTx::Idle
-            && (layout.parse.is_some() || named_statement)
-            && self.shared.router.named_in_text(bound).is_empty()
-    }
-
-    /// Answers a deferred BEGIN's request as a server would, the transaction open.
+    /// Answers a deferred BEGIN's request (see `defers_begin`) as a server would, the
+    /// transaction open: it goes out with the transaction's first statement, one round
+    /// trip to the server less.
     fn answer_deferred_begin(&mut self, layout: Layout, bound: Arc<Analysis>) {
         let mut reply = BytesMut::new();
         if layout.parse.is_some() {

@@ -11,7 +11,7 @@ use crate::directory::TenantId;
 use crate::frontend::error::FrontendError;
 use crate::observe::conns::ShownTenant;
 use crate::protocol::{self, Frame, TxStatus};
-use crate::router::{ROUTING_VERSION, StatementKind};
+use crate::router::{Analysis, ROUTING_VERSION, StatementKind};
 
 impl Session {
     pub(super) async fn on_query(&mut self, frame: Frame) -> Result<(), FrontendError> {
@@ -89,14 +89,7 @@ impl Session {
         let named = self.shared.router.named_in_text(&analysis);
         let lane_candidate = self.lane_candidate(&analysis);
         if self.at_transaction_start() {
-            // Deferred until a statement shows where the transaction runs: a tenant SET
-            // may still come first.
-            let defer = analysis.kind == StatementKind::Begin
-                && !analysis.is_multi
-                && self.server.is_none()
-                && named.is_empty()
-                && self.tx == ClientTx::Idle;
-            if defer {
+            if self.defers_begin(&analysis) {
                 self.tx = ClientTx::DeferredBegin(body.slice(..sql_len));
                 self.reply_done("BEGIN");
                 return Ok(());
@@ -204,6 +197,19 @@ impl Session {
             Err(err) => self.reply_error(&err, true),
         }
         Ok(())
+    }
+
+    /// Whether `analysis` is a plain BEGIN (naming no tenant) that starts a transaction
+    /// with no server attached: answered here and deferred until a statement shows
+    /// where the transaction runs (a tenant SET may still come first); it then goes
+    /// out ahead of that statement. In either protocol (the extended one's in
+    /// `in_place`). The tenants named are looked for last, in a BEGIN only.
+    pub(super) fn defers_begin(&self, analysis: &Analysis) -> bool {
+        analysis.kind == StatementKind::Begin
+            && !analysis.is_multi
+            && self.server.is_none()
+            && self.tx == ClientTx::Idle
+            && self.shared.router.named_in_text(analysis).is_empty()
     }
 
     /// Changes the session tenant; refused for an unplaced tenant, and inside a
