@@ -485,13 +485,7 @@ async fn flush_without_sync_gets_answers() {
 
 /// Parse, Bind and Execute of `sql` (unnamed), then `end` (Flush or Sync), as a pipeline sends them.
 fn pipelined(sql: &str, end: fn(&mut bytes::BytesMut)) -> bytes::BytesMut {
-    use postgres_protocol::message::frontend;
-    let mut out = bytes::BytesMut::new();
-    frontend::parse("", sql, [], &mut out).unwrap();
-    crate::harness::raw::bind_unnamed(&mut out);
-    frontend::execute("", 0, &mut out).unwrap();
-    end(&mut out);
-    out
+    crate::harness::raw::unnamed_request(sql, None, end)
 }
 
 #[tokio::test(flavor = "multi_thread")]

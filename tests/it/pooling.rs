@@ -135,8 +135,7 @@ async fn connections_past_their_lifetime_are_replaced() {
 /// it, an error aborts it.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_extended_begin_holds_no_connection_until_its_first_statement() {
-    use crate::harness::raw::{Msg, RawClient, bind_unnamed, first_column};
-    use bytes::BytesMut;
+    use crate::harness::raw::{Msg, RawClient, first_column, unnamed_request};
     use postgres_protocol::message::frontend;
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let other = proxy.connect(Some(7)).await;
@@ -147,17 +146,7 @@ async fn an_extended_begin_holds_no_connection_until_its_first_statement() {
         .await
         .unwrap();
     let mut c = RawClient::login(proxy.addr, &[("options", "-c pgtenant.tenant_id=7")]).await;
-    let extended = |sql: &str, describe: Option<u8>| {
-        let mut out = BytesMut::new();
-        frontend::parse("", sql, [], &mut out).unwrap();
-        bind_unnamed(&mut out);
-        if let Some(kind) = describe {
-            frontend::describe(kind, "", &mut out).unwrap();
-        }
-        frontend::execute("", 0, &mut out).unwrap();
-        frontend::sync(&mut out);
-        out
-    };
+    let extended = |sql: &str, describe: Option<u8>| unnamed_request(sql, describe, frontend::sync);
     let tags = |msgs: &[Msg]| String::from_utf8(msgs.iter().map(|m| m.tag).collect()).unwrap();
     let status = |msgs: &[Msg]| msgs.last().map(|m| m.body.clone()).unwrap();
 

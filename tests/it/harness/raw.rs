@@ -159,3 +159,18 @@ pub fn bind_unnamed(out: &mut BytesMut) {
         panic!("bind encodes");
     }
 }
+
+/// Parse of `sql` as the unnamed statement, Bind (`bind_unnamed`), a Describe (`b'P'`:
+/// of the portal, `b'S'`: of the statement) if asked, Execute, then `end` (Sync or
+/// Flush): one statement's request as drivers send it.
+pub fn unnamed_request(sql: &str, describe: Option<u8>, end: fn(&mut BytesMut)) -> BytesMut {
+    let mut out = BytesMut::new();
+    frontend::parse("", sql, [], &mut out).unwrap();
+    bind_unnamed(&mut out);
+    if let Some(kind) = describe {
+        frontend::describe(kind, "", &mut out).unwrap();
+    }
+    frontend::execute("", 0, &mut out).unwrap();
+    end(&mut out);
+    out
+}
