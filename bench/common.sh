@@ -74,7 +74,42 @@ enable_shard_tls() {
   return 1
 }
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# cpu_ticks PID: the process' CPU ticks so far (user and system, all its threads); 0
+# once it is gone.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# pgbench_steady OUT SECONDS [pgbench arguments]: runs pgbench for SECONDS (-T) with
+# a progress line every second into OUT and measures the steady part of the run only:
+# `window_sample` (the caller's function: CPU ticks of what it measures, one line) is
+# called when the line of second 2 appears and again at second SECONDS-1, its two
+# outputs left in WINDOW_BEFORE and WINDOW_AFTER, and WINDOW_TX is the number of
+# transactions those progress lines report between the two. What happens before the
+# benchmark's clock starts (logins: 400 SCRAM exchanges cost the proxies and pgbench
+# far more than a second of their transactions) and the run's last second stay out of
+# the figures. Sets PGBENCH_STATUS to pgbench's exit status.
+pgbench_steady() {
+  local out=$1 seconds=$2
+  shift 2
+  local first=2 last=$((seconds - 1))
+  if [ "$seconds" -lt 4 ]; then first=0 last=$seconds; fi
+  pgbench "$@" -T "$seconds" -P 1 >"$out" 2>&1 &
+  PGBENCH_PID=$!
+  WINDOW_BEFORE=$(at_progress_line "$out" "$first" && window_sample)
+  WINDOW_AFTER=$(at_progress_line "$out" "$last" && window_sample)
+  PGBENCH_STATUS=0
+  wait "$PGBENCH_PID" || PGBENCH_STATUS=$?
+  WINDOW_TX=$(awk -v a="$first" -v b="$last" '/^progress: / { t = $2 + 0; if (t > a && t <= b) n += $4 } END { printf "%.0f", n }' "$out")
+}
+
+# at_progress_line OUT SECOND: waits until pgbench has written the progress line of
+# SECOND (0: returns at once), or has ended.
+at_progress_line() {
+  [ "$2" = 0 ] && return 0
+  until grep -q "^progress: $2.0 s" "$1"; do
+    kill -0 "$PGBENCH_PID" 2>/dev/null || return 0
+    sleep 0.02
+  done
+}
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 
 # start_bouncer NAME PORT HOST: a PgBouncer (transaction pooling, pool size 20) in front

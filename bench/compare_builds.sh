@@ -55,14 +55,13 @@ for round in $(seq "$ROUNDS"); do
       for build in $order; do
         port=$PROXY_PORT pid=$PROXY_PID
         [ "$build" = old ] && port=$OLD_PORT pid=$OLD_PID
-        before=$(cpu_ticks "$pid")
+        # The proxy's CPU over the steady part of the run (see pgbench_steady).
+        window_sample() { cpu_ticks "$pid"; }
         # shellcheck disable=SC2086 # the workload's arguments, split on purpose
-        out=$(PGOPTIONS="-c pgtenant.tenant_id=7" pgbench -p "$port" -n $args -M "$mode" -c "${CLIENTS:-8}" -j 2 \
-          -T "$SECONDS_PER_RUN" 2>&1)
-        after=$(cpu_ticks "$pid")
-        tps=$(echo "$out" | awk '/^tps/ {print int($3)}')
-        tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
-        us=$(awk -v d=$((after - before)) -v t="$TICKS" -v n="${tx:-0}" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
+        PGOPTIONS="-c pgtenant.tenant_id=7" pgbench_steady "$STATE/pgbench-out" "$SECONDS_PER_RUN" -p "$port" -n \
+          $args -M "$mode" -c "${CLIENTS:-8}" -j 2
+        tps=$(awk '/^tps/ {print int($3)}' "$STATE/pgbench-out")
+        us=$(awk -v d=$((WINDOW_AFTER - WINDOW_BEFORE)) -v t="$TICKS" -v n="$WINDOW_TX" 'BEGIN { printf "%.1f", (n > 0 ? d / t * 1e6 / n : 0) }')
         echo "$workload $mode $build ${tps:-0} $us"
       done
     done

@@ -152,32 +152,30 @@ run() { # target mode clients workload
     pgtenant-variant) port=$VARIANT_PORT; pid=$VARIANT_PID; opts="-c pgtenant.tenant_id=7" ;;
   esac
   local jobs=$(( $3 < 2 ? 1 : ${BENCH_JOBS:-2} ))
-  local before after out pg_before pg_after
-  before=$(cpu_ticks "$pid")
-  pg_before=$(cluster_ticks)
-  # pgbench's own CPU (user and system seconds) through the shell's `time`.
+  # The CPU of the proxy, of shard 1's cluster and of pgbench, over the steady part of
+  # the run (see pgbench_steady): logins are not part of the transactions' cost.
+  window_sample() { echo "$(cpu_ticks "$pid") $(cluster_ticks) $(cpu_ticks "$PGBENCH_PID")"; }
   # shellcheck disable=SC2046 # the workload's arguments, split on purpose
-  out=$( { TIMEFORMAT='%3U %3S'; time PGOPTIONS="$opts" pgbench -p "$port" $(workload_args "$4") -M "$2" -c "$3" -j "$jobs" -T "$SECONDS_PER_RUN" -n 2>&1; } 2>"$STATE/pgbench-time") || true
-  after=$(cpu_ticks "$pid")
-  # A direct run's backends exit with pgbench: their time counts once they are reaped.
-  [ "$1" = direct ] && sleep 0.5
-  pg_after=$(cluster_ticks)
-  local tps lat tx
+  PGOPTIONS="$opts" pgbench_steady "$STATE/pgbench-out" "$SECONDS_PER_RUN" -p "$port" $(workload_args "$4") \
+    -M "$2" -c "$3" -j "$jobs" -n
+  local out
+  out=$(cat "$STATE/pgbench-out")
+  local tps lat
   tps=$(echo "$out" | awk '/^tps/ {print $3}')
   tps=${tps:-0}
   # An aborted run (e.g. PgBouncer 1.18 with -M prepared) counts as failed: 0 TPS.
   if echo "$out" | grep -q "Run was aborted"; then tps=0; fi
   lat=$(echo "$out" | awk '/latency average/ {print $4}')
   lat=${lat:-0}
-  tx=$(echo "$out" | awk '/actually processed/ {split($6, a, "/"); print a[1]}')
-  tx=${tx:-0}
-  local cpu_us
-  cpu_us=$(per_tx_us $((after - before)) "$tx")
+  local -a before after
+  read -r -a before <<<"$WINDOW_BEFORE"
+  read -r -a after <<<"$WINDOW_AFTER"
+  local cpu_us pg_us bench_us
+  cpu_us=$(per_tx_us $((after[0] - before[0])) "$WINDOW_TX")
   [ "$1" = direct ] && cpu_us=0
-  local pg_us bench_us
-  pg_us=$(per_tx_us $((pg_after - pg_before)) "$tx")
-  bench_us=$(awk -v n="$tx" '{ printf "%.1f", (n > 0 ? ($1 + $2) * 1e6 / n : 0) }' "$STATE/pgbench-time")
-  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us ${bench_us:-0} $4" >>"$RESULTS"
+  pg_us=$(per_tx_us $((after[1] - before[1])) "$WINDOW_TX")
+  bench_us=$(per_tx_us $((after[2] - before[2])) "$WINDOW_TX")
+  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us $bench_us $4" >>"$RESULTS"
 }
 
 for round in $(seq "$ROUNDS"); do
