@@ -96,13 +96,15 @@ async fn show_tenants_counts_what_each_tenant_did() {
 async fn a_checkout_that_waits_is_counted_for_its_tenant() {
     let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
     let holder = proxy.connect(Some(8)).await;
-    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
-    let waiter = proxy.connect(Some(7)).await;
+    // Tenant 8's own first checkout may wait for the connection its client's login had
+    // just used; a wait is counted with the transaction it begins, so that one is
+    // counted once this one ends. What counts is that 7's wait is not counted for 8.
+    holder.batch_execute("SELECT 1").await.unwrap();
     let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
-    // Tenant 8's own first checkout may have waited for the connection its client's
-    // login had just used: what counts is that 7's wait is not counted for it.
     let eight_before = console_rows(&console, "SHOW TENANTS").await;
     let eight_before = eight_before.iter().find(|r| r["tenant"] == "8").map_or(0, |r| n(r, "waits"));
+    holder.batch_execute("BEGIN; SELECT 1").await.unwrap();
+    let waiter = proxy.connect(Some(7)).await;
     let asked = tokio::spawn(async move { waiter.simple_query("SELECT 7").await.map(|_| ()) });
     let waiting = crate::harness::eventually(std::time::Duration::from_secs(10), || async {
         console_rows(&console, "SHOW POOLS").await.iter().any(|r| r["cl_waiting"] != "0")
