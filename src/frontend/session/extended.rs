@@ -29,10 +29,7 @@ impl Session {
                 if self.server.is_some() && self.tx != ClientTx::Failed {
                     self.forward_extended(frame)?;
                 } else {
-                    if let ClientTx::DeferredBegin(_) = self.tx {
-                        // An error inside a transaction block aborts it, as on a server.
-                        self.tx = ClientTx::Failed;
-                    }
+                    self.abort_deferred_begin();
                     let mut b = BytesMut::new();
                     protocol::ready_for_query(&mut b, self.client_status());
                     self.reply(b);
@@ -280,9 +277,8 @@ impl Session {
                 },
                 b'C' => protocol::close_complete(&mut reply),
                 b'S' => {
-                    if failed && matches!(self.tx, ClientTx::DeferredBegin(_)) {
-                        // An error inside a transaction block aborts it, as on a server.
-                        self.tx = ClientTx::Failed;
+                    if failed {
+                        self.abort_deferred_begin();
                     }
                     protocol::ready_for_query(&mut reply, self.client_status())
                 }

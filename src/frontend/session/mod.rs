@@ -685,12 +685,17 @@ impl Session {
         let mut b = BytesMut::new();
         write_error(&mut b, err);
         if ready {
-            if let ClientTx::DeferredBegin(_) = self.tx {
-                // An error inside a transaction block aborts it, as on a server.
-                self.tx = ClientTx::Failed;
-            }
+            self.abort_deferred_begin();
             protocol::ready_for_query(&mut b, self.client_status());
         }
         self.reply(b);
+    }
+
+    /// An error before a deferred BEGIN's transaction reached a server aborts it, as
+    /// an error inside a transaction block does on a server.
+    pub(super) fn abort_deferred_begin(&mut self) {
+        if let ClientTx::DeferredBegin(_) = self.tx {
+            self.tx = ClientTx::Failed;
+        }
     }
 }

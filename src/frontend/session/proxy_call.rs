@@ -277,8 +277,8 @@ impl Session {
         {
             inject_sql(&mut a.conn, "ROLLBACK", OnError::Swallow);
             self.tx = ClientTx::Failed;
-        } else if matches!(self.tx, ClientTx::DeferredBegin(_)) {
-            self.tx = ClientTx::Failed;
+        } else {
+            self.abort_deferred_begin();
         }
         Ok(FrontendError::CanceledOwn)
     }
