@@ -19,13 +19,19 @@
 //!
 //! With `fair_share = false` reserves are zero and one line is served in arrival
 //! order, as PgBouncer does; caps still hold.
+//!
+//! A waiting checkout arms no timer of its own: while anyone waits, one task per gate
+//! (its ticker) ends the waits whose time is up and gives out places that a lapsed
+//! reserve freed, as PgBouncer checks its waiting clients' timeouts from one periodic
+//! loop. At 400 clients on a pool of 20 nearly every checkout waits, and a timer armed
+//! and disarmed in the runtime's wheel per wait was a twentieth of the proxy's work.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use super::coarse_clock;
 use crate::directory::{TenantId, TenantLimit, TenantLimits};
@@ -37,7 +43,8 @@ pub type ShareKey = Option<TenantId>;
 const PLAN_MS: u64 = 100;
 /// A demand peak counts for this long, and up to twice it.
 const EPOCH_MS: u64 = 500;
-/// How often a waiting checkout looks whether a reserve it waits behind has lapsed.
+/// How often the ticker looks, while anyone waits, whether a reserve that checkouts
+/// wait behind has lapsed.
 const WAITER_TICK: Duration = Duration::from_millis(PLAN_MS * 2);
 
 /// Where the gate reads tenants' limits: the file's, overlaid by the catalog's.
@@ -67,6 +74,8 @@ pub struct ShareGate {
     waiting_now: AtomicUsize,
     /// Set (under the lock) by `close`, and never unset.
     closed: AtomicBool,
+    /// Wakes the ticker before its time: a wait whose deadline comes first joined.
+    ticker_nudge: Notify,
 }
 
 struct GateState {
@@ -79,6 +88,16 @@ struct GateState {
     next_plan_ms: u64,
     next_ticket: u64,
     limits: Arc<dyn LimitSource>,
+    ticker: Ticker,
+}
+
+/// The gate's ticker (see the module's doc).
+#[derive(Clone, Copy)]
+enum Ticker {
+    /// No task runs: nobody waited when it last looked.
+    Stopped,
+    /// Task `run` runs and looks next at `wakes_at`.
+    Running { run: u64, wakes_at: Instant },
 }
 
 struct TenantLine {
@@ -94,9 +113,15 @@ struct TenantLine {
 
 struct Waiter {
     ticket: u64,
+    /// Dropped unsent when the wait ends without a place: its time was up (the
+    /// ticker) or the gate closed.
     grant: oneshot::Sender<SharePermit>,
     /// When it joined the line.
     since: Instant,
+    /// When its time is up. A line's deadlines ascend: its waiters joined in order,
+    /// with the pool's one `checkout_timeout_ms` (a reload that shortens it ends the
+    /// waits after a longer one's with that one).
+    deadline: Instant,
 }
 
 /// A checkout's place in its tenant's line while it waits; given up when dropped.
@@ -111,11 +136,11 @@ impl PlaceInLine<'_> {
         self.gate.leave_line(self.key, self.ticket)
     }
 
-    /// The place was granted: `dispatch` took the waiter out of the line already, so
-    /// there is nothing to leave (and no need to look for it: at saturation the line
-    /// is hundreds of checkouts long, a scan of it per checkout was a sixth of the
-    /// proxy's instructions per transaction at 400 clients).
-    fn granted(self) {
+    /// The gate took the waiter out of its line already (granted it a place, ended
+    /// its wait, or closed), so there is nothing to leave (and no need to look for it:
+    /// at saturation the line is hundreds of checkouts long, a scan of it per checkout
+    /// was a sixth of the proxy's instructions per transaction at 400 clients).
+    fn taken_out(self) {
         std::mem::forget(self);
     }
 }
@@ -123,6 +148,22 @@ impl PlaceInLine<'_> {
 impl Drop for PlaceInLine<'_> {
     fn drop(&mut self) {
         self.leave();
+    }
+}
+
+/// The ticker's task `run`; marks the ticker stopped however the task ends (its
+/// runtime may drop it), so that the next wait starts another.
+struct TickerRun {
+    gate: Arc<ShareGate>,
+    run: u64,
+}
+
+impl Drop for TickerRun {
+    fn drop(&mut self) {
+        let mut state = self.gate.lock();
+        if matches!(state.ticker, Ticker::Running { run, .. } if run == self.run) {
+            state.ticker = Ticker::Stopped;
+        }
     }
 }
 
@@ -185,6 +226,23 @@ impl TenantLine {
 }
 
 impl GateState {
+    /// Takes the waiters whose deadline is past `now` out of their lines.
+    fn end_waits_due(&mut self, now: Instant) -> Vec<Waiter> {
+        let mut ended = Vec::new();
+        for line in self.tenants.values_mut() {
+            while line.queue.front().is_some_and(|w| w.deadline <= now) {
+                ended.extend(line.queue.pop_front());
+            }
+        }
+        self.waiting -= ended.len();
+        ended
+    }
+
+    /// The earliest deadline of a waiting checkout (the first of each line's).
+    fn first_deadline(&self) -> Option<Instant> {
+        self.tenants.values().filter_map(|line| line.queue.front()).map(|w| w.deadline).min()
+    }
+
     /// Counts a connection taken by (or given back from) `key`'s line.
     fn adjust_held(&mut self, key: &ShareKey, taken: bool) {
         if let Some(line) = self.tenants.get_mut(key) {
@@ -231,10 +289,12 @@ impl ShareGate {
                 next_plan_ms: 0,
                 next_ticket: 0,
                 limits: current,
+                ticker: Ticker::Stopped,
             }),
             free_now: AtomicUsize::new(size),
             waiting_now: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
+            ticker_nudge: Notify::new(),
         })
     }
 
@@ -285,7 +345,7 @@ impl ShareGate {
         key: &ShareKey,
         timeout: Duration,
     ) -> Result<SharePermit, GateError> {
-        let (ticket, mut granted, since) = {
+        let (ticket, granted, start_ticker) = {
             let mut state = self.lock();
             if self.arrive(&mut state, key)? {
                 self.publish(&state);
@@ -295,48 +355,77 @@ impl ShareGate {
             let ticket = state.next_ticket;
             state.next_ticket += 1;
             state.waiting += 1;
+            // The time of this poll (see `observe::moment`), with no clock read of its own.
             let since = crate::observe::moment::now();
+            let deadline = since + timeout;
             if let Some(line) = state.tenants.get_mut(key) {
-                line.queue.push_back(Waiter { ticket, grant, since });
+                line.queue.push_back(Waiter { ticket, grant, since, deadline });
             }
+            let start_ticker = match state.ticker {
+                Ticker::Stopped => {
+                    let wakes_at = deadline.min(since + WAITER_TICK);
+                    state.ticker = Ticker::Running { run: ticket, wakes_at };
+                    Some(ticket)
+                }
+                Ticker::Running { run, wakes_at } if deadline < wakes_at => {
+                    state.ticker = Ticker::Running { run, wakes_at: deadline };
+                    self.ticker_nudge.notify_one();
+                    None
+                }
+                Ticker::Running { .. } => None,
+            };
             self.publish(&state);
-            (ticket, granted, since)
+            (ticket, granted, start_ticker)
         };
-        // Dropped with this future (its client left, or the wait timed out): the
-        // waiter leaves its line, so it counts as waiting no longer.
+        if let Some(run) = start_ticker {
+            tokio::spawn(Self::tick(TickerRun { gate: self.clone(), run }));
+        }
+        // Dropped with this future (its client left): the waiter leaves its line, so
+        // it counts as waiting no longer.
         let place = PlaceInLine { gate: self, key, ticket };
-        let deadline = since + timeout;
-        // The first wake-up from `since` (the time of this poll, see `observe::moment`),
-        // with no clock read of its own: most waits end before it.
-        let mut wake_at = since + WAITER_TICK.min(timeout);
+        let outcome = granted.await;
+        place.taken_out();
+        match outcome {
+            Ok(permit) => Ok(permit),
+            // The grant was dropped unsent, the waiter taken out: by `close`, which
+            // marks the gate closed first, or by the ticker.
+            Err(_) if self.is_closed() => Err(GateError::Closed),
+            Err(_) => Err(GateError::Timeout),
+        }
+    }
+
+    /// The ticker's task, while anyone waits: ends the waits whose time is up and
+    /// gives places a lapsed reserve freed, each time it wakes.
+    async fn tick(ticker: TickerRun) {
+        let TickerRun { gate, run } = &ticker;
         loop {
-            match tokio::time::timeout_at(wake_at.into(), &mut granted).await {
-                Ok(Ok(permit)) => {
-                    place.granted();
-                    return Ok(permit);
-                }
-                Ok(Err(_closed)) => return Err(GateError::Closed),
-                Err(_tick) if Instant::now() < deadline => {
-                    wake_at = deadline.min(Instant::now() + WAITER_TICK);
-                    // A reserve this checkout waits behind may have lapsed with nobody
-                    // giving a connection back to notice.
-                    let grants = {
-                        let mut state = self.lock();
-                        self.plan_if_due(&mut state, coarse_clock::now_ms());
-                        let grants = self.dispatch(&mut state);
-                        self.publish(&state);
-                        grants
-                    };
-                    Self::send(grants);
-                }
-                Err(_deadline) => {
-                    if place.leave() {
-                        return Err(GateError::Timeout);
-                    }
-                    // Granted just now (or closed): the answer is in the channel.
-                    return granted.try_recv().map_err(|_| GateError::Closed);
-                }
+            let wakes_at = match gate.lock().ticker {
+                Ticker::Running { run: r, wakes_at } if r == *run => wakes_at,
+                _ => return,
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(wakes_at.into()) => {}
+                // An earlier deadline joined: look at the state again.
+                () = gate.ticker_nudge.notified() => continue,
             }
+            let now = Instant::now();
+            let (grants, ended) = {
+                let mut state = gate.lock();
+                gate.plan_if_due(&mut state, coarse_clock::now_ms());
+                let grants = gate.dispatch(&mut state);
+                let ended = state.end_waits_due(now);
+                state.ticker = match state.first_deadline() {
+                    Some(deadline) => {
+                        Ticker::Running { run: *run, wakes_at: deadline.min(now + WAITER_TICK) }
+                    }
+                    None => Ticker::Stopped,
+                };
+                gate.publish(&state);
+                (grants, ended)
+            };
+            Self::send(grants);
+            // Their checkouts see the grants dropped: the time is up.
+            drop(ended);
         }
     }
 
@@ -614,6 +703,28 @@ mod tests {
         assert!(!eight.is_finished());
         drop(second);
         eight.await.unwrap().unwrap();
+    }
+
+    /// The ticker runs on the runtime of the wait that started it; a runtime that goes
+    /// drops it. The gate then counts it stopped, and the next wait (here on another
+    /// runtime) starts one that ends it when its time is up.
+    #[test]
+    fn a_ticker_dropped_with_its_runtime_leaves_the_next_wait_its_timeout() {
+        let runtime = || tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let gate = gate(1, true);
+        let _held = gate.try_acquire(&tenant(7)).unwrap().unwrap();
+        let first = runtime();
+        let abandoned = first.block_on(async {
+            tokio::time::timeout(Duration::from_millis(20), gate.acquire(&tenant(8), Duration::from_secs(30)))
+                .await
+        });
+        assert!(abandoned.is_err(), "the pool's one place is held");
+        assert!(matches!(gate.lock().ticker, Ticker::Running { .. }), "started by the wait");
+        drop(first);
+        assert!(matches!(gate.lock().ticker, Ticker::Stopped), "dropped with its runtime");
+        let waited = runtime().block_on(gate.acquire(&tenant(8), Duration::from_millis(50)));
+        assert_eq!(waited.err(), Some(GateError::Timeout));
+        assert_eq!(gate.waiting(), 0);
     }
 
     #[tokio::test]

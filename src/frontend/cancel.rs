@@ -8,8 +8,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
+use futures_util::task::AtomicWaker;
 
 use crate::backend::{CancelSlot as Slot, CancelTarget};
 
@@ -40,7 +41,10 @@ type ManySlot = Arc<Mutex<Vec<CancelTarget>>>;
 struct WaitInProxy {
     waiting: AtomicBool,
     canceled: AtomicBool,
-    wake: Notify,
+    /// The session's task while it waits. One task waits per client at a time, so one
+    /// registered waker does: no lock and no list of waiters, unlike a `Notify`, for a
+    /// wait set up for every request a lane carries and every checkout that waits.
+    wake: AtomicWaker,
 }
 
 /// What a CancelRequest reaches.
@@ -110,7 +114,7 @@ impl CancelRegistry {
         }
         if client.wait.waiting.load(Ordering::SeqCst) {
             client.wait.canceled.store(true, Ordering::SeqCst);
-            client.wait.wake.notify_waiters();
+            client.wait.wake.wake();
             return CancelReach::Wait;
         }
         CancelReach::Nothing
@@ -158,20 +162,23 @@ impl CancelKey {
 }
 
 impl CancelableWait {
-    /// Completes once a cancel came for this wait (at once if one did already).
+    /// Ready once a cancel came for this wait (at once if one did already); the
+    /// caller's task is woken by it.
+    pub fn poll_canceled(&self, cx: &mut Context<'_>) -> Poll<()> {
+        poll_canceled(&self.wait, cx)
+    }
+
+    /// `poll_canceled` as a future of its own.
     pub fn canceled(&self) -> impl std::future::Future<Output = ()> + Send + use<> {
         let wait = self.wait.clone();
-        async move {
-            let notified = wait.wake.notified();
-            tokio::pin!(notified);
-            // Registered before the look: a cancel in between still wakes it.
-            notified.as_mut().enable();
-            if wait.canceled.load(Ordering::SeqCst) {
-                return;
-            }
-            notified.await;
-        }
+        std::future::poll_fn(move |cx| poll_canceled(&wait, cx))
     }
+}
+
+fn poll_canceled(wait: &WaitInProxy, cx: &mut Context<'_>) -> Poll<()> {
+    // Registered before the look: a cancel in between still wakes it.
+    wait.wake.register(cx.waker());
+    if wait.canceled.load(Ordering::SeqCst) { Poll::Ready(()) } else { Poll::Pending }
 }
 
 impl Drop for CancelableWait {

@@ -42,12 +42,8 @@ pub(super) async fn unless_client_leaves<T>(
         if let Poll::Ready(outcome) = wait.as_mut().poll(cx) {
             return Poll::Ready(Ok(outcome));
         }
-        let (_, canceled) = cancelable.get_or_insert_with(|| {
-            let wait = cancel.wait_in_proxy();
-            let canceled = Box::pin(wait.canceled());
-            (wait, canceled)
-        });
-        if canceled.as_mut().poll(cx).is_ready() {
+        let cancelable = cancelable.get_or_insert_with(|| cancel.wait_in_proxy());
+        if cancelable.poll_canceled(cx).is_ready() {
             return Poll::Ready(Err(FrontendError::CanceledWaiting));
         }
         loop {
