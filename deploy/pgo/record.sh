@@ -23,7 +23,8 @@ PROXY_PORT=${PROXY_PORT:-7432}
 SHARD_PORT=${SHARD_PORT:-7442}
 HTTP_PORT=${HTTP_PORT:-7439}
 sysroot=$(rustc --print sysroot)
-profdata=$(ls "$sysroot"/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -1)
+# Without llvm-tools the glob matches nothing: said below, not a silent exit of `set -e`.
+profdata=$(ls "$sysroot"/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -1 || true)
 [ -x "$profdata" ] || { echo "llvm-profdata not found: rustup component add llvm-tools" >&2; exit 1; }
 
 target="${CARGO_TARGET_DIR:-target}/pgo-record"
