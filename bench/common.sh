@@ -81,12 +81,12 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 # pgbench_steady OUT SECONDS [pgbench arguments]: runs pgbench for SECONDS (-T) with
 # a progress line every second into OUT and measures the steady part of the run only:
 # `window_sample` (the caller's function: CPU ticks of what it measures, one line) is
-# called when the line of second 2 appears and again at second SECONDS-1, its two
-# outputs left in WINDOW_BEFORE and WINDOW_AFTER, and WINDOW_TX is the number of
-# transactions those progress lines report between the two. What happens before the
-# benchmark's clock starts (logins: 400 SCRAM exchanges cost the proxies and pgbench
-# far more than a second of their transactions) and the run's last second stay out of
-# the figures. Sets PGBENCH_STATUS to pgbench's exit status.
+# called when the first line of second 2 or later appears and again at second
+# SECONDS-1, its two outputs left in WINDOW_BEFORE and WINDOW_AFTER, and WINDOW_TX is
+# the number of transactions the progress lines report between the two. What happens
+# before the benchmark's clock starts (logins: 400 SCRAM exchanges cost the proxies and
+# pgbench far more than a second of their transactions) and the run's last second stay
+# out of the figures. Sets PGBENCH_STATUS to pgbench's exit status.
 pgbench_steady() {
   local out=$1 seconds=$2
   shift 2
@@ -94,21 +94,33 @@ pgbench_steady() {
   if [ "$seconds" -lt 4 ]; then first=0 last=$seconds; fi
   pgbench "$@" -T "$seconds" -P 1 >"$out" 2>&1 &
   PGBENCH_PID=$!
-  WINDOW_BEFORE=$(at_progress_line "$out" "$first" && window_sample)
-  WINDOW_AFTER=$(at_progress_line "$out" "$last" && window_sample)
+  local from to
+  from=$(progress_time_from "$out" "$first")
+  WINDOW_BEFORE=$(window_sample)
+  to=$(progress_time_from "$out" "$last")
+  WINDOW_AFTER=$(window_sample)
   PGBENCH_STATUS=0
   wait "$PGBENCH_PID" || PGBENCH_STATUS=$?
-  WINDOW_TX=$(awk -v a="$first" -v b="$last" '/^progress: / { t = $2 + 0; if (t > a && t <= b) n += $4 } END { printf "%.0f", n }' "$out")
+  # Each line's rate over the time since the line before it.
+  WINDOW_TX=$(awk -v a="$from" -v b="$to" '/^progress: / { t = $2 + 0; if (t > a && t <= b) n += $4 * (t - prev); prev = t } END { printf "%.0f", n }' "$out")
 }
 
-# at_progress_line OUT SECOND: waits until pgbench has written the progress line of
-# SECOND (0: returns at once), or has ended.
-at_progress_line() {
-  [ "$2" = 0 ] && return 0
-  until grep -q "^progress: $2.0 s" "$1"; do
-    kill -0 "$PGBENCH_PID" 2>/dev/null || return 0
+# progress_time_from OUT SECOND: waits until pgbench has written a progress line of
+# SECOND or later and prints that line's time (0 for SECOND 0). pgbench reports from
+# when its clients are connected, at whatever fraction of a second that was (PgBouncer's
+# 400 SCRAM logins took 2.3 s on a 2-core machine: no line of second 2). If pgbench
+# ends first, the time of its last line.
+progress_time_from() {
+  [ "$2" = 0 ] && { echo 0; return 0; }
+  local at
+  until at=$(awk -v s="$2" '/^progress: / { t = $2 + 0; if (t >= s) { print t; found = 1; exit } } END { exit !found }' "$1"); do
+    if ! kill -0 "$PGBENCH_PID" 2>/dev/null; then
+      awk '/^progress: / { t = $2 + 0 } END { print t + 0 }' "$1"
+      return 0
+    fi
     sleep 0.02
   done
+  echo "$at"
 }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2)}'; }
 
