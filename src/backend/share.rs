@@ -132,10 +132,6 @@ struct PlaceInLine<'a> {
 }
 
 impl PlaceInLine<'_> {
-    fn leave(&self) -> bool {
-        self.gate.leave_line(self.key, self.ticket)
-    }
-
     /// The gate took the waiter out of its line already (granted it a place, ended
     /// its wait, or closed), so there is nothing to leave (and no need to look for it:
     /// at saturation the line is hundreds of checkouts long, a scan of it per checkout
@@ -147,7 +143,7 @@ impl PlaceInLine<'_> {
 
 impl Drop for PlaceInLine<'_> {
     fn drop(&mut self) {
-        self.leave();
+        self.gate.leave_line(self.key, self.ticket);
     }
 }
 
@@ -429,9 +425,9 @@ impl ShareGate {
         }
     }
 
-    /// Takes waiter `ticket` out of `key`'s line; false when it was not there any more
-    /// (granted meanwhile, or the gate closed).
-    fn leave_line(&self, key: &ShareKey, ticket: u64) -> bool {
+    /// Takes waiter `ticket` out of `key`'s line, if it is still there (it may have
+    /// been granted, or its time ended, meanwhile).
+    fn leave_line(&self, key: &ShareKey, ticket: u64) {
         let mut state = self.lock();
         let removed = state.tenants.get_mut(key).and_then(|line| {
             let at = line.queue.iter().position(|w| w.ticket == ticket)?;
@@ -441,7 +437,6 @@ impl ShareGate {
             state.waiting -= 1;
             self.publish(&state);
         }
-        removed.is_some()
     }
 
     fn lock(&self) -> MutexGuard<'_, GateState> {

@@ -165,20 +165,15 @@ impl CancelableWait {
     /// Ready once a cancel came for this wait (at once if one did already); the
     /// caller's task is woken by it.
     pub fn poll_canceled(&self, cx: &mut Context<'_>) -> Poll<()> {
-        poll_canceled(&self.wait, cx)
+        // Registered before the look: a cancel in between still wakes it.
+        self.wait.wake.register(cx.waker());
+        if self.wait.canceled.load(Ordering::SeqCst) { Poll::Ready(()) } else { Poll::Pending }
     }
 
-    /// `poll_canceled` as a future of its own.
-    pub fn canceled(&self) -> impl std::future::Future<Output = ()> + Send + use<> {
-        let wait = self.wait.clone();
-        std::future::poll_fn(move |cx| poll_canceled(&wait, cx))
+    /// `poll_canceled` as a future.
+    pub fn canceled(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(|cx| self.poll_canceled(cx))
     }
-}
-
-fn poll_canceled(wait: &WaitInProxy, cx: &mut Context<'_>) -> Poll<()> {
-    // Registered before the look: a cancel in between still wakes it.
-    wait.wake.register(cx.waker());
-    if wait.canceled.load(Ordering::SeqCst) { Poll::Ready(()) } else { Poll::Pending }
 }
 
 impl Drop for CancelableWait {
@@ -244,12 +239,16 @@ mod tests {
         let k = reg.register();
         assert!(matches!(reg.reach(k.pid, k.key), CancelReach::Nothing), "nothing runs");
         let wait = k.wait_in_proxy();
-        let canceled = tokio::spawn(wait.canceled());
+        // The wait comes back once canceled, and ends when dropped.
+        let canceled = tokio::spawn(async move {
+            wait.canceled().await;
+            wait
+        });
         tokio::task::yield_now().await;
         assert!(!canceled.is_finished());
         assert!(matches!(reg.reach(k.pid, k.key.wrapping_add(1)), CancelReach::Nothing), "wrong key");
         assert!(matches!(reg.reach(k.pid, k.key), CancelReach::Wait));
-        tokio::time::timeout(std::time::Duration::from_secs(5), canceled).await.unwrap().unwrap();
+        let wait = tokio::time::timeout(std::time::Duration::from_secs(5), canceled).await.unwrap().unwrap();
         drop(wait);
         assert!(matches!(reg.reach(k.pid, k.key), CancelReach::Nothing), "the wait is over");
         // A cancel of an earlier wait does not end the next one.

@@ -164,7 +164,7 @@ impl Session {
         // changes nothing is the same as stopping it. Once it runs, the server gets the
         // cancel (the lane gave its slot the connection's target).
         let queued = self.cancel.wait_in_proxy();
-        let mut canceled = std::pin::pin!(std::future::poll_fn(|cx| queued.poll_canceled(cx)));
+        let mut canceled = std::pin::pin!(queued.canceled());
         let mut bytes_out = 0;
         loop {
             let piece = tokio::select! {
