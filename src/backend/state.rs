@@ -6,7 +6,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
@@ -124,9 +123,10 @@ pub struct ResponseQueue {
     /// Whether a COPY FROM STDIN is open on the server.
     copy_in: CopyIn,
     /// Since when the server has had a request to answer, and since when the
-    /// transaction it is in began (for the pool's statistics).
-    request_since: Option<Instant>,
-    xact_since: Option<Instant>,
+    /// transaction it is in began (for the pool's statistics), in microseconds
+    /// (`observe::moment::since_start_us`).
+    request_since_us: Option<u64>,
+    xact_since_us: Option<u64>,
     /// Parses and Binds answered since the connection last counted a request.
     counts: StatementCounts,
 }
@@ -153,10 +153,10 @@ enum CopyIn {
 impl ResponseQueue {
     #[inline]
     pub fn push(&mut self, p: Pending) {
-        if self.request_since.is_none() {
-            let now = crate::observe::moment::now();
-            self.request_since = Some(now);
-            self.xact_since.get_or_insert(now);
+        if self.request_since_us.is_none() {
+            let now = crate::observe::moment::since_start_us();
+            self.request_since_us = Some(now);
+            self.xact_since_us.get_or_insert(now);
         }
         if self.skipping_until_sync {
             self.push_while_skipping(p);
@@ -367,15 +367,14 @@ impl ResponseQueue {
 
     /// Notes how long the request just answered took, and its transaction if it ended.
     fn time_request(&mut self, status: Option<TxStatus>, fx: &mut Effects) {
-        let now = crate::observe::moment::now();
-        let micros =
-            |since: Option<Instant>| since.map_or(0, |s| now.saturating_duration_since(s).as_micros() as u64);
-        fx.request_us = micros(self.request_since);
+        let now = crate::observe::moment::since_start_us();
+        let micros = |since: Option<u64>| since.map_or(0, |s| now.saturating_sub(s));
+        fx.request_us = micros(self.request_since_us);
         if status == Some(TxStatus::Idle) {
-            fx.xact_us = Some(micros(self.xact_since.take()));
+            fx.xact_us = Some(micros(self.xact_since_us.take()));
         }
         // A request sent behind it (pipelined) is in the server's hands from now on.
-        self.request_since = self.awaits_server().then_some(now);
+        self.request_since_us = self.awaits_server().then_some(now);
     }
 
     /// Handles one server message (`raw`: tag, length and body): appends what the

@@ -226,7 +226,7 @@ fn analyze_tokens(sql: &[u8], tenant_param: &str, key: TenantKey) -> Analysis {
         };
         sets_tenant_among_many |= statements.len() > 1 && (is_tenant_set(&kind) || bad_value.is_some());
         controls_transaction |= controls_transaction_block(&w);
-        unfollowed |= kind == StatementKind::UnfollowedSet;
+        unfollowed |= matches!(kind, StatementKind::UnfollowedSet);
         session_changes.extend(SessionChange::of(&kind));
         match session_config_calls(&w) {
             Some(changes) => session_changes.extend(changes),
@@ -300,7 +300,7 @@ fn is_tenant_set(kind: &StatementKind) -> bool {
 
 /// Statements of these kinds and verbs never need a tenant, whatever sqlparser says.
 pub(super) fn needs_no_tenant(analysis: &Analysis) -> bool {
-    if analysis.kind != StatementKind::Other {
+    if !matches!(analysis.kind, StatementKind::Other) {
         return true;
     }
     let first_word = analysis.sql.split_whitespace().next().unwrap_or("");

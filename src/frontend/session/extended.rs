@@ -200,7 +200,9 @@ impl Session {
         let begin_deferrable = kind == Some(LocalKind::TenantSet)
             && self.server.is_none()
             && matches!(self.tx, ClientTx::Idle | ClientTx::DeferredBegin(_));
-        if !all().all(|a| local_kind(a) == kind || (begin_deferrable && a.kind == StatementKind::Begin)) {
+        if !all()
+            .all(|a| local_kind(a) == kind || (begin_deferrable && matches!(a.kind, StatementKind::Begin)))
+        {
             return Err(FrontendError::ExtendedTenantSet { param: self.shared.router.tenant_param().into() });
         }
         let answer = match &last.kind {
@@ -251,7 +253,7 @@ impl Session {
                         }
                     }
                 }
-                b'E' if bound.as_ref().is_some_and(|a| a.kind == StatementKind::Begin) => {
+                b'E' if bound.as_ref().is_some_and(|a| matches!(a.kind, StatementKind::Begin)) => {
                     if self.tx == ClientTx::Idle {
                         let text = bound.as_ref().map(|a| a.text()).unwrap_or("BEGIN");
                         self.tx = ClientTx::DeferredBegin(Bytes::copy_from_slice(text.as_bytes()));
@@ -523,7 +525,7 @@ impl Session {
                 self.bound_changes = Some(BoundChanges {
                     portal: Bytes::copy_from_slice(portal),
                     changes,
-                    discards_statements: analysis.kind == StatementKind::DiscardAll,
+                    discards_statements: matches!(analysis.kind, StatementKind::DiscardAll),
                 })
             }
             None => {
@@ -723,7 +725,7 @@ pub(super) enum LocalKind {
 pub(super) fn local_kind(analysis: &Analysis) -> Option<LocalKind> {
     if analysis.sets_tenant() {
         Some(LocalKind::TenantSet)
-    } else if analysis.kind == StatementKind::ShowRoutingVersion {
+    } else if matches!(analysis.kind, StatementKind::ShowRoutingVersion) {
         Some(LocalKind::RoutingVersion)
     } else if proxy_select(analysis).is_some() {
         Some(LocalKind::ProxyCall)

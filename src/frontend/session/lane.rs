@@ -4,7 +4,7 @@
 //! server of its own as usual.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 
@@ -32,7 +32,7 @@ pub(super) enum LaneRequest<'a> {
 fn leaves_no_state(analysis: &Analysis) -> bool {
     analysis.effects().shares_implicit_transaction()
         && !analysis.is_multi
-        && analysis.kind == StatementKind::Other
+        && matches!(analysis.kind, StatementKind::Other)
         && analysis.pin.is_none()
         && analysis.session_changes.is_empty()
         && !super::admission::is_refused(analysis)
@@ -60,7 +60,7 @@ impl Session {
     /// is updated when it is answered (see `on_ready`).
     pub(super) fn time_alone(&mut self, analysis: &Arc<Analysis>) {
         if let Some(a) = self.server.as_mut() {
-            a.timing = Some((Instant::now(), analysis.clone()));
+            a.timing = Some((crate::observe::moment::now(), analysis.clone()));
         }
     }
 

@@ -38,7 +38,7 @@ pub(super) struct ScatterPortal {
 
 /// Whether a statement is a scatter-gather.
 pub(super) fn is_scatter(analysis: &Analysis) -> bool {
-    analysis.kind == StatementKind::Scatter && !analysis.is_multi
+    matches!(analysis.kind, StatementKind::Scatter) && !analysis.is_multi
 }
 
 /// The parameter types of a Parse (its raw section) as OIDs.

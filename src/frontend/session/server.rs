@@ -515,7 +515,10 @@ impl Session {
             }
         }
         if let Some((since, analysis)) = a.timing.take() {
-            analysis.shape().record(since.elapsed(), self.shared.config.proxy.pipeline_quick());
+            analysis.shape().record(
+                crate::observe::moment::now().saturating_duration_since(since),
+                self.shared.config.proxy.pipeline_quick(),
+            );
         }
         if std::mem::take(&mut a.tenant_in_request) && (failed || status != TxStatus::Idle) {
             // Rolled back with the request, or inside a transaction that may still roll

@@ -78,7 +78,7 @@ impl Session {
             ClientTx::DeferredBegin(_) if ends_tx && self.server.is_none() => {
                 // An empty transaction: nothing ever reached a server.
                 self.tx = ClientTx::Idle;
-                let committed = analysis.kind == StatementKind::Commit;
+                let committed = matches!(analysis.kind, StatementKind::Commit);
                 self.end_client_transaction(committed);
                 self.reply_done(if committed { "COMMIT" } else { "ROLLBACK" });
                 return Ok(());
@@ -144,7 +144,7 @@ impl Session {
         if let Some(pin) = analysis.pin {
             a.pin.get_or_insert(pin);
         }
-        if analysis.kind == StatementKind::DiscardAll {
+        if matches!(analysis.kind, StatementKind::DiscardAll) {
             a.conn.prepared.clear();
             self.statements.clear();
         }
@@ -205,7 +205,7 @@ impl Session {
     /// out ahead of that statement. In either protocol (the extended one's in
     /// `in_place`). The tenants named are looked for last, in a BEGIN only.
     pub(super) fn defers_begin(&self, analysis: &Analysis) -> bool {
-        analysis.kind == StatementKind::Begin
+        matches!(analysis.kind, StatementKind::Begin)
             && !analysis.is_multi
             && self.server.is_none()
             && self.tx == ClientTx::Idle
