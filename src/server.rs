@@ -176,11 +176,12 @@ pub async fn start_with_file(
         });
     }
     let expiries = config.proxy.server_idle_timeout().into_iter().chain(config.proxy.server_lifetime());
-    // min_pool_size is kept on the same rounds, every second.
+    // min_pool_size is kept on the same rounds, every second. The rounds also move the
+    // coarse clock and the wall clock's offset on (`backend::coarse_clock::advance`), so
+    // they run without any expiry too.
     let warm = (config.proxy.min_pool_size > 0).then_some(Duration::from_secs(4));
-    if let Some(shortest) = expiries.chain(warm).min() {
-        tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
-    }
+    let shortest = expiries.chain(warm).min().unwrap_or(Duration::from_secs(4));
+    tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     let shared_weak = Arc::downgrade(&shared);
     let drain = Duration::from_millis(config.proxy.shutdown_timeout_ms);
     let listening = tokio::spawn(frontend::run_listener(listener, shared, clients, rx, drain));
