@@ -11,9 +11,11 @@
 //! epoch (`since_start_us`): the statistics' durations and the millisecond clocks are
 //! subtractions of plain integers, where each `Instant` subtraction and conversion cost
 //! more than the clock read (callgrind: `coarse_clock::now_ms` about 170 instructions a
-//! call, two `Duration`s per answered request). The wall-clock time (`unix_ms`) is the
+//! call, two `Duration`s per answered request). (Reading `CLOCK_MONOTONIC` through
+//! `rustix`'s own vDSO call instead of `Instant::now` would spare the conversion, but
+//! that call crashes under valgrind.) The wall-clock time (`unix_ms`) is the
 //! same moment plus the wall clock's offset from the epoch, read again by
-//! `resync_wall_clock` (the idle-connection sweep, every few seconds), so a step of the
+//! `resync_wall_clock` (the idle-connection sweep, at least every 15 seconds), so a step of the
 //! system clock shows within one sweep.
 //!
 //! Outside such a poll (other tasks, other threads, tests) each call reads the clock.
@@ -28,11 +30,11 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// The process' epoch for `since_start_us`.
 static EPOCH: LazyLock<Instant> = LazyLock::new(|| {
     let epoch = Instant::now();
-    UNIX_AT_EPOCH_MS.store(wall_ms(), Ordering::Relaxed);
+    UNIX_AT_EPOCH_US.store(wall_us(), Ordering::Relaxed);
     epoch
 });
-/// The wall clock's time at `EPOCH`, in milliseconds since the Unix epoch.
-static UNIX_AT_EPOCH_MS: AtomicI64 = AtomicI64::new(0);
+/// The wall clock's time at `EPOCH`, in microseconds since the Unix epoch.
+static UNIX_AT_EPOCH_US: AtomicI64 = AtomicI64::new(0);
 
 /// What the current poll has read so far (`inside`: a poll of a task run `within`).
 struct Moment {
@@ -85,12 +87,16 @@ fn moment() -> (Instant, u64) {
             return at;
         }
         let instant = Instant::now();
-        let us = u64::try_from(instant.saturating_duration_since(*EPOCH).as_micros()).unwrap_or(u64::MAX);
+        let at = (instant, micros_since_epoch(instant));
         if m.inside.get() {
-            m.at.set(Some((instant, us)));
+            m.at.set(Some(at));
         }
-        (instant, us)
+        at
     })
+}
+
+fn micros_since_epoch(instant: Instant) -> u64 {
+    u64::try_from(instant.saturating_duration_since(*EPOCH).as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The monotonic time of this moment.
@@ -106,20 +112,24 @@ pub fn since_start_us() -> u64 {
 
 /// The wall-clock time of this moment, in milliseconds since the Unix epoch.
 pub fn unix_ms() -> u64 {
-    let since_start_ms = (since_start_us() / 1000) as i64;
-    u64::try_from(UNIX_AT_EPOCH_MS.load(Ordering::Relaxed) + since_start_ms).unwrap_or(0)
+    let since_start_us = since_start_us() as i64;
+    u64::try_from((UNIX_AT_EPOCH_US.load(Ordering::Relaxed) + since_start_us) / 1000).unwrap_or(0)
 }
 
-/// Reads the wall clock's offset from the epoch again (after a step of the system
-/// clock, `unix_ms` follows it from here).
+/// Reads the wall clock's offset from the epoch again: after a step of the system
+/// clock, `unix_ms` follows it from here. A difference under a millisecond is the time
+/// between the two clock reads, and the offset is left as it is.
 pub fn resync_wall_clock() {
-    let since_start_ms = (Instant::now().saturating_duration_since(*EPOCH).as_micros() / 1000) as i64;
-    UNIX_AT_EPOCH_MS.store(wall_ms() - since_start_ms, Ordering::Relaxed);
+    let since_start_us = micros_since_epoch(Instant::now()) as i64;
+    let offset = wall_us() - since_start_us;
+    if UNIX_AT_EPOCH_US.load(Ordering::Relaxed).abs_diff(offset) >= 1000 {
+        UNIX_AT_EPOCH_US.store(offset, Ordering::Relaxed);
+    }
 }
 
-/// The system's wall clock, in milliseconds since the Unix epoch.
-fn wall_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+/// The system's wall clock, in microseconds since the Unix epoch.
+fn wall_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
 }
 
 #[cfg(test)]
@@ -144,7 +154,7 @@ mod tests {
 
     #[test]
     fn the_wall_clock_is_the_monotonic_moment_plus_the_offset_last_read() {
-        let wall = || wall_ms() as u64;
+        let wall = || (wall_us() / 1000) as u64;
         let before = wall();
         let ours = unix_ms();
         assert!(ours + 2 >= before && ours <= wall() + 2, "{ours} against {before}");
