@@ -11,12 +11,12 @@
 //! epoch (`since_start_us`): the statistics' durations and the millisecond clocks are
 //! subtractions of plain integers, where each `Instant` subtraction and conversion cost
 //! more than the clock read (callgrind: `coarse_clock::now_ms` about 170 instructions a
-//! call, two `Duration`s per answered request). (Reading `CLOCK_MONOTONIC` through
+//! call, two `Duration`s per answered request). Reading `CLOCK_MONOTONIC` through
 //! `rustix`'s own vDSO call instead of `Instant::now` would spare the conversion, but
-//! that call crashes under valgrind.) The wall-clock time (`unix_ms`) is the
-//! same moment plus the wall clock's offset from the epoch, read again by
-//! `resync_wall_clock` (the idle-connection sweep, at least every 15 seconds), so a step of the
-//! system clock shows within one sweep.
+//! that call crashes under valgrind. The wall-clock time (`unix_ms`) is the same moment
+//! plus the wall clock's offset from the epoch, read again by `resync_wall_clock` (the
+//! idle-connection sweep, at least every 15 seconds), so a step of the system clock
+//! shows within one sweep.
 //!
 //! Outside such a poll (other tasks, other threads, tests) each call reads the clock.
 //! Timeouts and deadlines read the clock themselves.

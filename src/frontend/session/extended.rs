@@ -26,7 +26,7 @@ impl Session {
             if frame.tag == b'S' {
                 self.skip_until_sync = false;
                 // A failed transaction's status is pgtenant's to tell, not the server's.
-                if self.server.is_some() && self.tx != ClientTx::Failed {
+                if self.server.is_some() && !matches!(self.tx, ClientTx::Failed) {
                     self.forward_extended(frame)?;
                 } else {
                     self.abort_deferred_begin();
@@ -57,7 +57,7 @@ impl Session {
         if !ends_request && !self.holds_enough() {
             return Ok(());
         }
-        if self.tx == ClientTx::Failed {
+        if matches!(self.tx, ClientTx::Failed) {
             return self.extended_in_failed_transaction().await;
         }
         if self.server.is_none() && self.answer_without_server()? {
@@ -254,7 +254,7 @@ impl Session {
                     }
                 }
                 b'E' if bound.as_ref().is_some_and(|a| matches!(a.kind, StatementKind::Begin)) => {
-                    if self.tx == ClientTx::Idle {
+                    if matches!(self.tx, ClientTx::Idle) {
                         let text = bound.as_ref().map(|a| a.text()).unwrap_or("BEGIN");
                         self.tx = ClientTx::DeferredBegin(Bytes::copy_from_slice(text.as_bytes()));
                     }

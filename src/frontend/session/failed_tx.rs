@@ -96,7 +96,7 @@ impl Session {
 
     /// The client ended its failed transaction: nothing of it is left anywhere.
     pub(super) fn end_failed_transaction(&mut self) {
-        if self.tx == super::ClientTx::Failed {
+        if matches!(self.tx, super::ClientTx::Failed) {
             self.tx = super::ClientTx::Idle;
             self.end_client_transaction(false);
         }

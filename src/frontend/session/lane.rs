@@ -46,14 +46,16 @@ impl Session {
     /// shape has proved quick (`ShapeTiming::is_quick`), so that whoever waits behind it
     /// waits little; until then it runs alone and is timed.
     pub(super) fn lane_candidate(&self, analysis: &Analysis) -> bool {
+        // The cheap tests first: a write (it may wait on a row lock) is told apart by
+        // one flag before `leaves_no_state` looks at the rest of its analysis.
         self.shared.config.proxy.pipeline_depth > 1
+            && analysis.effects().cannot_wait
             && self.pool_mode == PoolMode::Transaction
             && self.server.is_none()
-            && self.tx == ClientTx::Idle
+            && matches!(self.tx, ClientTx::Idle)
             && self.batch.is_empty()
             && !self.skip_until_sync
             && leaves_no_state(analysis)
-            && analysis.effects().cannot_wait
     }
 
     /// Times a candidate request that runs on the attached server: its shape's timing

@@ -470,7 +470,7 @@ impl Session {
 
     /// Nothing in flight: shutdown may end the session here.
     fn is_idle(&self) -> bool {
-        self.tx == ClientTx::Idle
+        matches!(self.tx, ClientTx::Idle)
             && self.batch.is_empty()
             && self.server.as_ref().is_none_or(|a| a.conn.queue.is_empty() && a.conn.status == TxStatus::Idle)
     }

@@ -168,7 +168,7 @@ impl Session {
 
     /// FunctionCall (F): runs on the session tenant's shard like a query.
     pub(super) async fn on_function_call(&mut self, frame: Frame) -> Result<(), FrontendError> {
-        if self.tx == ClientTx::Failed {
+        if matches!(self.tx, ClientTx::Failed) {
             // As in an aborted transaction on PostgreSQL (see `failed_tx`).
             self.reply_error(&FrontendError::InFailedTransaction, true);
             return Ok(());
@@ -208,7 +208,7 @@ impl Session {
         matches!(analysis.kind, StatementKind::Begin)
             && !analysis.is_multi
             && self.server.is_none()
-            && self.tx == ClientTx::Idle
+            && matches!(self.tx, ClientTx::Idle)
             && self.shared.router.named_in_text(analysis).is_empty()
     }
 
