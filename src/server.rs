@@ -333,7 +333,8 @@ async fn sample_stats(shared: std::sync::Weak<Shared>) {
 /// Closes idle server connections past `server_idle_timeout_ms` or `server_lifetime_ms`
 /// (the `shortest` of the two), looking a few times per that, and opens those
 /// `min_pool_size` asks for, for as long as the proxy's sessions and listener hold
-/// `shared`.
+/// `shared`. Each round also moves the coarse clock on (`Pools::close_expired`), which
+/// is why it runs with every expiry off too.
 async fn close_expired_server_connections(shared: std::sync::Weak<Shared>, shortest: Duration) {
     let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
     let mut every = tokio::time::interval(period);
