@@ -132,10 +132,9 @@ enum Serves {
 
 /// How `template` serves `sql`, if only literal values differ between them.
 fn template_serves(router: &Router, template: &Analysis, sql: &[u8]) -> Option<Serves> {
-    let literals = template::literal_change(template, sql)?;
     if template.mentions(router.tenant_column()) {
-        Some(Serves::Rebased(literals))
+        template::literal_change(template, sql).map(Serves::Rebased)
     } else {
-        Some(Serves::AsItIs)
+        template::is_literal_change(template, sql).then_some(Serves::AsItIs)
     }
 }
