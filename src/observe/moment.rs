@@ -96,7 +96,10 @@ fn moment() -> (Instant, u64) {
 }
 
 fn micros_since_epoch(instant: Instant) -> u64 {
-    u64::try_from(instant.saturating_duration_since(*EPOCH).as_micros()).unwrap_or(u64::MAX)
+    // In u64 (`as_micros` works in u128): seconds since the epoch times a million fit
+    // for half a million years.
+    let since = instant.saturating_duration_since(*EPOCH);
+    since.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(since.subsec_micros()))
 }
 
 /// The monotonic time of this moment.
