@@ -178,9 +178,12 @@ pub async fn start_with_file(
     let expiries = config.proxy.server_idle_timeout().into_iter().chain(config.proxy.server_lifetime());
     // min_pool_size is kept on the same rounds, every second. The rounds also move the
     // coarse clock and the wall clock's offset on (`backend::coarse_clock::advance`), so
-    // they run without any expiry too.
+    // they run without any expiry too, and a few times per window of the per-tenant
+    // statistics: a clock that jumped by more than a window made every window look
+    // skipped, and the recent figures stayed empty.
     let warm = (config.proxy.min_pool_size > 0).then_some(Duration::from_secs(4));
-    let shortest = expiries.chain(warm).min().unwrap_or(Duration::from_secs(4));
+    let window = Duration::from_millis(config.observe.tenant_stats_window_ms);
+    let shortest = expiries.chain(warm).chain([window]).min().unwrap_or(Duration::from_secs(4));
     tokio::spawn(close_expired_server_connections(Arc::downgrade(&shared), shortest));
     let shared_weak = Arc::downgrade(&shared);
     let drain = Duration::from_millis(config.proxy.shutdown_timeout_ms);
@@ -330,13 +333,14 @@ async fn sample_stats(shared: std::sync::Weak<Shared>) {
     }
 }
 
-/// Closes idle server connections past `server_idle_timeout_ms` or `server_lifetime_ms`
-/// (the `shortest` of the two), looking a few times per that, and opens those
-/// `min_pool_size` asks for, for as long as the proxy's sessions and listener hold
-/// `shared`. Each round also moves the coarse clock on (`Pools::close_expired`), which
-/// is why it runs with every expiry off too.
+/// Closes idle server connections past `server_idle_timeout_ms` or `server_lifetime_ms`,
+/// and opens those `min_pool_size` asks for, for as long as the proxy's sessions and
+/// listener hold `shared`, looking a few times per the `shortest` of those periods and
+/// the per-tenant statistics' window, at least once a second. Each round also moves
+/// the coarse clock on (`Pools::close_expired`), which is why it runs with every expiry
+/// off too; the clock lags by at most one round.
 async fn close_expired_server_connections(shared: std::sync::Weak<Shared>, shortest: Duration) {
-    let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+    let period = (shortest / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
     let mut every = tokio::time::interval(period);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -15,7 +15,7 @@
 //! `rustix`'s own vDSO call instead of `Instant::now` would spare the conversion, but
 //! that call crashes under valgrind. The wall-clock time (`unix_ms`) is the same moment
 //! plus the wall clock's offset from the epoch, read again by `resync_wall_clock` (the
-//! idle-connection sweep, at least every 15 seconds), so a step of the system clock
+//! idle-connection sweep, at least once a second), so a step of the system clock
 //! shows within one sweep.
 //!
 //! Outside such a poll (other tasks, other threads, tests) each call reads the clock.

@@ -148,3 +148,36 @@ async fn a_transaction_s_requests_are_counted_when_it_ends() {
     assert!(counted.await.is_some(), "the left transaction's request counted: {:?}", five().await);
     proxy.shutdown().await;
 }
+
+/// The recent window rolls with every expiry of server connections off, and when it is
+/// shorter than the expiries' rounds: the task that closes expired connections also
+/// moves on the clock these figures read. It was not started without an expiry (before
+/// 004f489), and with the shipped expiries it ran every 15 s, so a shorter window's
+/// clock jumped past whole windows and every one of them looked skipped (empty).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_recent_window_rolls_with_every_connection_expiry_off_or_longer() {
+    for expiries_off in [true, false] {
+        let proxy = start_proxy(|c| {
+            if expiries_off {
+                c.proxy.server_idle_timeout_ms = 0;
+                c.proxy.server_lifetime_ms = 0;
+                c.proxy.min_pool_size = 0;
+            }
+            c.observe.tenant_stats_window_ms = 300;
+        })
+        .await;
+        let client = proxy.connect(Some(6)).await;
+        let console = crate::harness::connect(&proxy.admin_conninfo()).await.unwrap();
+        let recent = || async {
+            let rows = console_rows(&console, "SHOW TENANTS").await;
+            rows.into_iter().find(|r| r["tenant"] == "6").map(|r| n(&r, "recent_transactions"))
+        };
+        // Keeps asking, so that a window with its transactions ends and becomes the recent one.
+        let rolled = crate::harness::eventually(std::time::Duration::from_secs(20), || async {
+            client.batch_execute("SELECT 1").await.unwrap();
+            recent().await.is_some_and(|t| t > 0)
+        });
+        assert!(rolled.await.is_some(), "expiries off: {expiries_off}; recent: {:?}", recent().await);
+        proxy.shutdown().await;
+    }
+}
