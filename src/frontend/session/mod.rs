@@ -13,6 +13,7 @@
 //!   client sees them in order.
 
 mod admission;
+mod checkout;
 mod client_watch;
 mod deadline;
 mod deallocate;
