@@ -15,11 +15,18 @@
 //! shard is seen within `REFRESH` (a session told "none" just before trusts that up to
 //! `MEMO_MS` longer, see `HooksMemo`); the signed tenant context (`tenant_context_key`)
 //! keeps a GUC forged meanwhile from being trusted by row-level security.
+//!
+//! The read runs on an idle connection of the writing session's own pool when one is
+//! free at once (`HooksReader::Pooled`), else on a connection of its own: a login per
+//! read (every `REFRESH` while writes come) cost the proxy a SCRAM key derivation each
+//! time, about 50 million instructions (callgrind; some 300 per transaction at the
+//! INSERT benchmark's pace), and the shard a backend's start.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::backend::PooledConn;
 use crate::config::{NodeConfig, UserConfig};
 use crate::directory::ShardId;
 
@@ -38,6 +45,15 @@ const HOOKS_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHER
           AND d.classid IN ('pg_catalog.pg_attrdef'::regclass, 'pg_catalog.pg_constraint'::regclass,
                             'pg_catalog.pg_class'::regclass)
           AND (p.pronamespace <> 'pg_catalog'::regnamespace OR p.proname = 'set_config'))";
+
+/// Where a read of a shard's write hooks runs.
+pub enum HooksReader {
+    /// An idle connection of the writing session's pool, free at once: no login.
+    Pooled(PooledConn),
+    /// A connection of its own to the shard's primary `NodeConfig`, as the user (or its
+    /// `catalog_login`).
+    Login(NodeConfig, Arc<UserConfig>),
+}
 
 /// What each (shard, database) answered, and which are being read.
 pub struct WriteHooks {
@@ -75,8 +91,7 @@ impl HooksMemo {
         hooks: &Arc<WriteHooks>,
         shard: ShardId,
         database: &str,
-        node: impl FnOnce() -> Option<NodeConfig>,
-        user: &Arc<UserConfig>,
+        reader: impl FnOnce() -> Option<HooksReader>,
     ) -> bool {
         let now = crate::backend::coarse_clock::coarse_ms();
         let forgotten = hooks.forgotten.load(Ordering::Acquire);
@@ -86,7 +101,7 @@ impl HooksMemo {
         {
             return true;
         }
-        let none = hooks.none_known(shard, database, node, user);
+        let none = hooks.none_known(shard, database, reader);
         self.0 = none.then_some((shard, forgotten, now + MEMO_MS));
         none
     }
@@ -94,14 +109,13 @@ impl HooksMemo {
 
 impl WriteHooks {
     /// Whether a write to `database` on `shard` is known to run no code pgtenant does not
-    /// see. When that is not known, it is read in the background (from `node`, as
-    /// `user`) and the answer is `false` meanwhile.
+    /// see. When that is not known, it is read in the background (through the `reader`
+    /// asked for then) and the answer is `false` meanwhile.
     pub fn none_known(
         self: &Arc<Self>,
         shard: ShardId,
         database: &str,
-        node: impl FnOnce() -> Option<NodeConfig>,
-        user: &Arc<UserConfig>,
+        reader: impl FnOnce() -> Option<HooksReader>,
     ) -> bool {
         let key = (shard, database.to_string());
         if let Some(hooks) = self.known.get(&key) {
@@ -110,13 +124,12 @@ impl WriteHooks {
         if self.reading.contains_key(&key) {
             return false;
         }
-        let Some(node) = node() else { return false };
+        let Some(reader) = reader() else { return false };
         self.reading.insert(key.clone(), ());
-        let (hooks, user) = (self.clone(), user.clone());
+        let hooks = self.clone();
         let forgotten = self.forgotten.load(Ordering::Acquire);
         tokio::spawn(async move {
-            let dbname = node.dbname.clone().unwrap_or_else(|| key.1.clone());
-            match read_hooks(&node, &user, &dbname).await {
+            match read_hooks(reader, &key.1).await {
                 Ok(any) if hooks.forgotten.load(Ordering::Acquire) == forgotten => {
                     hooks.known.insert(key.clone(), any);
                     hooks.reading.invalidate(&key);
@@ -142,14 +155,22 @@ impl WriteHooks {
     }
 }
 
-async fn read_hooks(
-    node: &NodeConfig,
-    user: &UserConfig,
-    dbname: &str,
-) -> Result<bool, tokio_postgres::Error> {
-    let client = super::catalog_reader(node, user, dbname, "pgtenant write hooks").await?;
-    // A server that answers something else (NULL, another type) counts as one with hooks.
-    Ok(client.query_one(HOOKS_SQL, &[]).await?.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(true))
+/// Reads whether writes to `database` may run hooks, through `reader`. A server that
+/// answers something else than false (NULL, another type) counts as one with hooks.
+async fn read_hooks(reader: HooksReader, database: &str) -> Result<bool, String> {
+    match reader {
+        HooksReader::Pooled(mut conn) => match conn.query_first_column(HOOKS_SQL).await {
+            Ok(Ok(values)) => Ok(values.first().is_none_or(|v| v != "f")),
+            Ok(Err(refused)) => Err(refused.message),
+            Err(e) => Err(e.to_string()),
+        },
+        HooksReader::Login(node, user) => {
+            let dbname = node.dbname.as_deref().unwrap_or(database);
+            let client = super::catalog_reader(&node, &user, dbname, "pgtenant write hooks").await;
+            let row = client.map_err(|e| e.to_string())?.query_one(HOOKS_SQL, &[]).await;
+            Ok(row.map_err(|e| e.to_string())?.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(true))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -159,32 +180,19 @@ mod tests {
     #[test]
     fn a_session_s_memo_holds_until_ddl_makes_the_answers_be_read_again() {
         let hooks = Arc::new(WriteHooks::default());
-        let config = crate::config::Config::from_toml(
-            r#"
-            [[users]]
-            name = "app"
-            password = "app"
-            [[shards]]
-            id = 1
-            nodes = [{ host = "a", port = 1, role = "primary" }]
-            "#,
-            std::path::Path::new("test"),
-        )
-        .unwrap();
-        let user = Arc::new(config.users[0].clone());
         let mut memo = HooksMemo::default();
-        // Nothing known, no node to read it from: writes count as running hooks.
-        assert!(!memo.none_known(&hooks, 1, "app", || None, &user));
+        // Nothing known, nothing to read it with: writes count as running hooks.
+        assert!(!memo.none_known(&hooks, 1, "app", || None));
         hooks.known.insert((1, "app".into()), false);
-        assert!(memo.none_known(&hooks, 1, "app", || None, &user));
+        assert!(memo.none_known(&hooks, 1, "app", || None));
         // Told by the memo while the shared answer is gone, on the same shard only.
         hooks.known.invalidate(&(1, "app".into()));
-        assert!(memo.none_known(&hooks, 1, "app", || None, &user));
-        assert!(!memo.none_known(&hooks, 2, "app", || None, &user));
+        assert!(memo.none_known(&hooks, 1, "app", || None));
+        assert!(!memo.none_known(&hooks, 2, "app", || None));
         hooks.known.insert((1, "app".into()), false);
-        assert!(memo.none_known(&hooks, 1, "app", || None, &user));
+        assert!(memo.none_known(&hooks, 1, "app", || None));
         // DDL: the memo is void at once.
         hooks.forget(1, "app");
-        assert!(!memo.none_known(&hooks, 1, "app", || None, &user));
+        assert!(!memo.none_known(&hooks, 1, "app", || None));
     }
 }

@@ -274,6 +274,44 @@ async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
     }
 }
 
+/// The catalog read that tells whether writes run hooks goes over an idle connection of
+/// the writer's pool when one is free: no login of its own every `REFRESH` (its SCRAM
+/// key derivation cost more than the writes between two reads). Seen on the shard: the
+/// read's query is the last one of a pooled backend, not of a login that came and went.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_write_hooks_are_read_on_a_free_pooled_connection() {
+    let admin = shard_admin(1, "app").await;
+    admin.batch_execute("DROP DATABASE IF EXISTS hooks_read WITH (FORCE)").await.unwrap();
+    admin.batch_execute("CREATE DATABASE hooks_read OWNER app").await.unwrap();
+    let proxy = start_proxy(|_| {}).await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app dbname=hooks_read sslmode=disable options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
+    );
+    let client = crate::harness::connect(&conninfo).await.unwrap();
+    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int)").await.unwrap();
+    // Two connections in the pool: the writer's, and one idle for the read.
+    client.batch_execute("BEGIN; SELECT 1; SELECT pg_sleep(0.05); COMMIT").await.unwrap();
+    let other = crate::harness::connect(&conninfo).await.unwrap();
+    let (a, b) = tokio::join!(
+        client.batch_execute("SELECT pg_sleep(0.2)"),
+        other.batch_execute("SELECT pg_sleep(0.2)")
+    );
+    a.unwrap();
+    b.unwrap();
+    let read_on = "SELECT application_name FROM pg_stat_activity
+                   WHERE datname = 'hooks_read' AND query LIKE '%NOT tgisinternal%' AND pid <> pg_backend_pid()";
+    let pooled = crate::harness::eventually(std::time::Duration::from_secs(10), || async {
+        client.batch_execute("INSERT INTO plain VALUES (7, 1)").await.unwrap();
+        let rows = admin.query(read_on, &[]).await.unwrap();
+        rows.iter().any(|r| r.get::<_, String>(0) != "pgtenant write hooks")
+    });
+    assert!(pooled.await.is_some(), "no pooled connection ran the read");
+    drop((client, other));
+    proxy.shutdown().await;
+    admin.batch_execute("DROP DATABASE IF EXISTS hooks_read WITH (FORCE)").await.unwrap();
+}
+
 /// pgtenant's signature GUC is protected as the tenant GUC is: a client's SET, RESET
 /// or `set_config` of it is refused (42501), in both protocols, so that no client can
 /// leave a pooled connection holding its tenant without the signature row-level

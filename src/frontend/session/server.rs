@@ -11,13 +11,14 @@ use crate::backend::CheckoutError;
 use crate::backend::health::HealthView;
 use crate::backend::{
     OnError, Pending, PooledConn, ReadOnlyGuc, RelayNotes, RelayStop, Reply, SET_TENANT_STATEMENT_ID,
-    ServerConn, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, settings_sql,
+    ServerConn, SettingValue, Settings, TENANT_SIGNATURE_GUC, TenantContext, TenantGuc, Wanted, settings_sql,
     tenant_sql,
 };
 use crate::config::{PoolMode, ReadYourWrites};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
 use crate::frontend::primary_now;
+use crate::frontend::write_hooks::HooksReader;
 use crate::observe::conns::{ConnState, ShownTenant};
 use crate::observe::tenants::TenantStats;
 use crate::protocol::{self, ErrorFields, TxStatus};
@@ -182,8 +183,19 @@ impl Session {
             }
         }
         if risk == SessionRisk::ThroughTriggers {
-            let node = || primary_now(&self.shared.health, &self.pools.topology, shard).ok();
-            if self.hooks_memo.none_known(hooks, shard, &self.database, node, &self.user) {
+            // An idle connection of this session's pool when one is free at once, so the
+            // read needs no login of its own (see `write_hooks`).
+            let reader = || {
+                let pool = self.pools.handles.iter().find(|(s, _)| *s == shard).map(|(_, pool)| pool);
+                let free = |p| self.shared.pools.checkout_at_once(p, shard, &None, Wanted::default()).ok()?;
+                match pool.and_then(free) {
+                    Some(conn) => Some(HooksReader::Pooled(conn)),
+                    None => primary_now(&self.shared.health, &self.pools.topology, shard)
+                        .ok()
+                        .map(|node| HooksReader::Login(node, self.user.clone())),
+                }
+            };
+            if self.hooks_memo.none_known(hooks, shard, &self.database, reader) {
                 return;
             }
         }
