@@ -16,17 +16,21 @@
 //! `MEMO_MS` longer, see `HooksMemo`); the signed tenant context (`tenant_context_key`)
 //! keeps a GUC forged meanwhile from being trusted by row-level security.
 //!
-//! The read runs on an idle connection of the writing session's own pool when one is
-//! free at once (`HooksReader::Pooled`), else on a connection of its own: a login per
-//! read (every `REFRESH` while writes come) cost the proxy a SCRAM key derivation each
-//! time, about 50 million instructions (callgrind; some 300 per transaction at the
-//! INSERT benchmark's pace), and the shard a backend's start.
+//! The read runs on a connection of the writing session's own pool when the pool has a
+//! place free (`HooksReader::Pooled`: an idle connection, or a new one made with the
+//! keys the pool derived once), else on a connection of its own: a login per read
+//! (every `REFRESH` while writes come) cost the proxy a SCRAM key derivation each time,
+//! about 50 million instructions (callgrind; some 300 per transaction at the INSERT
+//! benchmark's pace), and the shard a backend's start.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::backend::PooledConn;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::backend::{CheckoutError, PooledConn};
 use crate::config::{NodeConfig, UserConfig};
 use crate::directory::ShardId;
 
@@ -48,8 +52,9 @@ const HOOKS_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHER
 
 /// Where a read of a shard's write hooks runs.
 pub enum HooksReader {
-    /// An idle connection of the writing session's pool, free at once: no login.
-    Pooled(PooledConn),
+    /// The checkout of a connection of the writing session's pool, which had a place
+    /// free: no login of its own.
+    Pooled(Pin<Box<dyn Future<Output = Result<PooledConn, CheckoutError>> + Send>>),
     /// A connection of its own to the shard's primary `NodeConfig`, as the user (or its
     /// `catalog_login`).
     Login(NodeConfig, Arc<UserConfig>),
@@ -159,11 +164,14 @@ impl WriteHooks {
 /// answers something else than false (NULL, another type) counts as one with hooks.
 async fn read_hooks(reader: HooksReader, database: &str) -> Result<bool, String> {
     match reader {
-        HooksReader::Pooled(mut conn) => match conn.query_first_column(HOOKS_SQL).await {
-            Ok(Ok(values)) => Ok(values.first().is_none_or(|v| v != "f")),
-            Ok(Err(refused)) => Err(refused.message),
-            Err(e) => Err(e.to_string()),
-        },
+        HooksReader::Pooled(checkout) => {
+            let mut conn = checkout.await.map_err(|e| e.to_string())?;
+            match conn.query_first_column(HOOKS_SQL).await {
+                Ok(Ok(values)) => Ok(values.first().is_none_or(|v| v != "f")),
+                Ok(Err(refused)) => Err(refused.message),
+                Err(e) => Err(e.to_string()),
+            }
+        }
         HooksReader::Login(node, user) => {
             let dbname = node.dbname.as_deref().unwrap_or(database);
             let client = super::catalog_reader(&node, &user, dbname, "pgtenant write hooks").await;

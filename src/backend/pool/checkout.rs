@@ -46,10 +46,10 @@ impl Pools {
         tenant: &ShareKey,
         wanted: Wanted<'_>,
     ) -> Result<Option<PooledConn>, CheckoutError> {
-        let pool = &pool.0;
-        if pool.gate.waiting() > 0 || pool.gate.free() == 0 {
+        if !pool.has_free_place() {
             return Ok(None);
         }
+        let pool = &pool.0;
         let Some(permit) = place_now(pool, shard, tenant)? else { return Ok(None) };
         // Without an idle connection the place goes back with the permit, and the
         // caller's checkout asks again and opens one.

@@ -142,6 +142,12 @@ impl ServerPool {
         self.0.gate.is_closed()
     }
 
+    /// Whether a checkout now would find a place without waiting in line (read without
+    /// the gate's lock: a hint, which a checkout that comes after may find taken).
+    pub fn has_free_place(&self) -> bool {
+        self.0.gate.waiting() == 0 && self.0.gate.free() > 0
+    }
+
     /// The server this pool connects to.
     pub fn host_port(&self) -> (&str, u16) {
         (&self.0.target.host, self.0.target.port)

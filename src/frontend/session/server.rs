@@ -183,13 +183,17 @@ impl Session {
             }
         }
         if risk == SessionRisk::ThroughTriggers {
-            // An idle connection of this session's pool when one is free at once, so the
+            // A connection of this session's pool while it has a place free, so that the
             // read needs no login of its own (see `write_hooks`).
             let reader = || {
                 let pool = self.pools.handles.iter().find(|(s, _)| *s == shard).map(|(_, pool)| pool);
-                let free = |p| self.shared.pools.checkout_at_once(p, shard, &None, Wanted::default()).ok()?;
-                match pool.and_then(free) {
-                    Some(conn) => Some(HooksReader::Pooled(conn)),
+                match pool.filter(|pool| pool.has_free_place()) {
+                    Some(pool) => {
+                        let (shared, pool) = (self.shared.clone(), pool.clone());
+                        Some(HooksReader::Pooled(Box::pin(async move {
+                            shared.pools.checkout_from(&pool, shard, &None, Wanted::default()).await
+                        })))
+                    }
                     None => primary_now(&self.shared.health, &self.pools.topology, shard)
                         .ok()
                         .map(|node| HooksReader::Login(node, self.user.clone())),
