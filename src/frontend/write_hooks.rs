@@ -23,12 +23,11 @@
 //! about 50 million instructions (callgrind; some 300 per transaction at the INSERT
 //! benchmark's pace), and the shard a backend's start.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-
-use std::future::Future;
-use std::pin::Pin;
 
 use crate::backend::{CheckoutError, PooledConn};
 use crate::config::{NodeConfig, UserConfig};
