@@ -11,7 +11,7 @@ use bytes::{Buf, BytesMut};
 use super::layout::{Layout, write_from_bind};
 use super::server::inject_tenant_in_request;
 use super::{ClientTx, HIGH_WATER, Session};
-use crate::backend::{Answered, Lane, LaneJoin, LanePiece, LaneRoom, Pending, Reply, ServerConn, Wanted};
+use crate::backend::{Answered, Lane, LaneJoin, LanePiece, LaneRoom, Pending, Reply, ServerConn};
 use crate::config::PoolMode;
 use crate::frontend::error::FrontendError;
 use crate::observe::conns::ShownTenant;
@@ -95,9 +95,7 @@ impl Session {
             LaneRoom::Join(lane) => (lane, false),
             LaneRoom::Queue => return Ok(false),
             LaneRoom::Open => {
-                let guc = self.shared.config.proxy.set_tenant_guc;
-                let wanted = Wanted { tenant: guc.then_some(route.tenant.as_ref()), settings: Some(version) };
-                let (pool, conn) = self.checkout_primary(route, wanted).await?;
+                let (pool, conn) = self.checkout_primary(route, self.wanted(route)).await?;
                 if conn.settings.version != version
                     || !conn.read_only.holds(read_only)
                     || pool.only_checkout_with_room()
