@@ -37,10 +37,12 @@ fn check_config_accepts_the_example_and_lists_every_problem() {
 #[tokio::test(flavor = "multi_thread")]
 async fn dev_serves_stops_its_clusters_and_restarts_quickly() {
     let dir = base_dir().join("dev-state");
-    let (port, shard_port) = (free_port(), free_port_run(DEV_CLUSTERS));
+    // Ports of its own, the HTTP one included: dev's default 9930 may be taken.
+    let (port, shard_port, http_port) = (free_port(), free_port_run(DEV_CLUSTERS), free_port());
     let spawn = || {
         Command::new(BIN)
-            .args(["dev", "--port", &port.to_string(), "--shard-port", &shard_port.to_string(), "--dir"])
+            .args(["dev", "--port", &port.to_string(), "--shard-port", &shard_port.to_string()])
+            .args(["--http-port", &http_port.to_string(), "--dir"])
             .arg(&dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
