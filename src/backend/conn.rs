@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use bytes::Buf;
-use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
+use postgres_protocol::authentication::sasl::SCRAM_SHA_256;
 use postgres_protocol::message::frontend;
 use tokio::net::{TcpStream, UnixStream};
 
@@ -22,7 +22,7 @@ use super::tls::ServerTls;
 use crate::net::{Duplex, Stream};
 use crate::observe::conns::ConnHandle;
 use crate::observe::stats::PoolStats;
-use crate::protocol::scram::{PassthroughError, PassthroughScram};
+use crate::protocol::scram::{PassthroughError, ScramClient, ScramKeys};
 use crate::protocol::{self, ErrorFields, TxStatus};
 
 /// Where and as whom to connect.
@@ -33,7 +33,12 @@ pub struct ConnectTarget {
     pub user: String,
     pub password: Option<String>,
     /// Logs in as `user` without a password (SCRAM passthrough; see `protocol::scram`).
-    pub passthrough: Option<std::sync::Arc<crate::protocol::scram::ScramKeys>>,
+    pub passthrough: Option<Arc<ScramKeys>>,
+    /// The keys `password` gave for the salt the server named last: shared by the
+    /// target's clones (a pool's connections, and the like pools `min_pool_size` opens
+    /// on the shard's other nodes), so that its SCRAM logins stretch the password once,
+    /// not once per connection.
+    pub password_keys: Arc<PasswordKeys>,
     pub database: String,
     pub connect_timeout: Duration,
     /// How many statements a connection keeps prepared (`max_prepared_statements`).
@@ -43,6 +48,48 @@ pub struct ConnectTarget {
 impl ConnectTarget {
     pub fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
+    }
+}
+
+/// See `ConnectTarget::password_keys`. A server whose role has another salt (its
+/// password set again, or a node with a verifier of its own) replaces them.
+#[derive(Debug, Default)]
+pub struct PasswordKeys(std::sync::Mutex<Option<Arc<ScramKeys>>>);
+
+impl PasswordKeys {
+    /// The SCRAM keys of `password` for the salt and iterations `server_first` names:
+    /// the kept ones when they are for those, else derived (off the runtime's threads:
+    /// the key stretching takes about a millisecond) and kept.
+    async fn for_server(
+        &self,
+        password: &str,
+        server_first: &[u8],
+    ) -> Result<Arc<ScramKeys>, LoginKeysError> {
+        let (salt, iterations) = crate::protocol::scram::server_salt(server_first)?;
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(keys) = kept.filter(|k| (&k.salt, k.iterations) == (&salt, iterations)) {
+            return Ok(keys);
+        }
+        let password = password.to_string();
+        let keys = tokio::task::spawn_blocking(move || ScramKeys::from_password(&password, salt, iterations))
+            .await
+            .map(Arc::new)
+            .map_err(|e| LoginKeysError::Derivation(e.to_string()))?;
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(keys.clone());
+        Ok(keys)
+    }
+}
+
+/// Why `PasswordKeys::for_server` has none.
+#[derive(Debug)]
+enum LoginKeysError {
+    Server(PassthroughError),
+    Derivation(String),
+}
+
+impl From<PassthroughError> for LoginKeysError {
+    fn from(e: PassthroughError) -> Self {
+        Self::Server(e)
     }
 }
 
@@ -136,10 +183,13 @@ impl ServerConn {
         bytes_out
     }
 
-    /// Connects and logs in; returns once the server sent ReadyForQuery.
+    /// Connects and logs in, with `application_name` when one is given (the pools'
+    /// connections give none: their clients' settings are applied to them); returns
+    /// once the server sent ReadyForQuery.
     pub async fn connect(
         target: &ConnectTarget,
         tls: Option<&ServerTls>,
+        application_name: Option<&str>,
     ) -> Result<ServerConn, BackendError> {
         let addr = target.addr();
         let (stream, peer) = tokio::time::timeout(target.connect_timeout, open(target, tls, &addr))
@@ -147,8 +197,9 @@ impl ServerConn {
             .map_err(|_| BackendError::ConnectTimeout { addr: addr.clone() })??;
         let mut io = Duplex::new(stream);
         let io_err = |source| BackendError::Io { addr: addr.clone(), source };
+        let named = application_name.map(|name| ("application_name", name));
         frontend::startup_message(
-            [("user", target.user.as_str()), ("database", target.database.as_str())],
+            [("user", target.user.as_str()), ("database", target.database.as_str())].into_iter().chain(named),
             &mut io.wbuf,
         )
         .map_err(io_err)?;
@@ -377,8 +428,13 @@ async fn login(
         (None, Some(_)) => Err(passthrough_err(PassthroughError::PasswordAsked)),
         (None, None) => Err(BackendError::NoPassword { addr: addr.to_string(), user: target.user.clone() }),
     };
-    let mut scram: Option<ScramSha256> = None;
-    let mut passed: Option<PassthroughScram> = None;
+    // SCRAM's errors are the role's when it is passed through (its verifier must be the
+    // same on every server), the server's otherwise.
+    let scram_err = |reason: PassthroughError| match target.passthrough {
+        Some(_) => passthrough_err(reason),
+        None => protocol_err(&format!("SCRAM: {reason}")),
+    };
+    let mut scram: Option<ScramClient> = None;
     let mut params = Vec::new();
     let mut key = (0u32, 0u32);
     loop {
@@ -421,51 +477,35 @@ async fn login(
                                 method: "SASL (no SCRAM-SHA-256)".into(),
                             });
                         }
-                        if let Some(keys) = target.passthrough.as_deref() {
-                            let nonce =
-                                base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 18]>());
-                            let (exchange, first) = PassthroughScram::start(keys, nonce);
-                            frontend::sasl_initial_response(SCRAM_SHA_256, &first, &mut io.wbuf)
-                                .map_err(io_err)?;
-                            passed = Some(exchange);
-                        } else {
-                            let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
-                            frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut io.wbuf)
-                                .map_err(io_err)?;
-                            scram = Some(s);
+                        if target.passthrough.is_none() {
+                            password()?;
                         }
-                    }
-                    11 if passed.is_some() => {
-                        let exchange =
-                            passed.as_mut().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
-                        let last = exchange.proof(body).map_err(passthrough_err)?;
-                        frontend::sasl_response(&last, &mut io.wbuf).map_err(io_err)?;
-                    }
-                    12 if passed.is_some() => {
-                        let exchange =
-                            passed.take().ok_or_else(|| protocol_err("SASL final without SASL"))?;
-                        exchange.finish(body).map_err(passthrough_err)?;
+                        let nonce =
+                            base64::engine::general_purpose::STANDARD.encode(rand::random::<[u8; 18]>());
+                        let (exchange, first) = ScramClient::start(nonce);
+                        frontend::sasl_initial_response(SCRAM_SHA_256, &first, &mut io.wbuf)
+                            .map_err(io_err)?;
+                        scram = Some(exchange);
                     }
                     11 => {
-                        let mut s = scram.take().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
-                        // The key stretching (4096 rounds of HMAC by default, as many as the
-                        // server asks for) runs off the runtime's threads, where every session
-                        // would wait for it: about a millisecond per login, longer if the
-                        // server asks for more rounds.
-                        let challenge = body.to_vec();
-                        let (s, updated) = tokio::task::spawn_blocking(move || {
-                            let updated = s.update(&challenge);
-                            (s, updated)
-                        })
-                        .await
-                        .map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
-                        updated.map_err(|e| protocol_err(&format!("SCRAM: {e}")))?;
-                        frontend::sasl_response(s.message(), &mut io.wbuf).map_err(io_err)?;
-                        scram = Some(s);
+                        let exchange =
+                            scram.as_mut().ok_or_else(|| protocol_err("SASL continue without SASL"))?;
+                        let keys = match &target.passthrough {
+                            Some(keys) => keys.clone(),
+                            None => match target.password_keys.for_server(password()?, body).await {
+                                Ok(keys) => keys,
+                                Err(LoginKeysError::Server(reason)) => return Err(scram_err(reason)),
+                                Err(LoginKeysError::Derivation(e)) => {
+                                    return Err(protocol_err(&format!("SCRAM: {e}")));
+                                }
+                            },
+                        };
+                        let last = exchange.proof(&keys, body).map_err(scram_err)?;
+                        frontend::sasl_response(&last, &mut io.wbuf).map_err(io_err)?;
                     }
                     12 => {
-                        let mut s = scram.take().ok_or_else(|| protocol_err("SASL final without SASL"))?;
-                        s.finish(body).map_err(|e| protocol_err(&format!("SCRAM server signature: {e}")))?;
+                        let exchange = scram.take().ok_or_else(|| protocol_err("SASL final without SASL"))?;
+                        exchange.finish(body).map_err(scram_err)?;
                     }
                     other => {
                         return Err(BackendError::UnsupportedAuth {
@@ -533,5 +573,34 @@ pub fn record_param(params: &mut Vec<(String, String)>, name: String, value: Str
     match params.iter_mut().find(|(n, _)| *n == name) {
         Some(p) => p.1 = value,
         None => params.push((name, value)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool's SCRAM logins stretch its password once per salt the server names: the
+    /// keys are kept, and those of another salt replace them.
+    #[tokio::test]
+    async fn the_password_s_keys_are_derived_once_per_salt() {
+        let server_first = |salt: &[u8]| {
+            use base64::Engine;
+            let salt = base64::engine::general_purpose::STANDARD.encode(salt);
+            format!("r=ournonce+theirs,s={salt},i=4096").into_bytes()
+        };
+        let keys = PasswordKeys::default();
+        let first = keys.for_server("pw", &server_first(b"salt one")).await.unwrap();
+        assert_eq!(*first, ScramKeys::from_password("pw", b"salt one".to_vec(), 4096));
+        let again = keys.for_server("pw", &server_first(b"salt one")).await.unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "kept, not derived again");
+        let other = keys.for_server("pw", &server_first(b"salt two")).await.unwrap();
+        assert_eq!(other.salt, b"salt two");
+        let back = keys.for_server("pw", &server_first(b"salt one")).await.unwrap();
+        assert!(!Arc::ptr_eq(&first, &back), "the other salt's keys replaced them");
+        assert!(matches!(
+            keys.for_server("pw", b"r=x,s=!!,i=1").await,
+            Err(LoginKeysError::Server(PassthroughError::Malformed))
+        ));
     }
 }

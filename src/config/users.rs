@@ -65,9 +65,9 @@ pub struct UserConfig {
     /// client's own role with these keys (SCRAM passthrough), never with a password.
     #[serde(skip)]
     pub passthrough: Option<Arc<ScramKeys>>,
-    /// Who reads the shards' catalogs for its sessions (strict isolation's tables, write
-    /// hooks) where its own server login cannot be made with a password (a login passed
-    /// through): `[auth]`'s user and password.
+    /// Who reads the shards' catalogs for its sessions (strict isolation's tables) where
+    /// its own server login cannot be made with a password (a login passed through):
+    /// `[auth]`'s user and password.
     #[serde(skip)]
     pub catalog_login: Option<Arc<(String, Option<String>)>>,
 }

@@ -52,7 +52,7 @@ pub(crate) fn primary_now(
 }
 
 /// A control-plane connection to `node`'s database `dbname` with `user`'s server
-/// credentials, or its `catalog_login` (no TLS), to read the shard's catalog (`strict`, `write_hooks`).
+/// credentials, or its `catalog_login` (no TLS), to read the shard's catalog (`strict`).
 async fn catalog_reader(
     node: &NodeConfig,
     user: &crate::config::UserConfig,

@@ -17,11 +17,13 @@
 //! keeps a GUC forged meanwhile from being trusted by row-level security.
 //!
 //! The read runs on a connection of the writing session's own pool when the pool has a
-//! place free (`HooksReader::Pooled`: an idle connection, or a new one made with the
-//! keys the pool derived once), else on a connection of its own: a login per read
-//! (every `REFRESH` while writes come) cost the proxy a SCRAM key derivation each time,
-//! about 50 million instructions (callgrind; some 300 per transaction at the INSERT
-//! benchmark's pace), and the shard a backend's start.
+//! place free (`HooksReader::Pooled`: an idle connection, or a new one), else on a
+//! connection made as the pool makes one but outside it (`HooksReader::Apart`: a
+//! backend's start on the shard, every `REFRESH` at most while the pool stays full).
+//! Either logs in with the SCRAM keys the pool keeps: a read that logged in through a
+//! control-plane client of its own (every `REFRESH` while writes came) cost the proxy a
+//! SCRAM key derivation each time, about 50 million instructions (callgrind; some 300
+//! per transaction at the INSERT benchmark's pace).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,9 +31,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::backend::{CheckoutError, PooledConn};
-use crate::config::{NodeConfig, UserConfig};
+use crate::backend::{BackendError, CheckoutError, PooledConn, ServerConn};
 use crate::directory::ShardId;
+
+/// The `application_name` of a read's connection made beside a full pool.
+pub const APART_NAME: &str = "pgtenant write hooks";
 
 /// How long a shard's answer is trusted.
 const REFRESH: Duration = Duration::from_secs(10);
@@ -54,9 +58,9 @@ pub enum HooksReader {
     /// The checkout of a connection of the writing session's pool, which had a place
     /// free: no login of its own.
     Pooled(Pin<Box<dyn Future<Output = Result<PooledConn, CheckoutError>> + Send>>),
-    /// A connection of its own to the shard's primary `NodeConfig`, as the user (or its
-    /// `catalog_login`).
-    Login(NodeConfig, Arc<UserConfig>),
+    /// A connection to the pool's node outside the pool, which was full
+    /// (`ServerPool::connect_apart`).
+    Apart(Pin<Box<dyn Future<Output = Result<ServerConn, BackendError>> + Send>>),
 }
 
 /// What each (shard, database) answered, and which are being read.
@@ -133,7 +137,7 @@ impl WriteHooks {
         let hooks = self.clone();
         let forgotten = self.forgotten.load(Ordering::Acquire);
         tokio::spawn(async move {
-            match read_hooks(reader, &key.1).await {
+            match read_hooks(reader).await {
                 Ok(any) if hooks.forgotten.load(Ordering::Acquire) == forgotten => {
                     hooks.known.insert(key.clone(), any);
                     hooks.reading.invalidate(&key);
@@ -159,24 +163,21 @@ impl WriteHooks {
     }
 }
 
-/// Reads whether writes to `database` may run hooks, through `reader`. A server that
-/// answers something else than false (NULL, another type) counts as one with hooks.
-async fn read_hooks(reader: HooksReader, database: &str) -> Result<bool, String> {
-    match reader {
+/// Reads whether writes may run hooks, through `reader`. A server that answers
+/// something else than false (NULL, another type) counts as one with hooks.
+async fn read_hooks(reader: HooksReader) -> Result<bool, String> {
+    let answer = match reader {
         HooksReader::Pooled(checkout) => {
-            let mut conn = checkout.await.map_err(|e| e.to_string())?;
-            match conn.query_first_column(HOOKS_SQL).await {
-                Ok(Ok(values)) => Ok(values.first().is_none_or(|v| v != "f")),
-                Ok(Err(refused)) => Err(refused.message),
-                Err(e) => Err(e.to_string()),
-            }
+            checkout.await.map_err(|e| e.to_string())?.query_first_column(HOOKS_SQL).await
         }
-        HooksReader::Login(node, user) => {
-            let dbname = node.dbname.as_deref().unwrap_or(database);
-            let client = super::catalog_reader(&node, &user, dbname, "pgtenant write hooks").await;
-            let row = client.map_err(|e| e.to_string())?.query_one(HOOKS_SQL, &[]).await;
-            Ok(row.map_err(|e| e.to_string())?.try_get::<_, Option<bool>>(0).ok().flatten().unwrap_or(true))
+        HooksReader::Apart(connect) => {
+            connect.await.map_err(|e| e.to_string())?.query_first_column(HOOKS_SQL).await
         }
+    };
+    match answer {
+        Ok(Ok(values)) => Ok(values.first().is_none_or(|v| v != "f")),
+        Ok(Err(refused)) => Err(refused.message),
+        Err(e) => Err(e.to_string()),
     }
 }
 

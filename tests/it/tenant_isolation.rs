@@ -308,6 +308,56 @@ async fn the_write_hooks_are_read_on_a_free_pooled_connection() {
     admin.batch_execute("DROP DATABASE IF EXISTS hooks_read WITH (FORCE)").await.unwrap();
 }
 
+/// A writer whose pool is full (one place, its own) still has the shard's write hooks
+/// read: on a connection made beside the pool with the pool's keys, named for what it
+/// does, closed after its one query. Seen on the shard while the read waits for a lock
+/// on `pg_trigger`: the writer's pooled backend, and the read's beside it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_pool_s_write_hooks_are_read_beside_it() {
+    let admin = shard_admin(1, "app").await;
+    admin.batch_execute("DROP DATABASE IF EXISTS hooks_full WITH (FORCE)").await.unwrap();
+    admin.batch_execute("CREATE DATABASE hooks_full OWNER app").await.unwrap();
+    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app dbname=hooks_full sslmode=disable options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
+    );
+    let client = crate::harness::connect(&conninfo).await.unwrap();
+    // The table's own catalog rows are read by its backend here, before the lock: a
+    // table without triggers or rules is then written without reading `pg_trigger`.
+    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int); SELECT * FROM plain").await.unwrap();
+    let locker = shard_admin(1, "hooks_full").await;
+    locker.batch_execute("BEGIN; LOCK pg_catalog.pg_trigger IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    client.batch_execute("INSERT INTO plain VALUES (7, 1)").await.unwrap();
+    let backends = |name_is: &'static str| {
+        let admin = &admin;
+        async move {
+            let sql = format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = 'hooks_full' AND usename = 'app'
+                 AND (application_name = 'pgtenant write hooks') = {name_is}"
+            );
+            admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0)
+        }
+    };
+    let read_waits = "SELECT count(*) FROM pg_stat_activity WHERE datname = 'hooks_full'
+                      AND application_name = 'pgtenant write hooks' AND wait_event_type = 'Lock'
+                      AND query LIKE '%NOT tgisinternal%'";
+    let waiting = crate::harness::eventually(std::time::Duration::from_secs(20), || async {
+        admin.query_one(read_waits, &[]).await.unwrap().get::<_, i64>(0) == 1
+    });
+    assert!(waiting.await.is_some(), "no read of the write hooks beside the full pool");
+    assert_eq!(backends("false").await, 1, "the pool kept its one connection");
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let closed = crate::harness::eventually(std::time::Duration::from_secs(20), || async {
+        backends("true").await == 0
+    });
+    assert!(closed.await.is_some(), "the read's connection closes after its query");
+    client.batch_execute("INSERT INTO plain VALUES (7, 2)").await.unwrap();
+    drop(client);
+    proxy.shutdown().await;
+    admin.batch_execute("DROP DATABASE IF EXISTS hooks_full WITH (FORCE)").await.unwrap();
+}
+
 /// pgtenant's signature GUC is protected as the tenant GUC is: a client's SET, RESET
 /// or `set_config` of it is refused (42501), in both protocols, so that no client can
 /// leave a pooled connection holding its tenant without the signature row-level

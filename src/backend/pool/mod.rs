@@ -148,6 +148,19 @@ impl ServerPool {
         self.0.gate.waiting() == 0 && self.0.gate.free() > 0
     }
 
+    /// A connection to the pool's node as its login, made as the pool makes one (the
+    /// SCRAM keys it keeps: no key stretching of its own) but not the pool's: not
+    /// counted against its size or the shard's connection budget, not listed, closed
+    /// when dropped; `application_name` says what it is for on the server. For the
+    /// proxy's own short catalog reads while the pool is full.
+    pub fn connect_apart(
+        &self,
+        application_name: &'static str,
+    ) -> impl Future<Output = Result<ServerConn, BackendError>> + Send + 'static {
+        let pool = self.0.clone();
+        async move { ServerConn::connect(&pool.target, pool.tls.as_deref(), Some(application_name)).await }
+    }
+
     /// The server this pool connects to.
     pub fn host_port(&self) -> (&str, u16) {
         (&self.0.target.host, self.0.target.port)
@@ -356,7 +369,7 @@ impl NodePool {
     /// A new connection, logged in and listed (SHOW SERVERS), begun in `epoch`.
     async fn open(&self, epoch: u64, slots: CapSlots) -> Result<Box<ServerConn>, BackendError> {
         // Boxed: the login future is large, and every checkout future would carry its size.
-        let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref())).await?;
+        let mut conn = Box::pin(ServerConn::connect(&self.target, self.tls.as_deref(), None)).await?;
         conn.pool_epoch = epoch;
         conn.cap_slots = slots;
         let _ = self.startup_params.set(Arc::new(conn.params.clone()));
@@ -552,6 +565,7 @@ impl Pools {
             user: user.server_user().to_string(),
             password: user.server_password().map(str::to_string),
             passthrough: user.passthrough.clone(),
+            password_keys: Default::default(),
             database: node.dbname.clone().unwrap_or_else(|| database.to_string()),
             connect_timeout: self.config.proxy.connect_timeout(),
             max_prepared: self.config.proxy.max_prepared_statements,

@@ -17,32 +17,16 @@ pub struct ScramVerifier {
     pub server_key: [u8; 32],
 }
 
-fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
-    let mut first = salt.to_vec();
-    first.extend_from_slice(&1u32.to_be_bytes());
-    let mut u = hmac(password, &first);
-    let mut out = u;
-    for _ in 1..iterations {
-        u = hmac(password, &u);
-        for (o, x) in out.iter_mut().zip(u.iter()) {
-            *o ^= x;
-        }
-    }
-    out
-}
-
 impl ScramVerifier {
     /// Derives a verifier from a cleartext password, SASLprep-normalised (RFC 4013) as
     /// PostgreSQL and libpq do, or as it is when it has characters SASLprep prohibits.
     pub fn from_password(password: &str, salt: Vec<u8>, iterations: u32) -> Self {
-        let password = stringprep::saslprep(password).unwrap_or(std::borrow::Cow::Borrowed(password));
-        let salted = salted_password(password.as_bytes(), &salt, iterations);
-        let client_key = hmac(&salted, b"Client Key");
+        let keys = ScramKeys::from_password(password, salt, iterations);
         Self {
             iterations,
-            salt,
-            stored_key: Sha256::digest(client_key).into(),
-            server_key: hmac(&salted, b"Server Key"),
+            salt: keys.salt,
+            stored_key: Sha256::digest(keys.client_key).into(),
+            server_key: keys.server_key,
         }
     }
 
@@ -314,13 +298,13 @@ mod tests {
     /// the same verifier, and to no server whose verifier has another salt.
     #[test]
     fn the_recovered_client_key_logs_in_where_the_verifier_is_the_same() {
-        use crate::protocol::scram::{PassthroughError, PassthroughScram};
+        use crate::protocol::scram::{PassthroughError, ScramClient};
         let verifier = ScramVerifier::from_password("pw", b"0123456789abcdef".to_vec(), 4096);
         let login = |verifier: ScramVerifier, keys: &ScramKeys| {
-            let (mut ours, first) = PassthroughScram::start(keys, "PGTENANTNONCE".into());
+            let (mut ours, first) = ScramClient::start("PGTENANTNONCE".into());
             let (exchange, server_first) =
                 ScramExchange::start(verifier, Binding::NotOffered, &first, "SERVERNONCE").unwrap();
-            let last = ours.proof(server_first.as_bytes())?;
+            let last = ours.proof(keys, server_first.as_bytes())?;
             let (server_final, again) =
                 exchange.finish(&last).map_err(|_| PassthroughError::ServerSignature)?;
             assert_eq!(&again, keys, "the server recovers the same ClientKey");
@@ -337,5 +321,10 @@ mod tests {
         let other_password = ScramVerifier { stored_key: [7; 32], ..verifier };
         assert!(login(other_password, &keys).is_err(), "a server with another password refuses the proof");
         assert_eq!(format!("{keys:?}"), "ScramKeys { iterations: 4096, .. }", "no key in a log line");
+        // The keys a password gives under the verifier's salt are the ones a client's
+        // proof gives: a server login with a password derives them once per salt.
+        assert_eq!(ScramKeys::from_password("pw", b"0123456789abcdef".to_vec(), 4096), keys);
+        let normalised = ScramVerifier::from_password("p\u{00AD}w", b"0123456789abcdef".to_vec(), 4096);
+        assert_eq!(login(normalised, &keys), Ok(()), "SASLprep maps the soft hyphen to nothing");
     }
 }

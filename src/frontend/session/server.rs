@@ -17,7 +17,6 @@ use crate::backend::{
 use crate::config::{PoolMode, ReadYourWrites};
 use crate::directory::{ShardId, TenantId};
 use crate::frontend::error::FrontendError;
-use crate::frontend::primary_now;
 use crate::frontend::write_hooks::HooksReader;
 use crate::observe::conns::{ConnState, ShownTenant};
 use crate::observe::tenants::TenantStats;
@@ -183,21 +182,19 @@ impl Session {
             }
         }
         if risk == SessionRisk::ThroughTriggers {
-            // A connection of this session's pool while it has a place free, so that the
-            // read needs no login of its own (see `write_hooks`).
+            // Through this session's pool: one of its connections while it has a place
+            // free, else one made beside it (see `write_hooks`). Without the pool's
+            // handle (the routing changed since the checkout), the next write asks.
             let reader = || {
-                let pool = self.pools.handles.iter().find(|(s, _)| *s == shard).map(|(_, pool)| pool);
-                match pool.filter(|pool| pool.has_free_place()) {
-                    Some(pool) => {
-                        let (shared, pool) = (self.shared.clone(), pool.clone());
-                        Some(HooksReader::Pooled(Box::pin(async move {
-                            shared.pools.checkout_from(&pool, shard, &None, Wanted::default()).await
-                        })))
-                    }
-                    None => primary_now(&self.shared.health, &self.pools.topology, shard)
-                        .ok()
-                        .map(|node| HooksReader::Login(node, self.user.clone())),
-                }
+                let (_, pool) = self.pools.handles.iter().find(|(s, _)| *s == shard)?;
+                Some(if pool.has_free_place() {
+                    let (shared, pool) = (self.shared.clone(), pool.clone());
+                    HooksReader::Pooled(Box::pin(async move {
+                        shared.pools.checkout_from(&pool, shard, &None, Wanted::default()).await
+                    }))
+                } else {
+                    HooksReader::Apart(Box::pin(pool.connect_apart(crate::frontend::write_hooks::APART_NAME)))
+                })
             };
             if self.hooks_memo.none_known(hooks, shard, &self.database, reader) {
                 return;
