@@ -30,6 +30,7 @@ mod read_only;
 mod replica_reads;
 mod routing;
 mod scatter;
+mod session_state;
 mod set_family;
 mod slow_statements;
 mod snowflake;
