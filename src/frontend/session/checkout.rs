@@ -31,7 +31,7 @@ impl Session {
             return None;
         }
         self.refresh_pool_handles();
-        let (_, pool) = self.pools.handles.iter().find(|(s, _)| *s == route.shard)?;
+        let pool = self.pools.handle(route.shard)?;
         if !pool.has_free_place() {
             return None;
         }
@@ -61,7 +61,7 @@ impl Session {
     /// they were taken from and the health view they were chosen by still hold.
     pub(super) async fn pool_of(&mut self, shard: ShardId) -> Result<ServerPool, FrontendError> {
         self.refresh_pool_handles();
-        if let Some((_, pool)) = self.pools.handles.iter().find(|(s, _)| *s == shard) {
+        if let Some(pool) = self.pools.handle(shard) {
             return Ok(pool.clone());
         }
         let node = self.primary_or_wait(shard).await?;

@@ -241,6 +241,14 @@ struct SessionPools {
     handles: Vec<(ShardId, ServerPool)>,
 }
 
+impl SessionPools {
+    /// The kept handle of `shard`'s pool, if one is kept.
+    #[inline]
+    fn handle(&self, shard: ShardId) -> Option<&ServerPool> {
+        self.handles.iter().find(|(s, _)| *s == shard).map(|(_, pool)| pool)
+    }
+}
+
 /// Everything a session starts with, from the login.
 pub struct SessionStart {
     pub user: Arc<UserConfig>,

@@ -186,7 +186,7 @@ impl Session {
             // free, else one made beside it (see `write_hooks`). Without the pool's
             // handle (the routing changed since the checkout), the next write asks.
             let reader = || {
-                let (_, pool) = self.pools.handles.iter().find(|(s, _)| *s == shard)?;
+                let pool = self.pools.handle(shard)?;
                 Some(if pool.has_free_place() {
                     let (shared, pool) = (self.shared.clone(), pool.clone());
                     HooksReader::Pooled(Box::pin(async move {
