@@ -4,7 +4,8 @@
 # pooling, pool size 20, session tenant set), and through PgBouncer (transaction
 # pooling, pool size 20) when `pgbouncer` is installed; the targets interleaved over
 # several rounds. Prints median TPS, latency, the ratio to direct, and the CPU time per
-# transaction of the proxy, of PostgreSQL (the whole cluster) and of pgbench.
+# transaction of the proxy, of PostgreSQL (the whole cluster) and of pgbench; beside
+# PgBouncer, also the median and range of each round's pgtenant / PgBouncer ratio.
 #
 # "free" is the ratio to direct that a proxy costing no CPU at all would reach, from
 # what PostgreSQL and pgbench spent per transaction in that run: all cores divided by
@@ -175,7 +176,7 @@ run() { # target mode clients workload
   [ "$1" = direct ] && cpu_us=0
   pg_us=$(per_tx_us $((after[1] - before[1])) "$WINDOW_TX")
   bench_us=$(per_tx_us $((after[2] - before[2])) "$WINDOW_TX")
-  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us $bench_us $4" >>"$RESULTS"
+  echo "$1 $2 $3 $tps $lat $cpu_us $pg_us $bench_us $4 $round" >>"$RESULTS"
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -213,16 +214,29 @@ for target in $(echo $TARGETS | cut -d' ' -f2-); do
 done
 done
 if [ "$HAVE_BOUNCER" = 1 ]; then
-  # Like with like: pgtenant against PgBouncer, each through shard 1's socket.
+  # Like with like: pgtenant against PgBouncer, each through shard 1's socket. "per
+  # round": the ratio of the two runs of each round (adjacent in time, so a slower spell
+  # of the machine weighs on both), its median and its range over the rounds; "cpu":
+  # the same for the proxies' CPU per transaction (below 1: pgtenant spends less).
   echo
-  printf "%-9s %-9s %7s | %12s %12s %7s | %9s %9s\n" workload mode clients "pgtenant tps" "pgbouncer tps" ratio "pgt us" "pgb us"
+  printf "%-9s %-9s %7s | %12s %12s %7s | %9s %9s | %-22s %5s\n" workload mode clients "pgtenant tps" "pgbouncer tps" ratio \
+    "pgt us" "pgb us" "per round [range]" cpu
   for workload in $WORKLOADS; do
     for mode in $MODES; do
       for clients in $CLIENTS; do
         pick() { awk -v t="$1" -v m=$mode -v c=$clients -v f="$2" -v w=$workload '$1==t && $2==m && $3==c && $9==w {print $f}' "$RESULTS" | median; }
+        # paired FIELD: pgtenant's FIELD over PgBouncer's, one ratio per round.
+        paired() {
+          awk -v m=$mode -v c=$clients -v f="$1" -v w=$workload '$2==m && $3==c && $9==w {
+              if ($1 == "pgtenant") p[$10] = $f; else if ($1 == "pgbouncer") b[$10] = $f }
+            END { for (r in p) if ((r in b) && b[r] > 0) printf "%.3f\n", p[r] / b[r] }' "$RESULTS"
+        }
         p=$(pick pgtenant 4); b=$(pick pgbouncer 4)
-        printf "%-9s %-9s %7s | %12.0f %12.0f %7s | %9s %9s\n" $workload $mode $clients "$p" "$b" \
-          "$(awk -v p="$p" -v b="$b" 'BEGIN { printf "%.2f", (b > 0 ? p / b : 0) }')" "$(pick pgtenant 6)" "$(pick pgbouncer 6)"
+        tps_rounds=$(paired 4 | sort -g)
+        range=$(echo "$tps_rounds" | awk 'NF { a[++n] = $1 } END { if (n) printf "[%.2f-%.2f]", a[1], a[n] }')
+        printf "%-9s %-9s %7s | %12.0f %12.0f %7s | %9s %9s | %-22s %5s\n" $workload $mode $clients "$p" "$b" \
+          "$(awk -v p="$p" -v b="$b" 'BEGIN { printf "%.2f", (b > 0 ? p / b : 0) }')" "$(pick pgtenant 6)" "$(pick pgbouncer 6)" \
+          "$(echo "$tps_rounds" | median | xargs printf "%.2f") $range" "$(paired 6 | median | xargs printf "%.2f")"
       done
     done
   done
