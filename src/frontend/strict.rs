@@ -4,7 +4,11 @@
 //!
 //! The list is read over a control-plane connection (tokio-postgres, the user's server
 //! credentials, no TLS), kept for `REFRESH` and forgotten when this proxy forwards DDL,
-//! so that a table whose policy changes is seen within that time.
+//! so that a table whose policy changes is seen within that time. One read per
+//! (shard, database) at a time: the sessions that need the list while it is read wait
+//! for that read's answer, so a busy proxy does not log in once per waiting session
+//! (each login a SCRAM key derivation here and a backend's start on the shard) each
+//! time the list expires.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,9 +39,15 @@ impl TenantTables {
     }
 }
 
+/// A read's answer: the tables, or why they could not be read.
+type ReadAnswer = Result<Arc<TenantTables>, String>;
+
+/// The answer of one (shard, database)'s read, shared by whoever needs it while it runs.
+type SharedRead = Arc<tokio::sync::OnceCell<ReadAnswer>>;
+
 /// The tenant tables of each (shard, database), read on first need.
 pub struct StrictCatalog {
-    tables: moka::sync::Cache<(ShardId, String), Arc<TenantTables>>,
+    tables: moka::sync::Cache<(ShardId, String), SharedRead>,
 }
 
 impl Default for StrictCatalog {
@@ -57,17 +67,33 @@ impl StrictCatalog {
         database: &str,
     ) -> Result<Arc<TenantTables>, FrontendError> {
         let dbname = node.dbname.as_deref().unwrap_or(database);
-        let key = (shard, dbname.to_string());
-        if let Some(tables) = self.tables.get(&key) {
-            return Ok(tables);
+        let read = || async {
+            read_tenant_tables(config, node, user, dbname).await.map(Arc::new).map_err(|e| e.to_string())
+        };
+        self.tables_with((shard, dbname.to_string()), read)
+            .await
+            .map_err(|reason| FrontendError::StrictCatalog { shard, reason })
+    }
+
+    /// The tables kept for `key`, or `read`'s answer: the one read of `key` under way
+    /// if there is one, else a new one. A failed read is not kept (the next need reads
+    /// again), but everyone who waited for it gets its error rather than a read of
+    /// their own one after another.
+    async fn tables_with<F, R>(&self, key: (ShardId, String), read: F) -> ReadAnswer
+    where
+        F: FnOnce() -> R,
+        R: std::future::Future<Output = ReadAnswer>,
+    {
+        let shared: SharedRead = self.tables.get_with(key.clone(), Default::default);
+        let answer = shared.get_or_init(read).await.clone();
+        if answer.is_err() {
+            // Only this read's entry: a later one may be in its place already.
+            self.tables.entry(key).and_compute_with(|kept| match kept {
+                Some(entry) if Arc::ptr_eq(entry.value(), &shared) => moka::ops::compute::Op::Remove,
+                _ => moka::ops::compute::Op::Nop,
+            });
         }
-        let tables = Arc::new(
-            read_tenant_tables(config, node, user, dbname)
-                .await
-                .map_err(|e| FrontendError::StrictCatalog { shard, reason: e.to_string() })?,
-        );
-        self.tables.insert(key, tables.clone());
-        Ok(tables)
+        answer
     }
 
     /// DDL went to `database` on `shard`: its list is read again on next need.
@@ -146,5 +172,71 @@ impl StrictCheck<'_> {
             && !confinement.tenants.is_empty()
             && confinement.tenants.iter().all(|t| t.as_ref() == Some(self.tenant));
         if confined { Ok(()) } else { Err(refuse(unforced)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::sync::Notify;
+
+    use super::*;
+
+    fn key() -> (ShardId, String) {
+        (1, "app".to_string())
+    }
+
+    /// Sixteen needs of one (shard, database) while its read runs: all wait for it,
+    /// and its answer, once kept, serves the next need without a read.
+    #[tokio::test]
+    async fn needs_during_a_read_share_it() {
+        let catalog = StrictCatalog::default();
+        let (reads, release) = (AtomicUsize::new(0), Notify::new());
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            release.notified().await;
+            Ok(Arc::new(TenantTables([("t".into(), false)].into_iter().collect())))
+        };
+        let needs = futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), read)));
+        let release_when_all_wait = async {
+            while reads.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            // Every read under way goes on: were there several, all would count.
+            release.notify_waiters();
+        };
+        let both = async { tokio::join!(needs, release_when_all_wait) };
+        let (answers, ()) = tokio::time::timeout(Duration::from_secs(10), both).await.expect("the needs end");
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.unforced("t"))));
+        let unread = catalog.tables_with(key(), || async { unreachable!("kept: no read") }).await;
+        assert!(unread.is_ok_and(|t| t.unforced("t")));
+    }
+
+    /// A read that fails fails everyone who waited for it, once, and is not kept.
+    #[tokio::test]
+    async fn a_failed_read_fails_its_waiters_and_is_not_kept() {
+        let catalog = StrictCatalog::default();
+        let (reads, release) = (AtomicUsize::new(0), Notify::new());
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            release.notified().await;
+            Err("connection refused".to_string())
+        };
+        let needs = futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), read)));
+        let release_when_all_wait = async {
+            while reads.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            // Every read under way goes on: were there several, all would count.
+            release.notify_waiters();
+        };
+        let both = async { tokio::join!(needs, release_when_all_wait) };
+        let (answers, ()) = tokio::time::timeout(Duration::from_secs(10), both).await.expect("the needs end");
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        assert!(answers.iter().all(|a| a.as_ref().is_err_and(|e| e == "connection refused")));
+        let again = catalog.tables_with(key(), || async { Ok(Arc::new(TenantTables::default())) }).await;
+        assert!(again.is_ok());
     }
 }
