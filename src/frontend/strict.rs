@@ -187,28 +187,36 @@ mod tests {
         (1, "app".to_string())
     }
 
-    /// Sixteen needs of one (shard, database) while its read runs: all wait for it,
-    /// and its answer, once kept, serves the next need without a read.
-    #[tokio::test]
-    async fn needs_during_a_read_share_it() {
-        let catalog = StrictCatalog::default();
+    /// Sixteen needs of `key()` at once, whose read (if any) answers `answer` once
+    /// every read under way has begun: how many reads ran, and what each need got.
+    async fn sixteen_needs(catalog: &StrictCatalog, answer: ReadAnswer) -> (usize, Vec<ReadAnswer>) {
         let (reads, release) = (AtomicUsize::new(0), Notify::new());
         let read = || async {
             reads.fetch_add(1, Ordering::SeqCst);
             release.notified().await;
-            Ok(Arc::new(TenantTables([("t".into(), false)].into_iter().collect())))
+            answer.clone()
         };
         let needs = futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), read)));
-        let release_when_all_wait = async {
+        let release_when_reading = async {
             while reads.load(Ordering::SeqCst) == 0 {
                 tokio::task::yield_now().await;
             }
             // Every read under way goes on: were there several, all would count.
             release.notify_waiters();
         };
-        let both = async { tokio::join!(needs, release_when_all_wait) };
+        let both = async { tokio::join!(needs, release_when_reading) };
         let (answers, ()) = tokio::time::timeout(Duration::from_secs(10), both).await.expect("the needs end");
-        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        (reads.load(Ordering::SeqCst), answers)
+    }
+
+    /// Sixteen needs of one (shard, database) while its read runs: all wait for it,
+    /// and its answer, once kept, serves the next need without a read.
+    #[tokio::test]
+    async fn needs_during_a_read_share_it() {
+        let catalog = StrictCatalog::default();
+        let tables = Arc::new(TenantTables([("t".into(), false)].into_iter().collect()));
+        let (reads, answers) = sixteen_needs(&catalog, Ok(tables)).await;
+        assert_eq!(reads, 1);
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.unforced("t"))));
         let unread = catalog.tables_with(key(), || async { unreachable!("kept: no read") }).await;
         assert!(unread.is_ok_and(|t| t.unforced("t")));
@@ -218,23 +226,8 @@ mod tests {
     #[tokio::test]
     async fn a_failed_read_fails_its_waiters_and_is_not_kept() {
         let catalog = StrictCatalog::default();
-        let (reads, release) = (AtomicUsize::new(0), Notify::new());
-        let read = || async {
-            reads.fetch_add(1, Ordering::SeqCst);
-            release.notified().await;
-            Err("connection refused".to_string())
-        };
-        let needs = futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), read)));
-        let release_when_all_wait = async {
-            while reads.load(Ordering::SeqCst) == 0 {
-                tokio::task::yield_now().await;
-            }
-            // Every read under way goes on: were there several, all would count.
-            release.notify_waiters();
-        };
-        let both = async { tokio::join!(needs, release_when_all_wait) };
-        let (answers, ()) = tokio::time::timeout(Duration::from_secs(10), both).await.expect("the needs end");
-        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        let (reads, answers) = sixteen_needs(&catalog, Err("connection refused".to_string())).await;
+        assert_eq!(reads, 1);
         assert!(answers.iter().all(|a| a.as_ref().is_err_and(|e| e == "connection refused")));
         let again = catalog.tables_with(key(), || async { Ok(Arc::new(TenantTables::default())) }).await;
         assert!(again.is_ok());
