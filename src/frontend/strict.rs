@@ -84,7 +84,8 @@ impl StrictCatalog {
         F: FnOnce() -> R,
         R: std::future::Future<Output = ReadAnswer>,
     {
-        let shared: SharedRead = self.tables.get_with(key.clone(), Default::default);
+        // By reference: the key is copied only when a new read is put in the cache.
+        let shared: SharedRead = self.tables.get_with_by_ref(&key, Default::default);
         let answer = shared.get_or_init(read).await.clone();
         if answer.is_err() {
             // Only this read's entry: a later one may be in its place already.
