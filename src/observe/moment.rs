@@ -49,13 +49,17 @@ thread_local! {
 
 /// Runs `task` with each of its polls one moment: the times read during a poll are
 /// read once.
-pub async fn within<F: Future>(task: F) -> F::Output {
-    let mut task = std::pin::pin!(task);
-    poll_fn(|cx| {
+///
+/// `task` is boxed, not pinned in an `async fn`'s state: there it was kept twice, as
+/// the argument and as the pinned local it was moved to (rustc does not lay the two
+/// over each other), and a session's 8 KiB future made a 17 KiB task, written in
+/// full by those moves (`-Zprint-type-sizes`; docs/benchmarks.md "Memory").
+pub fn within<F: Future>(task: F) -> impl Future<Output = F::Output> {
+    let mut task = Box::pin(task);
+    poll_fn(move |cx| {
         let _moment = PollMoment::begin();
         task.as_mut().poll(cx)
     })
-    .await
 }
 
 /// One poll's moment; the one before it comes back when it ends (a panic included).
@@ -182,6 +186,20 @@ mod tests {
             (first, now())
         }));
         assert!(times.1 > times.0, "a later poll reads the clock again");
+    }
+
+    #[test]
+    fn the_task_is_kept_once() {
+        let task = async {
+            let room = [7u8; 4096];
+            tokio::task::yield_now().await;
+            room.iter().map(|b| u32::from(*b)).sum::<u32>()
+        };
+        assert!(std::mem::size_of_val(&task) >= 4096);
+        let wrapped = within(task);
+        // Only the box's pointer: the task itself is not copied into the future.
+        assert!(std::mem::size_of_val(&wrapped) <= 64, "{} bytes", std::mem::size_of_val(&wrapped));
+        assert_eq!(block_on(wrapped), 7 * 4096);
     }
 
     fn block_on<F: Future>(f: F) -> F::Output {
