@@ -66,6 +66,9 @@ async fn catalog_reader(
     };
     pg.host(&node.host).port(node.port).user(login).dbname(dbname);
     pg.connect_timeout(std::time::Duration::from_secs(5)).application_name(purpose);
+    // The server ends a query past the proxy's own limit for the read (a wait for a
+    // lock on the catalog included), rather than run it for nobody.
+    pg.options(format!("-c statement_timeout={}", strict::READ_LIMIT.as_millis()));
     if let Some(password) = password {
         pg.password(password);
     }

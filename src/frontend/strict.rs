@@ -22,6 +22,13 @@ use super::error::FrontendError;
 /// How long a shard's list of tenant tables is trusted.
 const REFRESH: Duration = Duration::from_secs(10);
 
+/// How long one read of a list may take, its login included. Past it the statements
+/// that wait for it are refused as for a read that failed, and the next need reads
+/// again: a catalog that stopped answering (a lock on it, a server that hangs) held
+/// every strict session of that shard and database for as long as it did. The server
+/// is told the same as its `statement_timeout` (`catalog_reader`).
+pub(super) const READ_LIMIT: Duration = Duration::from_secs(10);
+
 /// Tables and views with the tenant column, by name (`name` and `schema.name`,
 /// lowercased): whether row-level security binds everyone there (enabled and forced).
 #[derive(Debug, Default)]
@@ -70,23 +77,27 @@ impl StrictCatalog {
         let read = || async {
             read_tenant_tables(config, node, user, dbname).await.map(Arc::new).map_err(|e| e.to_string())
         };
-        self.tables_with((shard, dbname.to_string()), read)
+        self.tables_with((shard, dbname.to_string()), READ_LIMIT, read)
             .await
             .map_err(|reason| FrontendError::StrictCatalog { shard, reason })
     }
 
     /// The tables kept for `key`, or `read`'s answer: the one read of `key` under way
-    /// if there is one, else a new one. A failed read is not kept (the next need reads
-    /// again), but everyone who waited for it gets its error rather than a read of
-    /// their own one after another.
-    async fn tables_with<F, R>(&self, key: (ShardId, String), read: F) -> ReadAnswer
+    /// if there is one, else a new one, given `limit`. A failed read is not kept
+    /// (the next need reads again), but everyone who waited for it gets its error
+    /// rather than a read of their own one after another.
+    async fn tables_with<F, R>(&self, key: (ShardId, String), limit: Duration, read: F) -> ReadAnswer
     where
         F: FnOnce() -> R,
         R: std::future::Future<Output = ReadAnswer>,
     {
         // By reference: the key is copied only when a new read is put in the cache.
         let shared: SharedRead = self.tables.get_with_by_ref(&key, Default::default);
-        let answer = shared.get_or_init(read).await.clone();
+        let bounded = || async {
+            let late = || format!("the catalog did not answer within {} ms", limit.as_millis());
+            tokio::time::timeout(limit, read()).await.unwrap_or_else(|_| Err(late()))
+        };
+        let answer = shared.get_or_init(bounded).await.clone();
         if answer.is_err() {
             // Only this read's entry: a later one may be in its place already.
             self.tables.entry(key).and_compute_with(|kept| match kept {
@@ -197,7 +208,8 @@ mod tests {
             release.notified().await;
             answer.clone()
         };
-        let needs = futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), read)));
+        let needs =
+            futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), READ_LIMIT, read)));
         let release_when_reading = async {
             while reads.load(Ordering::SeqCst) == 0 {
                 tokio::task::yield_now().await;
@@ -219,7 +231,7 @@ mod tests {
         let (reads, answers) = sixteen_needs(&catalog, Ok(tables)).await;
         assert_eq!(reads, 1);
         assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|t| t.unforced("t"))));
-        let unread = catalog.tables_with(key(), || async { unreachable!("kept: no read") }).await;
+        let unread = catalog.tables_with(key(), READ_LIMIT, || async { unreachable!("kept: no read") }).await;
         assert!(unread.is_ok_and(|t| t.unforced("t")));
     }
 
@@ -230,7 +242,24 @@ mod tests {
         let (reads, answers) = sixteen_needs(&catalog, Err("connection refused".to_string())).await;
         assert_eq!(reads, 1);
         assert!(answers.iter().all(|a| a.as_ref().is_err_and(|e| e == "connection refused")));
-        let again = catalog.tables_with(key(), || async { Ok(Arc::new(TenantTables::default())) }).await;
+        let again =
+            catalog.tables_with(key(), READ_LIMIT, || async { Ok(Arc::new(TenantTables::default())) }).await;
         assert!(again.is_ok());
+    }
+
+    /// A read that never ends fails its waiters at the limit, and is not kept.
+    #[tokio::test]
+    async fn a_read_that_hangs_fails_its_waiters_at_the_limit() {
+        let catalog = StrictCatalog::default();
+        let limit = Duration::from_millis(50);
+        let hung = || std::future::pending::<ReadAnswer>();
+        let needs = futures_util::future::join_all((0..16).map(|_| catalog.tables_with(key(), limit, hung)));
+        let needs = tokio::time::timeout(Duration::from_secs(10), needs).await.expect("the needs end");
+        assert!(
+            needs.iter().all(|a| a.as_ref().is_err_and(|e| e == "the catalog did not answer within 50 ms"))
+        );
+        let again =
+            catalog.tables_with(key(), limit, || async { Ok(Arc::new(TenantTables::default())) }).await;
+        assert!(again.is_ok(), "the hung read is not kept");
     }
 }
