@@ -327,11 +327,15 @@ impl ServerCaps {
     }
 }
 
-/// A slot of each of `caps` if all have one free now (a warm-up takes no room).
-pub fn free_slots(caps: &[Arc<Cap>]) -> Option<CapSlots> {
+/// A slot of each of `caps` if all have one free now (a warm-up, a catalog read beside
+/// a full pool: neither takes room from another pool); else the first that has none.
+pub fn free_slots(caps: &[Arc<Cap>]) -> Result<CapSlots, BackendError> {
     caps.iter()
-        .map(|cap| cap.slots.clone().try_acquire_owned().ok().map(|permit| Slot::of(cap, permit)))
-        .collect::<Option<Vec<_>>>()
+        .map(|cap| match cap.slots.clone().try_acquire_owned() {
+            Ok(permit) => Ok(Slot::of(cap, permit)),
+            Err(_) => Err(BackendError::CappedNow { what: cap.name.clone(), max: cap.size() }),
+        })
+        .collect::<Result<Vec<_>, _>>()
         .map(CapSlots)
 }
 

@@ -26,6 +26,10 @@ pub enum BackendError {
         "too many server connections for {what}: at most {max} (max_db_connections / max_user_connections), none came free in time"
     )]
     Capped { what: String, max: usize },
+    #[error(
+        "no server connection free now under {what}: at most {max} (max_db_connections / max_user_connections)"
+    )]
+    CappedNow { what: String, max: usize },
     #[error("TLS to server {addr}: {message}")]
     Tls { addr: String, message: String },
     #[error("protocol error from server {addr}: {message}")]

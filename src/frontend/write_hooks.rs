@@ -20,6 +20,9 @@
 //! place free (`HooksReader::Pooled`: an idle connection, or a new one), else on a
 //! connection made as the pool makes one but outside it (`HooksReader::Apart`: a
 //! backend's start on the shard, every `REFRESH` at most while the pool stays full).
+//! That connection holds a slot of the shard's caps and fleet budget while it lives,
+//! and is made only when one is free: where the pool's full size is all the caps
+//! allow, no read runs and writes keep setting the tenant GUC again.
 //! Either logs in with the SCRAM keys the pool keeps: a read that logged in through a
 //! control-plane client of its own (every `REFRESH` while writes came) cost the proxy a
 //! SCRAM key derivation each time, about 50 million instructions (callgrind; some 300

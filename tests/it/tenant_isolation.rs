@@ -358,6 +358,44 @@ async fn a_full_pool_s_write_hooks_are_read_beside_it() {
     admin.batch_execute("DROP DATABASE IF EXISTS hooks_full WITH (FORCE)").await.unwrap();
 }
 
+/// The read beside a full pool holds a slot of the shard's caps like any server
+/// connection: where the pool's one connection is all `max_db_connections` allows, no
+/// read runs beside it (writes go on, the GUC set again after each), and the database
+/// never has more than that one backend of the proxy's, sampled while writes come and
+/// a read, had one been made, would wait for its lock on `pg_trigger`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_pool_at_its_cap_reads_no_write_hooks_beside_it() {
+    let admin = shard_admin(1, "app").await;
+    admin.batch_execute("DROP DATABASE IF EXISTS hooks_capped WITH (FORCE)").await.unwrap();
+    admin.batch_execute("CREATE DATABASE hooks_capped OWNER app").await.unwrap();
+    let proxy = start_proxy(|c| {
+        c.users[0].pool_size = 1;
+        c.proxy.max_db_connections = 1;
+    })
+    .await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app dbname=hooks_capped sslmode=disable options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
+    );
+    let client = crate::harness::connect(&conninfo).await.unwrap();
+    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int); SELECT * FROM plain").await.unwrap();
+    let locker = shard_admin(1, "hooks_capped").await;
+    locker.batch_execute("BEGIN; LOCK pg_catalog.pg_trigger IN ACCESS EXCLUSIVE MODE").await.unwrap();
+    let backends = "SELECT count(*) FROM pg_stat_activity WHERE datname = 'hooks_capped' AND usename = 'app'";
+    let mut most = 0;
+    for v in 0..50 {
+        client.batch_execute(&format!("INSERT INTO plain VALUES (7, {v})")).await.unwrap();
+        most = most.max(admin.query_one(backends, &[]).await.unwrap().get::<_, i64>(0));
+    }
+    assert_eq!(most, 1, "the proxy's backends on hooks_capped, at most");
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    let rows: i64 = client.query_one("SELECT count(*) FROM plain WHERE true", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 50);
+    drop(client);
+    proxy.shutdown().await;
+    admin.batch_execute("DROP DATABASE IF EXISTS hooks_capped WITH (FORCE)").await.unwrap();
+}
+
 /// pgtenant's signature GUC is protected as the tenant GUC is: a client's SET, RESET
 /// or `set_config` of it is refused (42501), in both protocols, so that no client can
 /// leave a pooled connection holding its tenant without the signature row-level

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Instant;
 
-use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, take_slots};
+use super::caps::{Cap, CapSlots, IdleCloser, ServerCaps, free_slots, take_slots};
 use super::coarse_clock;
 use super::conn::{ConnectTarget, ServerConn};
 use super::error::BackendError;
@@ -150,15 +150,23 @@ impl ServerPool {
 
     /// A connection to the pool's node as its login, made as the pool makes one (the
     /// SCRAM keys it keeps: no key stretching of its own) but not the pool's: not
-    /// counted against its size or the shard's connection budget, not listed, closed
-    /// when dropped; `application_name` says what it is for on the server. For the
-    /// proxy's own short catalog reads while the pool is full.
+    /// counted against its size, not listed, closed when dropped; `application_name`
+    /// says what it is for on the server. It holds a slot of each cap the pool is
+    /// under (`max_db_connections`, `max_user_connections`, the fleet's budget of the
+    /// shard) while it lives, taken only if one is free now: else none is made
+    /// (`CappedNow`). For the proxy's own short catalog reads while the pool is full.
     pub fn connect_apart(
         &self,
         application_name: &'static str,
     ) -> impl Future<Output = Result<ServerConn, BackendError>> + Send + 'static {
         let pool = self.0.clone();
-        async move { ServerConn::connect(&pool.target, pool.tls.as_deref(), Some(application_name)).await }
+        async move {
+            let slots = free_slots(&pool.caps)?;
+            let mut conn =
+                ServerConn::connect(&pool.target, pool.tls.as_deref(), Some(application_name)).await?;
+            conn.cap_slots = slots;
+            Ok(conn)
+        }
     }
 
     /// The server this pool connects to.

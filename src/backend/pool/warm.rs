@@ -26,7 +26,7 @@ impl NodePool {
         }
         while self.below(min) {
             let epoch = self.epoch.load(Ordering::Acquire);
-            let Some(slots) = free_slots(&self.caps) else { break };
+            let Ok(slots) = free_slots(&self.caps) else { break };
             match self.open(epoch, slots).await {
                 Ok(conn) => Home::shelve(&*self, conn),
                 Err(e) => {
