@@ -274,6 +274,28 @@ async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
     }
 }
 
+/// A database `name` of its own on shard 1 (made again), a proxy `configure`d, and a
+/// tenant-7 client of that database through it, with an empty table `plain`; and the
+/// shard's admin connection.
+async fn hooks_database(
+    name: &str,
+    configure: impl FnOnce(&mut pgtenant::config::Config),
+) -> (tokio_postgres::Client, crate::harness::Proxy, tokio_postgres::Client) {
+    let admin = shard_admin(1, "app").await;
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name} OWNER app")).await.unwrap();
+    let proxy = start_proxy(configure).await;
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=app password=app dbname={name} sslmode=disable options='-c pgtenant.tenant_id=7'",
+        proxy.addr.port()
+    );
+    let client = crate::harness::connect(&conninfo).await.unwrap();
+    // The table's own catalog rows are read by its backend here, before any lock: a
+    // table without triggers or rules is then written without reading `pg_trigger`.
+    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int); SELECT * FROM plain").await.unwrap();
+    (admin, proxy, client)
+}
+
 /// The catalog read that tells whether writes run hooks goes over a connection of the
 /// writer's pool while it has a place free: no login of its own every `REFRESH` (its
 /// SCRAM key derivation cost more than the writes between two reads). Seen on the
@@ -281,16 +303,7 @@ async fn a_trigger_that_sets_the_tenant_guc_poisons_no_later_transaction() {
 /// came and went.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_write_hooks_are_read_on_a_free_pooled_connection() {
-    let admin = shard_admin(1, "app").await;
-    admin.batch_execute("DROP DATABASE IF EXISTS hooks_read WITH (FORCE)").await.unwrap();
-    admin.batch_execute("CREATE DATABASE hooks_read OWNER app").await.unwrap();
-    let proxy = start_proxy(|_| {}).await;
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=app password=app dbname=hooks_read sslmode=disable options='-c pgtenant.tenant_id=7'",
-        proxy.addr.port()
-    );
-    let client = crate::harness::connect(&conninfo).await.unwrap();
-    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int)").await.unwrap();
+    let (admin, proxy, client) = hooks_database("hooks_read", |_| {}).await;
     let read_on = "SELECT application_name FROM pg_stat_activity
                    WHERE datname = 'hooks_read' AND query LIKE '%NOT tgisinternal%' AND pid <> pg_backend_pid()";
     // Looked at before each write: a write right before the look could take the read's
@@ -314,18 +327,7 @@ async fn the_write_hooks_are_read_on_a_free_pooled_connection() {
 /// on `pg_trigger`: the writer's pooled backend, and the read's beside it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_pool_s_write_hooks_are_read_beside_it() {
-    let admin = shard_admin(1, "app").await;
-    admin.batch_execute("DROP DATABASE IF EXISTS hooks_full WITH (FORCE)").await.unwrap();
-    admin.batch_execute("CREATE DATABASE hooks_full OWNER app").await.unwrap();
-    let proxy = start_proxy(|c| c.users[0].pool_size = 1).await;
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=app password=app dbname=hooks_full sslmode=disable options='-c pgtenant.tenant_id=7'",
-        proxy.addr.port()
-    );
-    let client = crate::harness::connect(&conninfo).await.unwrap();
-    // The table's own catalog rows are read by its backend here, before the lock: a
-    // table without triggers or rules is then written without reading `pg_trigger`.
-    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int); SELECT * FROM plain").await.unwrap();
+    let (admin, proxy, client) = hooks_database("hooks_full", |c| c.users[0].pool_size = 1).await;
     let locker = shard_admin(1, "hooks_full").await;
     locker.batch_execute("BEGIN; LOCK pg_catalog.pg_trigger IN ACCESS EXCLUSIVE MODE").await.unwrap();
     client.batch_execute("INSERT INTO plain VALUES (7, 1)").await.unwrap();
@@ -365,20 +367,11 @@ async fn a_full_pool_s_write_hooks_are_read_beside_it() {
 /// a read, had one been made, would wait for its lock on `pg_trigger`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_pool_at_its_cap_reads_no_write_hooks_beside_it() {
-    let admin = shard_admin(1, "app").await;
-    admin.batch_execute("DROP DATABASE IF EXISTS hooks_capped WITH (FORCE)").await.unwrap();
-    admin.batch_execute("CREATE DATABASE hooks_capped OWNER app").await.unwrap();
-    let proxy = start_proxy(|c| {
+    let (admin, proxy, client) = hooks_database("hooks_capped", |c| {
         c.users[0].pool_size = 1;
         c.proxy.max_db_connections = 1;
     })
     .await;
-    let conninfo = format!(
-        "host=127.0.0.1 port={} user=app password=app dbname=hooks_capped sslmode=disable options='-c pgtenant.tenant_id=7'",
-        proxy.addr.port()
-    );
-    let client = crate::harness::connect(&conninfo).await.unwrap();
-    client.batch_execute("CREATE TABLE plain (tenant_id bigint, v int); SELECT * FROM plain").await.unwrap();
     let locker = shard_admin(1, "hooks_capped").await;
     locker.batch_execute("BEGIN; LOCK pg_catalog.pg_trigger IN ACCESS EXCLUSIVE MODE").await.unwrap();
     let backends = "SELECT count(*) FROM pg_stat_activity WHERE datname = 'hooks_capped' AND usename = 'app'";
