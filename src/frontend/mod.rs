@@ -52,12 +52,14 @@ pub(crate) fn primary_now(
 }
 
 /// A control-plane connection to `node`'s database `dbname` with `user`'s server
-/// credentials, or its `catalog_login` (no TLS), to read the shard's catalog (`strict`).
+/// credentials, or its `catalog_login` (no TLS), to read the shard's catalog (`strict`);
+/// its queries end on the server past `query_limit` (`statement_timeout`).
 async fn catalog_reader(
     node: &NodeConfig,
     user: &crate::config::UserConfig,
     dbname: &str,
     purpose: &str,
+    query_limit: std::time::Duration,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let mut pg = tokio_postgres::Config::new();
     let (login, password) = match user.catalog_login.as_deref() {
@@ -66,9 +68,9 @@ async fn catalog_reader(
     };
     pg.host(&node.host).port(node.port).user(login).dbname(dbname);
     pg.connect_timeout(std::time::Duration::from_secs(5)).application_name(purpose);
-    // The server ends a query past the proxy's own limit for the read (a wait for a
+    // The server ends a query past the caller's own limit for the read (a wait for a
     // lock on the catalog included), rather than run it for nobody.
-    pg.options(format!("-c statement_timeout={}", strict::READ_LIMIT.as_millis()));
+    pg.options(format!("-c statement_timeout={}", query_limit.as_millis()));
     if let Some(password) = password {
         pg.password(password);
     }

@@ -27,7 +27,7 @@ const REFRESH: Duration = Duration::from_secs(10);
 /// again: a catalog that stopped answering (a lock on it, a server that hangs) held
 /// every strict session of that shard and database for as long as it did. The server
 /// is told the same as its `statement_timeout` (`catalog_reader`).
-pub(super) const READ_LIMIT: Duration = Duration::from_secs(10);
+const READ_LIMIT: Duration = Duration::from_secs(10);
 
 /// Tables and views with the tenant column, by name (`name` and `schema.name`,
 /// lowercased): whether row-level security binds everyone there (enabled and forced).
@@ -120,7 +120,7 @@ async fn read_tenant_tables(
     user: &UserConfig,
     dbname: &str,
 ) -> Result<TenantTables, tokio_postgres::Error> {
-    let client = super::catalog_reader(node, user, dbname, "pgtenant strict isolation").await?;
+    let client = super::catalog_reader(node, user, dbname, "pgtenant strict isolation", READ_LIMIT).await?;
     let rows = client
         .query(
             "SELECT lower(n.nspname), lower(c.relname), c.relrowsecurity AND c.relforcerowsecurity
