@@ -30,6 +30,37 @@ pub async fn serve_connection(
     slots: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
 ) {
+    // The startup and the login run in a box of their own, freed once the session
+    // runs: the client's task keeps only the session and its loop's state, not the
+    // login's locals beside them (see bench/idle_clients.sh).
+    let Some(mut started) = Box::pin(start_session(stream, shared, slots, &shutdown)).await else { return };
+    // Run where it lies: a session moved out of `started` first would be kept twice.
+    started.session.run(shutdown).await;
+    let Started { session, permit, pid, since } = started;
+    drop(session);
+    tracing::info!(client = pid, seconds = since.elapsed().as_secs_f64(), "client disconnected");
+    // The client's slot under `max_clients` is given back last.
+    drop(permit);
+}
+
+/// A session ready to run: its client logged in.
+struct Started {
+    session: Session,
+    /// The client's slot under `max_clients`.
+    permit: OwnedSemaphorePermit,
+    pid: u32,
+    since: std::time::Instant,
+}
+
+/// Negotiates the startup and logs the client in; a session to run, or `None` once
+/// the connection is over (a cancel request, a refused login, an admin console
+/// session, which is served here).
+async fn start_session(
+    stream: Stream,
+    shared: Arc<Shared>,
+    slots: Arc<Semaphore>,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<Started> {
     let peer = match &stream {
         Stream::Plain(tcp) => {
             let _ = tcp.get_ref().set_nodelay(true);
@@ -41,40 +72,41 @@ pub async fn serve_connection(
     // The TLS of this connection, from its handshake to its channel binding, whatever a
     // RELOAD installs meanwhile.
     let tls = shared.client_tls();
-    // The startup and login states are boxed, so that they are freed once the session
-    // runs: the task keeps only what a session needs (see bench/idle_clients.sh).
     let negotiated =
-        match tokio::time::timeout(timeout, Box::pin(negotiate(stream, tls.as_ref().map(|t| &t.acceptor))))
-            .await
-        {
+        match tokio::time::timeout(timeout, negotiate(stream, tls.as_ref().map(|t| &t.acceptor))).await {
             Ok(Ok(n)) => n,
-            Ok(Err(e)) => return tracing::debug!(error = %e, "startup failed"),
-            Err(_) => return tracing::debug!("startup timed out"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "startup failed");
+                return None;
+            }
+            Err(_) => {
+                tracing::debug!("startup timed out");
+                return None;
+            }
         };
     let (stream, minor, params) = match negotiated {
         Negotiated::Cancel { mut stream, pid, key } => {
             forward_cancel(&shared, pid, key).await;
             // As PostgreSQL: the connection closes once the cancel is sent on.
             let _ = tokio::time::timeout(timeout, stream.shutdown()).await;
-            return;
+            return None;
         }
         Negotiated::Login { stream, minor, params } => (stream, minor, params),
     };
     let mut client = Duplex::for_client(stream);
-    let login = tokio::time::timeout(
-        timeout,
-        Box::pin(login(&mut client, &shared, tls.as_deref(), slots, minor, params)),
-    )
-    .await;
-    let (login, _permit) = match login {
-        Ok(Ok(ok)) => ok,
-        Ok(Err(err)) => return refuse(client, &err).await,
-        Err(_) => {
-            return refuse(
-                client,
-                &FrontendError::StartupTimeout { ms: shared.config.proxy.startup_timeout_ms },
-            )
+    let login =
+        tokio::time::timeout(timeout, login(&mut client, &shared, tls.as_deref(), slots, minor, params))
             .await;
+    let (login, permit) = match login {
+        Ok(Ok(ok)) => ok,
+        Ok(Err(err)) => {
+            refuse(client, &err).await;
+            return None;
+        }
+        Err(_) => {
+            let err = FrontendError::StartupTimeout { ms: shared.config.proxy.startup_timeout_ms };
+            refuse(client, &err).await;
+            return None;
         }
     };
     match login {
@@ -89,8 +121,7 @@ pub async fn serve_connection(
                 addr = peer.map(|p| p.to_string()),
                 "client connected"
             );
-            Session::new(shared, client, start).run(shutdown).await;
-            tracing::info!(client = pid, seconds = since.elapsed().as_secs_f64(), "client disconnected");
+            Some(Started { session: Session::new(shared, client, start), permit, pid, since })
         }
         Login::Console { user, pid, application_name } => {
             let info = super::client_info(
@@ -106,11 +137,18 @@ pub async fn serve_connection(
             tracing::info!(client = pid, user = %user.name, addr = peer.map(|p| p.to_string()), "admin console connected");
             let max_message = shared.config.proxy.max_message_size;
             let view = shared.admin_view();
-            let console =
-                crate::admin::serve_console(&mut client, &view, max_message, shutdown, listed.killed());
+            let console = crate::admin::serve_console(
+                &mut client,
+                &view,
+                max_message,
+                shutdown.clone(),
+                listed.killed(),
+            );
             if let Err(e) = Box::pin(console).await {
                 tracing::debug!(error = %e, "admin console session ends");
             }
+            drop(permit);
+            None
         }
     }
 }

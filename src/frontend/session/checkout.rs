@@ -4,6 +4,7 @@
 //! else while an admin's pause holds it, a failover is awaited or its line moves,
 //! the client watched meanwhile.
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -142,7 +143,7 @@ impl Session {
             Ok(None) => {}
             Err(e) => return Ok(Err(e)),
         }
-        let checkout = self.shared.pools.checkout_from(pool, route.shard, &route.tenant, wanted);
+        let checkout = pin!(self.shared.pools.checkout_from(pool, route.shard, &route.tenant, wanted));
         unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await
     }
 
@@ -170,7 +171,8 @@ impl Session {
         let shard = route.shard;
         let on_hold =
             |held| listed.set_state(if held { ConnState::Paused } else { ConnState::Waiting }, Some(shard));
-        let wait = self.shared.pauses.wait_open(shard, route.tenant.as_ref(), &self.database, hold, on_hold);
+        let wait =
+            pin!(self.shared.pauses.wait_open(shard, route.tenant.as_ref(), &self.database, hold, on_hold));
         let held = unless_client_leaves(&mut self.client, listed, &self.cancel, wait)
             .await?
             .map_err(FrontendError::Paused)?;
@@ -250,13 +252,8 @@ impl Session {
             }
             // Looked at again at least every 100 ms: a change between the look above
             // and this wait is not missed for long.
-            unless_client_leaves(
-                &mut self.client,
-                &self.listed,
-                &self.cancel,
-                shared.health.changed_within(left.min(Duration::from_millis(100))),
-            )
-            .await?;
+            let changed = pin!(shared.health.changed_within(left.min(Duration::from_millis(100))));
+            unless_client_leaves(&mut self.client, &self.listed, &self.cancel, changed).await?;
         }
     }
 }

@@ -7,6 +7,7 @@
 //! statement is running, and PostgreSQL cancels a statement wherever it waits.
 
 use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::task::Poll;
 
 use super::HIGH_WATER;
@@ -25,13 +26,16 @@ pub(super) fn client_left() -> FrontendError {
 /// `CanceledWaiting` once the client cancels its request. Meanwhile what the client
 /// sends is read into its buffer for its turn, up to `HIGH_WATER` (past that, a
 /// hang-up is seen when the wait ends), and what it is owed is written out.
+///
+/// `wait` is pinned by the caller, in the caller's own state: taken by value, the wait
+/// (the checkout's is 800 bytes) was kept twice in every session's task, as the
+/// argument and as the pinned local it was moved to (see docs/benchmarks.md "Memory").
 pub(super) async fn unless_client_leaves<T>(
     client: &mut Duplex,
     listed: &ConnHandle,
     cancel: &CancelKey,
-    wait: impl Future<Output = T>,
+    mut wait: Pin<&mut impl Future<Output = T>>,
 ) -> Result<T, FrontendError> {
-    let mut wait = std::pin::pin!(wait);
     // Set up once the wait did not end at once.
     let mut cancelable = None;
     poll_fn(|cx| {

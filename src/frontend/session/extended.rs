@@ -39,7 +39,9 @@ impl Session {
         }
         if self.joins_transaction_under_way() {
             let frame = if self.may_concern_local(&frame) {
-                let Some(frame) = self.answer_local_message(frame).await? else { return Ok(()) };
+                // Boxed (here and below): its state is large, and every session's
+                // future would carry it for requests that never concern it.
+                let Some(frame) = Box::pin(self.answer_local_message(frame)).await? else { return Ok(()) };
                 frame
             } else {
                 frame
@@ -83,7 +85,7 @@ impl Session {
                 Box::pin(self.on_extended(frame)).await?;
             } else if !self.may_concern_local(&frame) {
                 self.forward_extended(frame)?;
-            } else if let Some(frame) = self.answer_local_message(frame).await? {
+            } else if let Some(frame) = Box::pin(self.answer_local_message(frame)).await? {
                 self.forward_extended(frame)?;
             }
         }
@@ -191,7 +193,7 @@ impl Session {
             all().any(|a| matches!(local_kind(a), Some(LocalKind::TenantSet | LocalKind::RoutingVersion)));
         if matches!(kind, Some(LocalKind::ProxyCall | LocalKind::Scatter)) && !others_local {
             if self.request_is_local() {
-                self.answer_local_request().await?;
+                Box::pin(self.answer_local_request()).await?;
                 return Ok(true);
             }
             // Mixed with statements for a server: routed by those, answered in line.

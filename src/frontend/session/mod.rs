@@ -339,7 +339,10 @@ impl Session {
     }
 
     /// Serves the client until it leaves, breaks the protocol, or shutdown finds it idle.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// By reference: the session stays where its caller keeps it (taken by value, an
+    /// `async fn` keeps its argument and the local it moves it to side by side, and the
+    /// task held the 1,376-byte `Session` twice).
+    pub async fn run(&mut self, mut shutdown: watch::Receiver<bool>) {
         let result = self.run_loop(&mut shutdown).await;
         if let Err(err) = &result {
             tracing::debug!(error = %err, "session ends");

@@ -134,7 +134,7 @@ impl Session {
             Err(why) => return Ok(Err(why)),
         };
         let (pool, wanted) = self.scatter_pool(shard, &node);
-        let checkout = self.shared.pools.checkout_from(&pool, shard, &None, wanted);
+        let checkout = std::pin::pin!(self.shared.pools.checkout_from(&pool, shard, &None, wanted));
         match unless_client_leaves(&mut self.client, &self.listed, &self.cancel, checkout).await? {
             Ok(conn) => Ok(self.ready_for_scatter(conn).await),
             Err(e) => Ok(Err(e.to_string())),

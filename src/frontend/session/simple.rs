@@ -27,11 +27,12 @@ impl Session {
                 StatementKind::ResetTenant => {
                     return self.set_tenant(self.startup_tenant.clone(), "RESET").await;
                 }
-                // Boxed: its state is large, and every session's future would carry it.
+                // Boxed, as the proxy call below: its state is large, and every
+                // session's future would carry it.
                 StatementKind::Scatter => return Box::pin(self.answer_scatter_query(&analysis)).await,
                 StatementKind::ProxyCall(select) => {
                     let select = select.clone();
-                    return self.answer_proxy_query(&select, &analysis).await;
+                    return Box::pin(self.answer_proxy_query(&select, &analysis)).await;
                 }
                 StatementKind::Deallocate(_) => {
                     if let Some(name) = self.deallocated_here(&analysis) {
