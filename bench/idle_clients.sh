@@ -18,7 +18,7 @@ MEASURED_PORT=${MEASURED_PORT:-7733}
 ulimit -n "$(ulimit -Hn)"
 
 cargo build --release --quiet --example hold_clients
-CLIENT=target/release/examples/hold_clients
+CLIENT=${CARGO_TARGET_DIR:-target}/release/examples/hold_clients
 source bench/common.sh
 DEV_ARGS="--replicas 0 --http-port 0" start_dev idle-clients 0
 

@@ -19,7 +19,7 @@ PROXY_PORT=${PROXY_PORT:-7652}
 SHARD_PORT=${SHARD_PORT:-7662}
 
 cargo build --release --quiet --example move_client
-CLIENT=target/release/examples/move_client
+CLIENT=${CARGO_TARGET_DIR:-target}/release/examples/move_client
 source bench/common.sh
 DEV_ARGS="--replicas 0 --http-port 0" start_dev move 0
 

@@ -21,7 +21,7 @@ PROXY_PORT=${PROXY_PORT:-7632}
 SHARD_PORT=${SHARD_PORT:-7642}
 
 cargo build --release --quiet --example scatter_client
-CLIENT=target/release/examples/scatter_client
+CLIENT=${CARGO_TARGET_DIR:-target}/release/examples/scatter_client
 ADMIN="host=127.0.0.1 port=$PROXY_PORT user=admin password=admin dbname=app sslmode=disable"
 source bench/common.sh
 

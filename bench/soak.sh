@@ -31,7 +31,7 @@ MEASURED_PORT=${MEASURED_PORT:-7833}
 ulimit -n "$(ulimit -Hn)"
 
 cargo build --release --quiet --example soak_client
-CLIENT=target/release/examples/soak_client
+CLIENT=${CARGO_TARGET_DIR:-target}/release/examples/soak_client
 source bench/common.sh
 PG_BIN=$(dirname "$(readlink -f "$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb | tail -1)")")
 as_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
